@@ -1,0 +1,1 @@
+"""Raw text to a validated, tokenized, sharded dataset. Plain Python: no Flyte here."""

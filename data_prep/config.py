@@ -1,0 +1,54 @@
+"""Configuration of the data stage. Field docstrings become the Flyte launch form's help."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STDLIB_SOURCE = "python-stdlib"
+
+
+@dataclass
+class DataConfig:
+    """Where the raw text comes from and how it becomes packed training sequences."""
+
+    sources: list[str] = field(default_factory=lambda: [STDLIB_SOURCE])
+    """Corpus: local files, folders or globs, ``s3://bucket/prefix`` URIs, or ``python-stdlib``
+    (the running interpreter's standard-library source, tests excluded)."""
+
+    text_field: str = "text"
+    """Field holding the document text in JSONL records."""
+
+    min_chars: int = 64
+    """Documents shorter than this after cleaning are dropped (counted as ``too_short``)."""
+
+    max_chars: int = 2_000_000
+    """Documents longer than this are dropped (counted as ``too_long``)."""
+
+    max_documents: int = 0
+    """Stop after this many usable documents (0 = no limit); handy for quick runs."""
+
+    val_fraction: float = 0.05
+    """Share of documents held out for validation, assigned by a hash of the content."""
+
+    seq_len: int = 128
+    """Tokens per training sequence (each stored sequence holds ``seq_len + 1`` tokens)."""
+
+    sequences_per_sample: int = 32
+    """Packed sequences per WebDataset sample: per-sample overhead dominates small samples."""
+
+    samples_per_shard: int = 64
+    """WebDataset samples per shard file."""
+
+    workers: int = 0
+    """Tokenizer processes (0 = one per CPU core)."""
+
+
+@dataclass
+class TokenizerConfig:
+    """The byte-level BPE tokenizer trained on the corpus."""
+
+    vocab_size: int = 8192
+    """Vocabulary size, special tokens included."""
+
+    min_frequency: int = 2
+    """Minimum pair frequency for a merge."""

@@ -1,0 +1,101 @@
+"""Packed sequences in WebDataset shards: writing, and reading back.
+
+A sample holds ``sequences_per_sample`` rows of ``seq_len + 1`` token ids as one ``.npy``
+array (inputs are ``row[:-1]``, labels ``row[1:]``). Documents are concatenated, each
+followed by the end-of-document id, and cut into rows; the tail shorter than a row is
+dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterator, Sequence
+
+import numpy as np
+import webdataset as wds
+from webdataset.gopen import gopen_schemes
+
+from storage import open_store
+
+
+@dataclass
+class ShardInfo:
+    name: str
+    bytes: int
+    sha256: str
+    sequences: int
+    tokens: int
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.int32)
+
+
+def pack(docs: Sequence[np.ndarray], eod_id: int, seq_len: int, dtype: np.dtype) -> np.ndarray:
+    """Rows of ``seq_len + 1`` ids from the documents, each followed by ``eod_id``."""
+    if not docs:
+        return np.zeros((0, seq_len + 1), dtype=dtype)
+    eod = np.asarray([eod_id], dtype=np.int64)
+    stream = np.concatenate([part for ids in docs for part in (ids.astype(np.int64), eod)])
+    rows = len(stream) // (seq_len + 1)
+    return stream[: rows * (seq_len + 1)].reshape(rows, seq_len + 1).astype(dtype)
+
+
+def write_shards(
+    rows: np.ndarray, out_dir: Path, split: str, sequences_per_sample: int, samples_per_shard: int
+) -> list[ShardInfo]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_shard = sequences_per_sample * samples_per_shard
+    shards = []
+    for shard_idx, start in enumerate(range(0, len(rows), per_shard)):
+        name = f"{split}-{shard_idx:06d}.tar"
+        chunk = rows[start : start + per_shard]
+        path = out_dir / name
+        # mtime=0: deterministic bytes, and no extra header block per member.
+        with wds.TarWriter(str(path), mtime=0) as sink:
+            for s, lo in enumerate(range(0, len(chunk), sequences_per_sample)):
+                sink.write({"__key__": f"{shard_idx:06d}-{s:06d}", "tokens.npy": chunk[lo : lo + sequences_per_sample]})
+        data = path.read_bytes()
+        shards.append(
+            ShardInfo(
+                name=name,
+                bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+                sequences=len(chunk),
+                tokens=int(chunk.size),
+            )
+        )
+    return shards
+
+
+def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_kw) -> IO[bytes]:
+    if mode != "rb":
+        raise ValueError("s3:// shards are written through the store, not gopen")
+    bucket, _, key = url[len("s3://") :].partition("/")
+    return open_store(f"s3://{bucket}").open_read(key)
+
+
+# WebDataset has no s3:// scheme of its own; stream objects through boto3 instead.
+gopen_schemes["s3"] = _gopen_s3
+
+
+def _every_node(src):
+    # Each rank reads every shard: the global order is decided after loading.
+    yield from src
+
+
+def iter_shard_arrays(urls: list[str]) -> Iterator[np.ndarray]:
+    """The token arrays of the shards at ``urls`` (local paths or s3:// URLs), in order."""
+    dataset = wds.WebDataset(urls, shardshuffle=False, nodesplitter=_every_node, workersplitter=None).decode()
+    for sample in dataset:
+        yield sample["tokens.npy"]
+
+
+def read_rows(urls: list[str]) -> np.ndarray:
+    """All packed rows of the shards at ``urls`` as one ``[rows, seq_len + 1]`` array."""
+    arrays = list(iter_shard_arrays(urls))
+    if not arrays:
+        raise ValueError(f"no samples in shards {urls}")
+    return np.concatenate(arrays)

@@ -1,0 +1,1 @@
+"""Deliberately empty: kernels land with issue 5."""

@@ -1,0 +1,1 @@
+"""Composition of the whole pipeline: config tree, versioning, the pretrain CLI."""

@@ -1,0 +1,1 @@
+"""The model registry: immutable, versioned entries with lineage, on the object store."""

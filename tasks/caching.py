@@ -1,0 +1,16 @@
+"""Cache versions: flytekit's cache key ignores code changes, so each task's version is a
+hash of the source it runs (its own module and the libraries it calls)."""
+
+from __future__ import annotations
+
+from pipeline.versioning import source_hash
+
+LIBRARIES = {
+    "data": ("data_prep", "storage"),
+    "train": ("training", "data_prep", "storage", "kernels"),
+    "register": ("registry", "storage", "pipeline"),
+}
+
+
+def cache_version(task_module: str, *libraries: str) -> str:
+    return source_hash(task_module, *libraries)

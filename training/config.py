@@ -1,0 +1,77 @@
+"""Configuration of model, parallelism, training and evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only GPT (RMSNorm, SwiGLU, RoPE) built with megatron-core."""
+
+    num_layers: int = 4
+    """Transformer layers."""
+    hidden_size: int = 128
+    """Model width."""
+    num_attention_heads: int = 4
+    """Attention heads (must divide hidden_size and be divisible by tensor_parallel)."""
+    num_query_groups: int = 0
+    """Key/value heads for grouped-query attention (0 = one per attention head)."""
+    ffn_hidden_size: int = 0
+    """MLP width (0 = 8/3 × hidden, rounded up to a multiple of 64)."""
+    tied_embeddings: bool = True
+    """Share the input embedding with the output layer."""
+    rotary_base: int = 10000
+    """RoPE base frequency."""
+
+
+@dataclass
+class ParallelConfig:
+    """How ranks split the model; the data-parallel size is what is left of the world."""
+
+    tensor_parallel: int = 2
+    """Tensor-parallel size (splits attention heads and MLP columns across ranks)."""
+    pipeline_parallel: int = 1
+    """Pipeline-parallel size (1 in this release)."""
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop and checkpointing."""
+
+    steps: int = 300
+    """Optimizer steps."""
+    micro_batch_size: int = 8
+    """Sequences per rank per forward pass."""
+    global_batch_size: int = 16
+    """Sequences per optimizer step over all data-parallel ranks (gradient accumulation fills the gap)."""
+    lr: float = 2e-3
+    """Peak learning rate."""
+    min_lr: float = 2e-4
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 20
+    """Linear warm-up steps."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    seed: int = 1234
+    """Seed of initialisation and data order."""
+    checkpoint_every: int = 150
+    """Save a checkpoint every N steps (the last step is always saved)."""
+    keep_checkpoints: int = 2
+    """Committed checkpoints kept per run (older ones are deleted)."""
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation."""
+
+    batch_size: int = 16
+    """Validation sequences per forward pass."""
+    max_batches: int = 16
+    """Batches evaluated at most (0 = the whole validation split)."""
+    sample_tokens: int = 48
+    """Tokens generated greedily from the prompt for the model card."""
+    prompt: str = "def main():\n"
+    """Prompt of the greedy sample."""

@@ -1,0 +1,79 @@
+"""Held-out evaluation of a committed checkpoint, in one process (any TP size loads at TP=1)."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from data_prep.prepare import TOKENIZER
+from storage import open_store
+from training import checkpoint
+from training.config import EvalConfig, ModelConfig, ParallelConfig
+from training.data import load_split
+from training.model import build_gpt, init_distributed, shutdown_distributed, token_loss
+from training.train import CheckpointRef
+
+
+@dataclass
+class EvalReport:
+    """Held-out results of one checkpoint."""
+
+    checkpoint: CheckpointRef
+    """The checkpoint evaluated."""
+    val_loss: float
+    """Mean next-token cross-entropy on the validation split (nats)."""
+    perplexity: float
+    """exp(val_loss)."""
+    tokens_evaluated: int
+    """Validation tokens scored."""
+    sample: str
+    """Greedy continuation of the configured prompt."""
+
+
+def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> EvalReport:
+    init_distributed(ParallelConfig(tensor_parallel=1), seed=0)
+    try:
+        return _evaluate(ckpt, model_cfg, cfg)
+    finally:
+        shutdown_distributed()
+
+
+def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> EvalReport:
+    store = open_store(ckpt.store)
+    rows, manifest = load_split(ckpt.dataset, "val")
+    model = build_gpt(model_cfg, manifest["vocab_size"], manifest["seq_len"], tensor_parallel=1)
+    with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
+        checkpoint.load_model(model, checkpoint.fetch(store, ckpt.prefix, Path(tmp)))
+    model.eval()
+    batches = torch.from_numpy(rows.astype("int64")).split(cfg.batch_size)
+    if cfg.max_batches:
+        batches = batches[: cfg.max_batches]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            losses = token_loss(model, batch).float()
+            total += losses.sum().item()
+            count += losses.numel()
+    val_loss = total / count
+    tokenizer = Tokenizer.from_str(store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode())
+    sample = greedy_sample(model, tokenizer, cfg.prompt, cfg.sample_tokens, manifest["seq_len"], manifest["vocab_size"])
+    return EvalReport(
+        checkpoint=ckpt, val_loss=val_loss, perplexity=math.exp(val_loss), tokens_evaluated=count, sample=sample
+    )
+
+
+def greedy_sample(model, tokenizer: Tokenizer, prompt: str, new_tokens: int, seq_len: int, vocab_size: int) -> str:
+    ids = tokenizer.encode(prompt).ids
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            window = torch.tensor([ids[-seq_len:]], device=device)
+            positions = torch.arange(window.shape[1], device=device).unsqueeze(0)
+            logits = model(window, positions, None)  # [1, s, padded vocab] at TP=1
+            ids.append(int(logits[0, -1, :vocab_size].argmax()))
+    return tokenizer.decode(ids)

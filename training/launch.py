@@ -1,0 +1,30 @@
+"""Run a function on N local ranks, as torchrun would: for tests, benchmarks and the CLI.
+
+Flyte's ``Elastic`` plays this part inside the workflow; both go through
+``torch.distributed.elastic``, so the library code cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from storage.s3server import free_port
+
+
+def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0) -> Any:
+    """Run ``fn(*args)`` on ``nproc`` local processes (spawn); returns rank 0's result."""
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=max_restarts,
+        monitor_interval=0.5,
+        start_method="spawn",
+    )
+    return elastic_launch(config, fn)(*args)[0]

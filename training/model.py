@@ -1,0 +1,131 @@
+"""The GPT model on megatron-core, and the process-group setup it needs."""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from training import cpu_compat
+from training.config import ModelConfig, ParallelConfig
+
+# How long a collective may wait for a dead or stuck peer before it becomes an error.
+COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("PRETRAIN_COLLECTIVE_TIMEOUT_S", "90")))
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the setting."""
+
+
+def init_distributed(parallel: ParallelConfig, seed: int) -> None:
+    """Join the process group (env:// from torchrun/Elastic, or a single process) and set up megatron's groups."""
+    cpu_compat.apply()
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if "RANK" not in os.environ:
+            from storage.s3server import free_port
+
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+    world = dist.get_world_size()
+    tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+    if pp != 1:
+        raise ConfigError(f"parallel.pipeline_parallel={pp}: only 1 is supported in this release")
+    if world % (tp * pp):
+        raise ConfigError(f"world size {world} is not divisible by tensor_parallel×pipeline_parallel = {tp * pp}")
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    torch.manual_seed(seed)
+    # On CPU the no-op tracker stands in for CUDA RNG streams (dropout is off anyway).
+    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
+
+
+def shutdown_distributed() -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def ffn_size(config: ModelConfig) -> int:
+    if config.ffn_hidden_size:
+        return config.ffn_hidden_size
+    return int(math.ceil(8 * config.hidden_size / 3 / 64) * 64)
+
+
+def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_parallel: int):
+    """A megatron-core GPTModel for this rank (megatron's groups must be initialised)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    if config.hidden_size % config.num_attention_heads:
+        raise ConfigError(f"model.hidden_size={config.hidden_size} is not divisible by num_attention_heads={config.num_attention_heads}")
+    if config.num_attention_heads % tensor_parallel:
+        raise ConfigError(
+            f"model.num_attention_heads={config.num_attention_heads} is not divisible by parallel.tensor_parallel={tensor_parallel}"
+        )
+    groups = config.num_query_groups or config.num_attention_heads
+    if groups % tensor_parallel or config.num_attention_heads % groups:
+        raise ConfigError(f"model.num_query_groups={groups} must divide the heads and be divisible by tensor_parallel")
+    on_gpu = torch.cuda.is_available()
+    transformer = TransformerConfig(
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        ffn_hidden_size=ffn_size(config),
+        num_attention_heads=config.num_attention_heads,
+        num_query_groups=groups,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel,
+        use_cpu_initialization=not on_gpu,
+        bf16=on_gpu,
+        params_dtype=torch.bfloat16 if on_gpu else torch.float32,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=on_gpu,
+        persist_layer_norm=False,
+        init_method_std=0.02,
+    )
+    vocab = _padded_vocab(vocab_size, tensor_parallel)
+    model = GPTModel(
+        config=transformer,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=vocab,
+        max_sequence_length=seq_len,
+        share_embeddings_and_output_weights=config.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=config.rotary_base,
+    )
+    if on_gpu:
+        model.cuda()
+    return model
+
+
+def _padded_vocab(vocab_size: int, tensor_parallel: int, multiple: int = 64) -> int:
+    """Megatron splits the vocabulary across TP ranks: pad to a multiple of 64 × TP."""
+    step = multiple * tensor_parallel
+    return int(math.ceil(vocab_size / step) * step)
+
+
+def token_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy ``[batch, seq]`` of rows holding ``seq_len + 1`` ids."""
+    device = next(model.parameters()).device
+    tokens = tokens.to(device=device, dtype=torch.long)
+    inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    positions = torch.arange(inputs.shape[1], device=device).unsqueeze(0).expand_as(inputs)
+    return model(inputs, positions, None, labels=labels)

@@ -1,0 +1,197 @@
+"""The training loop. ``train`` runs on every rank; all ranks return the same record.
+
+Launch it under torchrun, a Flyte ``Elastic`` task, or ``training.launch.spawn``: it
+reads RANK/WORLD_SIZE/MASTER_* from the environment. The run id is a hash of the dataset
+version, the configs and the training code, identical on every rank without any
+communication; a restarted task with the same inputs therefore finds its own
+checkpoints and resumes from the latest committed one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from data_prep.prepare import DatasetRef
+from pipeline.versioning import config_hash, source_hash
+from storage import open_store
+from training import checkpoint
+from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.data import GlobalBatchSampler, load_split
+from training.model import ConfigError, build_gpt, init_distributed, shutdown_distributed, token_loss
+
+
+@dataclass
+class CheckpointRef:
+    """A committed checkpoint in the store and what produced it."""
+
+    store: str
+    """Store URI."""
+    run: str
+    """Key prefix of the training run (``runs/<id>``)."""
+    prefix: str
+    """Key prefix of the committed checkpoint."""
+    step: int
+    """Optimizer steps done."""
+    dataset: DatasetRef
+    """The dataset it was trained on."""
+    summary: dict[str, float] = field(default_factory=dict)
+    """Final loss, throughput and size figures."""
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig) -> str:
+    return config_hash(dataset.version, model, train_cfg, source_hash("training"))
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], group, size: int) -> None:
+    grads = [p.grad for p in params if p.grad is not None]
+    if size == 1 or not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        g.copy_(synced)
+
+
+def _grad_norm(params: list[torch.nn.Parameter], tp_group, tp_rank: int) -> torch.Tensor:
+    """Global L2 norm: TP-sharded params count on every rank, replicated ones once."""
+    total = torch.zeros((), dtype=torch.float32, device=params[0].device)
+    for p in params:
+        if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
+            total += p.grad.detach().float().pow(2).sum()
+    dist.all_reduce(total, group=tp_group)
+    return total.sqrt()
+
+
+def train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig) -> CheckpointRef:
+    """Train on every rank; catches and labels a rank's error so that it is never lost."""
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        return _train(dataset, model_cfg, parallel, cfg)
+    except Exception:
+        print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        shutdown_distributed()
+
+
+def _train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig) -> CheckpointRef:
+    from megatron.core import parallel_state as ps
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    init_distributed(parallel, cfg.seed)
+    rank = dist.get_rank()
+    dp_size, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    if cfg.global_batch_size % (cfg.micro_batch_size * dp_size):
+        raise ConfigError(
+            f"train.global_batch_size={cfg.global_batch_size} is not a multiple of "
+            f"micro_batch_size×data_parallel = {cfg.micro_batch_size}×{dp_size}"
+        )
+    accumulation = cfg.global_batch_size // (cfg.micro_batch_size * dp_size)
+
+    rows, manifest = load_split(dataset, "train")
+    seq_len = manifest["seq_len"]
+    sampler = GlobalBatchSampler(rows, cfg.global_batch_size, cfg.seed)
+    model = build_gpt(model_cfg, manifest["vocab_size"], seq_len, parallel.tensor_parallel)
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+
+    store = open_store(dataset.store)
+    run_prefix = f"runs/{run_id(dataset, model_cfg, cfg)}"
+    layout = {"world_size": dist.get_world_size(), "tensor_parallel": parallel.tensor_parallel}
+    metrics: list[dict] = []
+    start = 0
+    done = checkpoint.committed_steps(store, run_prefix)
+    if done:
+        start = done[-1]
+        checkpoint.load(store, checkpoint.step_prefix(run_prefix, start), model, optimizer, layout)
+        if store.exists(f"{run_prefix}/metrics.jsonl"):
+            lines = store.get_bytes(f"{run_prefix}/metrics.jsonl").decode().splitlines()
+            metrics = [m for m in map(json.loads, lines) if m["step"] <= start]
+        if rank == 0:
+            print(f"resumed {run_prefix} from step {start}", flush=True)
+
+    n_params = sum(p.numel() for p in params)
+    tp_group, tp_rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
+    dp_group = ps.get_data_parallel_group()
+    tokens_per_step = cfg.global_batch_size * seq_len
+    model.train()
+
+    def save(step: int) -> str:
+        meta = {"step": step, "layout": layout, "model": asdict(model_cfg), "train": asdict(cfg), "dataset": dataset.version}
+        prefix = checkpoint.save(store, run_prefix, step, model, optimizer, meta, cfg.keep_checkpoints)
+        if rank == 0:
+            store.put_bytes(f"{run_prefix}/metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics).encode())
+        return prefix
+
+    prefix = checkpoint.step_prefix(run_prefix, start) if done else ""
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = sampler.rank_batch(step, dp_rank, dp_size)
+        loss_sum = torch.zeros(())
+        for micro in batch.split(cfg.micro_batch_size):
+            loss = token_loss(model, micro).float().mean() / accumulation
+            loss.backward()
+            loss_sum += loss.detach().cpu()
+        _all_reduce_grads(params, dp_group, dp_size)
+        norm = _grad_norm(params, tp_group, tp_rank)
+        if cfg.grad_clip > 0:
+            scale = torch.clamp(cfg.grad_clip / (norm + 1e-6), max=1.0)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(loss_sum, group=dp_group)
+        loss_value = loss_sum.item() / dp_size
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(f"loss is {loss_value} at step {step + 1}: lower train.lr or check the data")
+        dt = time.perf_counter() - t0
+        record = {"step": step + 1, "loss": loss_value, "lr": lr, "grad_norm": norm.item(), "tokens_per_s": tokens_per_step / dt}
+        metrics.append(record)
+        if rank == 0:
+            print(
+                f"step {step + 1:>5}/{cfg.steps} | loss {loss_value:.4f} | lr {lr:.2e} | "
+                f"grad_norm {record['grad_norm']:.3f} | {record['tokens_per_s']:,.0f} tok/s",
+                flush=True,
+            )
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            prefix = save(step + 1)
+    if not prefix:
+        raise ConfigError(f"train.steps={cfg.steps} leaves nothing to train")
+
+    last = metrics[-10:] or [{"loss": float("nan"), "tokens_per_s": 0.0}]
+    summary = {
+        "final_train_loss": sum(m["loss"] for m in last) / len(last),
+        "first_train_loss": metrics[0]["loss"] if metrics else float("nan"),
+        "tokens_per_second": sorted(m["tokens_per_s"] for m in metrics)[len(metrics) // 2] if metrics else 0.0,
+        "parameters_per_rank": float(n_params),
+        "tokens_trained": float(cfg.steps * tokens_per_step),
+        "world_size": float(dist.get_world_size()),
+    }
+    return CheckpointRef(store=store.uri, run=run_prefix, prefix=prefix, step=cfg.steps, dataset=dataset, summary=summary)
