@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,11 @@ def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) ->
         site = Path(tmp) / "site"
         context = gx.get_context(mode="ephemeral")
         context.variables.progress_bars = {"globally": False}
+        # The ephemeral context makes a default docs site in a fresh temp dir and never
+        # removes it: drop it, and keep our own site under our own temp dir.
+        for name, site_config in dict(context.variables.data_docs_sites or {}).items():
+            shutil.rmtree(site_config["store_backend"]["base_directory"], ignore_errors=True)
+            context.delete_data_docs_site(name)
         context.add_data_docs_site(
             site_name="pretrain",
             site_config={

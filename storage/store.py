@@ -222,7 +222,8 @@ class S3Store(Store):
             import boto3
             from botocore.config import Config
 
-            self._client = boto3.client(
+            # A new session per store: boto3's default session caches the first credentials it saw.
+            self._client = boto3.session.Session().client(
                 "s3",
                 config=Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60),
             )

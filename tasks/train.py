@@ -5,7 +5,10 @@ from __future__ import annotations
 import warnings
 
 from flytekit import Resources, task
-from flytekitplugins.kfpytorch import Elastic
+
+with warnings.catch_warnings():  # the plugin warns about a default we do not use
+    warnings.simplefilter("ignore", UserWarning)
+    from flytekitplugins.kfpytorch import Elastic
 
 from data_prep.prepare import DatasetRef
 from tasks.caching import cache_version

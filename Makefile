@@ -1,0 +1,36 @@
+# `make demo` and `make test` work on a fresh machine: they create .venv and install the
+# pinned tree (requirements.lock) first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: venv demo test test-fast lint bench clean
+
+$(INSTALLED): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip==26.3"
+	$(BIN)/python -m pip install -q -c requirements.lock -e ".[dev]"
+	touch $@
+
+venv: $(INSTALLED)
+
+demo: venv
+	$(BIN)/pyflyte run workflows/pretrain.py pretrain
+	$(BIN)/pretrain registry list --json
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+test-fast: venv
+	$(BIN)/python -m pytest -m "not slow"
+
+bench: venv
+	$(BIN)/python benchmarks/bench_prepare.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

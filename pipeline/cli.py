@@ -1,0 +1,145 @@
+"""The ``pretrain`` command: run the pipeline locally, start a local S3 store, browse the registry.
+
+    pretrain run [--config configs/tiny-cpu.yaml]
+    pretrain store up [--dir DIR] [--port PORT] [--bucket NAME]
+    pretrain registry list [--json] [--store URI]
+    pretrain registry show NAME[:VERSION|:ALIAS] [--json] [--store URI]
+
+Errors the user can fix are printed as one line (``error: …``) with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from data_prep.sources import DataError
+from data_prep.validation import ValidationFailed
+from pipeline.config import ConfigFileError, PipelineConfig, load_config
+from registry.registry import RegistryError, list_models, show
+from storage import StoreError, default_store_uri, open_store
+from training.model import ConfigError
+
+USER_ERRORS = (DataError, ValidationFailed, ConfigFileError, ConfigError, RegistryError, StoreError, FileNotFoundError)
+
+
+def _store(args: argparse.Namespace):
+    return open_store(args.store or default_store_uri())
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(args.config) if args.config else PipelineConfig()
+    open_store(config.store).check()  # bad credentials or paths fail before anything is written
+    from workflows.pretrain import pretrain
+
+    ref = pretrain(config=config)
+    print(json.dumps({"name": ref.name, "version": ref.version, "uri": f"{ref.store.rstrip('/')}/{ref.prefix}"}))
+    return 0
+
+
+def cmd_store_up(args: argparse.Namespace) -> int:
+    from storage.s3server import S3Server
+
+    data_dir = Path(args.dir or tempfile.mkdtemp(prefix="pretrain-s3-"))
+    server = S3Server(data_dir=data_dir, bucket=args.bucket, port=args.port)
+    server.start()
+    print(f"# SeaweedFS S3 on {server.endpoint}, data in {data_dir}; Ctrl-C stops it. Export:")
+    for key, value in server.env().items():
+        print(f"export {key}={value}")
+    print(f"export PRETRAIN_STORE=s3://{args.bucket}/store", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            if server.process is not None and server.process.poll() is not None:
+                print("error: the S3 server exited; see", data_dir / "weed.log", file=sys.stderr)
+                return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+def cmd_registry_list(args: argparse.Namespace) -> int:
+    rows = list_models(_store(args))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no models registered in {_store(args).uri}")
+    for row in rows:
+        metrics = row["metrics"]
+        loss = metrics.get("val_loss")
+        loss_text = f"val_loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
+        print(f"{row['name']}:{row['version']}  {','.join(row['aliases']):<16} {row['registered_at']}  {loss_text}  {row['uri']}")
+    return 0
+
+
+def cmd_registry_show(args: argparse.Namespace) -> int:
+    card = show(_store(args), args.model)
+    if args.json:
+        print(json.dumps(card, indent=2))
+        return 0
+    print(f"{card['name']}:{card['version']}  registered {card['registered_at']}  commit {card['code']['commit']}")
+    for key, value in sorted(card.get("metrics", {}).items()):
+        print(f"  {key:<22} {value:.4f}" if isinstance(value, float) else f"  {key:<22} {value}")
+    print("lineage:")
+    for key, value in sorted(card.get("lineage", {}).items()):
+        print(f"  {key:<22} {value}")
+    print("sample:")
+    print("  " + str(card.get("sample", "")).replace("\n", "\n  "))
+    print("files:")
+    for uri in card["files"]:
+        print(f"  {uri}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pretrain", description="LLM pretraining pipeline")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the whole pipeline locally (Flyte local execution)")
+    run.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml")
+    run.set_defaults(fn=cmd_run)
+
+    store = sub.add_parser("store", help="local object store").add_subparsers(dest="store_command", required=True)
+    up = store.add_parser("up", help="start a SeaweedFS S3 server on 127.0.0.1 and print its environment")
+    up.add_argument("--dir", help="data directory (default: a new temp dir)")
+    up.add_argument("--port", type=int, default=8333)
+    up.add_argument("--bucket", default="pretrain")
+    up.set_defaults(fn=cmd_store_up)
+
+    registry = sub.add_parser("registry", help="the model registry").add_subparsers(dest="registry_command", required=True)
+    ls = registry.add_parser("list", help="every registered model version")
+    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    ls.set_defaults(fn=cmd_registry_list)
+    sh = registry.add_parser("show", help="one model version's card")
+    sh.add_argument("model", metavar="NAME[:VERSION]")
+    sh.add_argument("--json", action="store_true")
+    sh.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    sh.set_defaults(fn=cmd_registry_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except USER_ERRORS as e:
+        message = str(e).strip()
+        if not isinstance(e, ValidationFailed):  # that one lists one failed expectation per line
+            message = " ".join(line.strip() for line in message.splitlines())
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Shared fixtures: a real SeaweedFS S3 server on 127.0.0.1, stores, and a tiny dataset."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from data_prep.config import DataConfig, TokenizerConfig
+from storage import open_store
+from storage.s3server import S3Server
+
+# Small enough for seconds per stage, real enough to exercise every component.
+TINY_DATA = dict(max_documents=60, seq_len=32, sequences_per_sample=8, samples_per_shard=4, val_fraction=0.1, workers=2)
+TINY_TOKENIZER = dict(vocab_size=384)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> S3Server:
+    server = S3Server(data_dir=tmp_path_factory.mktemp("seaweedfs"), bucket="pretrain-test")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch) -> dict[str, str]:
+    """The AWS environment of the test server, set for this test."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    return s3_server.env()
+
+
+@pytest.fixture
+def s3_store(s3_env, s3_server, request):
+    """A fresh prefix in the test bucket."""
+    name = request.node.name.replace("[", "-").replace("]", "")
+    return open_store(f"s3://{s3_server.bucket}/{name}-{os.getpid()}")
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    """Each test that takes ``store`` runs against a local directory and the S3 server."""
+    if request.param == "local":
+        return open_store(str(tmp_path / "store"))
+    return request.getfixturevalue("s3_store")
+
+
+def tiny_data(**overrides) -> DataConfig:
+    return DataConfig(**{**TINY_DATA, **overrides})
+
+
+def tiny_tokenizer(**overrides) -> TokenizerConfig:
+    return TokenizerConfig(**{**TINY_TOKENIZER, **overrides})
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """A committed tiny dataset in a local store, shared read-only by the training tests."""
+    from data_prep.prepare import prepare_dataset
+
+    store = open_store(str(tmp_path_factory.mktemp("dataset-store")))
+    return prepare_dataset(tiny_data(), tiny_tokenizer(), store)
+
+
+def write_corpus(root: Path, documents: dict[str, str | bytes]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, content in documents.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+    return root
