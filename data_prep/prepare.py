@@ -169,7 +169,7 @@ def _write_doc_stats(path: Path, kept: list[tuple[Document, str, str]], ids: lis
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["source", "sha256", "split", "chars", "tokens"])
-        for (doc, digest, split), doc_ids in zip(kept, ids):
+        for (doc, digest, split), doc_ids in zip(kept, ids, strict=True):
             writer.writerow([doc.source, digest, split, len(doc.text), len(doc_ids)])
 
 

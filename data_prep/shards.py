@@ -8,10 +8,12 @@ dropped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Sequence
+from typing import IO
 
 import numpy as np
 import webdataset as wds
@@ -74,7 +76,13 @@ def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_kw) -> IO[byte
     if mode != "rb":
         raise ValueError("s3:// shards are written through the store, not gopen")
     bucket, _, key = url[len("s3://") :].partition("/")
-    return open_store(f"s3://{bucket}").open_read(key)
+    return _bucket_store(bucket).open_read(key)
+
+
+@functools.cache
+def _bucket_store(bucket: str):
+    # One client per process and bucket: creating a boto3 session costs ~0.1 s.
+    return open_store(f"s3://{bucket}")
 
 
 # WebDataset has no s3:// scheme of its own; stream objects through boto3 instead.

@@ -14,9 +14,9 @@ import json
 import os
 import sysconfig
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from data_prep.config import STDLIB_SOURCE
 from storage import open_store

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

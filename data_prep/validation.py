@@ -221,8 +221,7 @@ def check_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> No
         report = store.url(f"{ref.prefix}/validation/report.html")
         lines = "\n".join(f"  - {f.line()}" for f in failures)
         raise ValidationFailed(
-            f"dataset {ref.version} failed {len(failures)} expectation(s); training was not started.\n"
-            f"{lines}\nReport: {report}"
+            f"dataset {ref.version} failed {len(failures)} expectation(s); training was not started.\n{lines}\nReport: {report}"
         )
 
 

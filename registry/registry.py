@@ -59,7 +59,7 @@ def _claim_version(store: Store, name: str) -> int:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def code_revision() -> dict[str, Any]:

@@ -60,7 +60,7 @@ class S3Server:
             "FLYTE_AWS_SECRET_ACCESS_KEY": self.secret_key,
         }
 
-    def start(self, timeout: float = 30.0) -> "S3Server":
+    def start(self, timeout: float = 30.0) -> S3Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         creds = self.data_dir / "s3-identities.json"
@@ -134,6 +134,8 @@ class S3Server:
         raise TimeoutError(f"SeaweedFS S3 did not listen on {self.endpoint} within {timeout}s")
 
     def _ensure_bucket(self, timeout: float) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         client = self._client()
@@ -143,7 +145,13 @@ class S3Server:
                 if self.bucket not in existing:
                     client.create_bucket(Bucket=self.bucket)
                 return
-            except Exception as e:  # the filer may need a moment after the port opens
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in {"InvalidBucketName", "AccessDenied", "InvalidAccessKeyId"}:
+                    self.stop()
+                    raise ValueError(f"SeaweedFS refused bucket {self.bucket!r}: {e}") from e
+                last = e  # the filer may need a moment after the port opens
+                time.sleep(0.3)
+            except BotoCoreError as e:
                 last = e
                 time.sleep(0.3)
         self.stop()
@@ -159,7 +167,7 @@ class S3Server:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
-    def __enter__(self) -> "S3Server":
+    def __enter__(self) -> S3Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:

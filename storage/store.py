@@ -13,9 +13,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 COMMIT_MARKER = "_COMMITTED"
 DEFAULT_STORE_ENV = "PRETRAIN_STORE"
@@ -37,7 +38,7 @@ def default_store_uri() -> str:
     return os.path.join(data_home, "pretrain", "store")
 
 
-def open_store(uri: str = "") -> "Store":
+def open_store(uri: str = "") -> Store:
     """The store at ``uri`` (``s3://bucket/prefix`` or a local path); empty means the default."""
     uri = uri or default_store_uri()
     if uri.startswith("s3://"):
@@ -182,11 +183,7 @@ class LocalStore(Store):
             return [prefix]
         if not base.is_dir():
             return []
-        keys = [
-            p.relative_to(self.root).as_posix()
-            for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-")
-        ]
+        keys = [p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-")]
         return sorted(keys)
 
     def delete_prefix(self, prefix: str) -> None:

@@ -5,12 +5,6 @@ from __future__ import annotations
 
 from pipeline.versioning import source_hash
 
-LIBRARIES = {
-    "data": ("data_prep", "storage"),
-    "train": ("training", "data_prep", "storage", "kernels"),
-    "register": ("registry", "storage", "pipeline"),
-}
-
 
 def cache_version(task_module: str, *libraries: str) -> str:
     return source_hash(task_module, *libraries)

@@ -9,7 +9,7 @@ from training.config import EvalConfig, ModelConfig
 from training.evaluate import EvalReport, evaluate
 from training.train import CheckpointRef
 
-VERSION = cache_version(__name__, "training", "data_prep", "storage")
+VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.versioning")
 
 
 @task(cache=True, cache_version=VERSION)

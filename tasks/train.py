@@ -5,21 +5,19 @@ from __future__ import annotations
 import warnings
 
 from flytekit import Resources, task
-
-with warnings.catch_warnings():  # the plugin warns about a default we do not use
-    warnings.simplefilter("ignore", UserWarning)
-    from flytekitplugins.kfpytorch import Elastic
+from flytekitplugins.kfpytorch import Elastic
 
 from data_prep.prepare import DatasetRef
 from tasks.caching import cache_version
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.train import CheckpointRef, train
 
-VERSION = cache_version(__name__, "training", "data_prep", "storage")
+VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.versioning")
 
 
 @task(
-    task_config=Elastic(nnodes=1, nproc_per_node=2),
+    task_config=Elastic(nnodes=1, nproc_per_node=2, increase_shared_mem=False),
+    shared_memory=True,  # /dev/shm for the ranks' collectives and loader workers
     cache=True,
     cache_version=VERSION,
     retries=1,

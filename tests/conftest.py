@@ -12,7 +12,7 @@ from storage import open_store
 from storage.s3server import S3Server
 
 # Small enough for seconds per stage, real enough to exercise every component.
-TINY_DATA = dict(max_documents=60, seq_len=32, sequences_per_sample=8, samples_per_shard=4, val_fraction=0.1, workers=2)
+TINY_DATA = dict(max_documents=60, seq_len=32, sequences_per_sample=16, samples_per_shard=16, val_fraction=0.1, workers=2)
 TINY_TOKENIZER = dict(vocab_size=384)
 
 

@@ -41,9 +41,8 @@ def apply() -> bool:
     torch.cuda.manual_seed = lambda *a, **k: None  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
 
-    from megatron.core.tensor_parallel import random as mp_random
-
     from megatron.core.fusions import fused_softmax
+    from megatron.core.tensor_parallel import random as mp_random
     from megatron.core.transformer import utils as transformer_utils
 
     @functools.lru_cache(maxsize=8)

@@ -36,7 +36,7 @@ class EvalReport:
 
 
 def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> EvalReport:
-    init_distributed(ParallelConfig(tensor_parallel=1), seed=0)
+    init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
     try:
         return _evaluate(ckpt, model_cfg, cfg)
     finally:
@@ -62,9 +62,7 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> E
     val_loss = total / count
     tokenizer = Tokenizer.from_str(store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode())
     sample = greedy_sample(model, tokenizer, cfg.prompt, cfg.sample_tokens, manifest["seq_len"], manifest["vocab_size"])
-    return EvalReport(
-        checkpoint=ckpt, val_loss=val_loss, perplexity=math.exp(val_loss), tokens_evaluated=count, sample=sample
-    )
+    return EvalReport(checkpoint=ckpt, val_loss=val_loss, perplexity=math.exp(val_loss), tokens_evaluated=count, sample=sample)
 
 
 def greedy_sample(model, tokenizer: Tokenizer, prompt: str, new_tokens: int, seq_len: int, vocab_size: int) -> str:

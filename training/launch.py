@@ -7,7 +7,8 @@ Flyte's ``Elastic`` plays this part inside the workflow; both go through
 from __future__ import annotations
 
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -20,21 +20,26 @@ class ConfigError(ValueError):
     """A configuration that cannot work; the message names the setting."""
 
 
-def init_distributed(parallel: ParallelConfig, seed: int) -> None:
-    """Join the process group (env:// from torchrun/Elastic, or a single process) and set up megatron's groups."""
+def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = False) -> None:
+    """Join the process group and set up megatron's groups.
+
+    Ranks launched by torchrun or Elastic rendezvous through the env:// variables. A
+    ``standalone`` process (evaluation, a notebook) gets a world of one on an in-memory
+    store, ignoring any RANK/MASTER_PORT left in its environment by an earlier launch.
+    """
     cpu_compat.apply()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if "RANK" not in os.environ:
-            from storage.s3server import free_port
-
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        local_rank = 0 if standalone else int(os.environ.get("LOCAL_RANK", "0"))
         if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+            torch.cuda.set_device(local_rank)
+        if standalone or "RANK" not in os.environ:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT)
+        else:
+            dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
     world = dist.get_world_size()
     tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
     if pp != 1:
@@ -71,10 +76,13 @@ def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_paralle
     from megatron.core.transformer import TransformerConfig
 
     if config.hidden_size % config.num_attention_heads:
-        raise ConfigError(f"model.hidden_size={config.hidden_size} is not divisible by num_attention_heads={config.num_attention_heads}")
+        raise ConfigError(
+            f"model.hidden_size={config.hidden_size} is not divisible by num_attention_heads={config.num_attention_heads}"
+        )
     if config.num_attention_heads % tensor_parallel:
         raise ConfigError(
-            f"model.num_attention_heads={config.num_attention_heads} is not divisible by parallel.tensor_parallel={tensor_parallel}"
+            f"model.num_attention_heads={config.num_attention_heads} is not divisible by "
+            f"parallel.tensor_parallel={tensor_parallel}"
         )
     groups = config.num_query_groups or config.num_attention_heads
     if groups % tensor_parallel or config.num_attention_heads % groups:

@@ -65,7 +65,7 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], group, size: int) -> Non
     flat = torch._utils._flatten_dense_tensors(grads)
     dist.all_reduce(flat, group=group)
     flat /= size
-    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
         g.copy_(synced)
 
 

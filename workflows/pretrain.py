@@ -1,7 +1,7 @@
 """The pretraining pipeline: prepare → validate → train → evaluate → register.
 
-    pyflyte run workflows/pretrain.py pretrain                                # embedded defaults
-    pyflyte run workflows/pretrain.py pretrain --config configs/tiny-cpu.yaml
+pyflyte run workflows/pretrain.py pretrain                                # embedded defaults
+pyflyte run workflows/pretrain.py pretrain --config configs/tiny-cpu.yaml
 """
 
 from __future__ import annotations

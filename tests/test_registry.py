@@ -1,0 +1,86 @@
+import json
+
+import pytest
+
+from pipeline.cli import main as cli
+from registry.registry import RegistryError, list_models, register, resolve, set_alias, show
+from storage import AlreadyCommitted
+
+DATASET = "datasets/abc"
+CKPT = "runs/r1/checkpoints/step-0000010"
+
+
+@pytest.fixture
+def populated(store):
+    store.put_json(f"{DATASET}/manifest.json", {"tokenizer": {"sha256": "t" * 64}})
+    store.put_bytes(f"{DATASET}/tokenizer.json", b"{}")
+    store.put_bytes(f"{CKPT}/model/.metadata", b"meta")
+    store.put_bytes(f"{CKPT}/model/__0_0.distcp", b"weights")
+    store.put_bytes(f"{CKPT}/optim/rank-00000.pt", b"optimizer")
+    store.put_json(f"{CKPT}/meta.json", {"step": 10})
+    store.commit(CKPT)
+    return store
+
+
+def card(loss: float) -> dict:
+    return {"metrics": {"val_loss": loss}, "lineage": {"dataset_version": "abc"}, "sample": "def f():", "config": {"x": 1}}
+
+
+def test_register_creates_immutable_versions_with_lineage(populated):
+    store = populated
+    first = register(store, "gpt", CKPT, DATASET, card(3.0))
+    second = register(store, "gpt", CKPT, DATASET, card(2.5))
+    assert (first.version, second.version) == (1, 2)
+    entry = show(store, "gpt:1")
+    assert entry["metrics"] == {"val_loss": 3.0}
+    assert entry["lineage"]["dataset_version"] == "abc"
+    assert entry["lineage"]["tokenizer_sha256"] == "t" * 64
+    assert entry["lineage"]["checkpoint"] == store.url(CKPT)
+    assert set(entry["code"]) == {"commit", "dirty"}
+    files = {uri.rsplit("models/gpt/1/", 1)[1] for uri in entry["files"]}
+    assert {"card.json", "card.md", "tokenizer.json", "checkpoint/model/__0_0.distcp", "checkpoint/meta.json"} <= files
+    assert not any("optim" in f for f in files)  # optimizer state stays with the run
+    assert store.get_bytes("models/gpt/1/checkpoint/model/__0_0.distcp") == b"weights"
+    with pytest.raises(AlreadyCommitted):
+        store.commit("models/gpt/1")
+    assert resolve(store, "gpt") == ("gpt", 2)  # latest
+
+
+def test_uncommitted_version_is_invisible(populated):
+    store = populated
+    register(store, "gpt", CKPT, DATASET, card(3.0))
+    store.put_json("models/gpt/2/card.json", {"half": "written"})  # a crashed registration
+    assert [row["version"] for row in list_models(store)] == [1]
+    with pytest.raises(RegistryError, match="does not exist"):
+        show(store, "gpt:2")
+    assert register(store, "gpt", CKPT, DATASET, card(2.0)).version == 3
+
+
+def test_aliases(populated):
+    store = populated
+    register(store, "gpt", CKPT, DATASET, card(3.0))
+    register(store, "gpt", CKPT, DATASET, card(2.0))
+    set_alias(store, "gpt", "production", 1)
+    assert resolve(store, "gpt:production") == ("gpt", 1)
+    assert {r["version"]: r["aliases"] for r in list_models(store)} == {1: ["production"], 2: ["latest"]}
+    with pytest.raises(RegistryError, match="no alias 'staging'"):
+        resolve(store, "gpt:staging")
+
+
+def test_uncommitted_checkpoint_is_refused(store):
+    with pytest.raises(RegistryError, match="not committed"):
+        register(store, "gpt", "runs/x/checkpoints/step-0000001", DATASET, card(1.0))
+    assert store.list("models") == []
+
+
+def test_cli_list_and_show(populated, capsys):
+    store = populated
+    register(store, "gpt", CKPT, DATASET, card(3.0))
+    assert cli(["registry", "list", "--json", "--store", store.uri]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["name"] == "gpt" and rows[0]["aliases"] == ["latest"]
+    assert cli(["registry", "show", "gpt:1", "--store", store.uri]) == 0
+    out = capsys.readouterr().out
+    assert "gpt:1" in out and "val_loss" in out and "dataset_version" in out
+    assert cli(["registry", "show", "gpt:9", "--store", store.uri]) == 2
+    assert capsys.readouterr().err.startswith("error: model gpt:9 does not exist")
