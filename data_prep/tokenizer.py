@@ -45,15 +45,39 @@ def _encode_batch(texts: Sequence[str]) -> list[np.ndarray]:
     return [np.asarray(e.ids, dtype=np.int32) for e in _worker_tokenizer.encode_batch(list(texts))]
 
 
-def encode_parallel(tokenizer: Tokenizer, texts: Sequence[str], workers: int, batch_size: int = 64) -> list[np.ndarray]:
+def _batches(texts: Sequence[str], target_bytes: int) -> list[Sequence[str]]:
+    """Consecutive runs of texts of about ``target_bytes`` each: even work per task."""
+    batches, start, size = [], 0, 0
+    for i, text in enumerate(texts):
+        size += len(text)
+        if size >= target_bytes:
+            batches.append(texts[start : i + 1])
+            start, size = i + 1, 0
+    if start < len(texts):
+        batches.append(texts[start:])
+    return batches
+
+
+def encode_parallel(tokenizer: Tokenizer, texts: Sequence[str], workers: int, batch_bytes: int = 256_000) -> list[np.ndarray]:
     """Token ids of each text, in order, using ``workers`` processes (one thread each)."""
     workers = workers or os.cpu_count() or 1
-    batches = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+    batches = _batches(texts, batch_bytes)
     if workers == 1 or len(batches) <= 1:
         _init_worker(tokenizer.to_str())
         return [ids for batch in batches for ids in _encode_batch(batch)]
-    # One rayon thread per process: the processes are the parallelism.
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_str(),)) as pool:
-        return [ids for batch in pool.imap(_encode_batch, batches, chunksize=4) for ids in batch]
+    # Fork, not spawn: a spawned worker re-imports the parent's __main__ (pyflyte, a test
+    # runner), which costs seconds per worker. Each worker is single-threaded: the
+    # processes are the parallelism, and saying so up front also keeps tokenizers from
+    # warning about a fork after its thread pool was used.
+    saved = {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")}
+    os.environ.update(TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")
+    try:
+        ctx = mp.get_context("fork")
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_str(),)) as pool:
+            return [ids for batch in pool.imap(_encode_batch, batches) for ids in batch]
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
