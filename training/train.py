@@ -69,6 +69,14 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], group, size: int) -> Non
         g.copy_(synced)
 
 
+def _count_parameters(params: list[torch.nn.Parameter], tp_group, tp_rank: int) -> int:
+    """Model parameters over all TP ranks: sharded ones summed, replicated ones once."""
+    local = sum(p.numel() for p in params if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
+    total = torch.tensor(local, dtype=torch.int64, device=params[0].device)
+    dist.all_reduce(total, group=tp_group)
+    return int(total.item())
+
+
 def _grad_norm(params: list[torch.nn.Parameter], tp_group, tp_rank: int) -> torch.Tensor:
     """Global L2 norm: TP-sharded params count on every rank, replicated ones once."""
     total = torch.zeros((), dtype=torch.float32, device=params[0].device)
@@ -133,8 +141,8 @@ def _train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig
         if rank == 0:
             print(f"resumed {run_prefix} from step {start}", flush=True)
 
-    n_params = sum(p.numel() for p in params)
     tp_group, tp_rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
+    n_params = _count_parameters(params, tp_group, tp_rank)
     dp_group = ps.get_data_parallel_group()
     tokens_per_step = cfg.global_batch_size * seq_len
     model.train()
@@ -153,11 +161,11 @@ def _train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = sampler.rank_batch(step, dp_rank, dp_size)
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=params[0].device)
         for micro in batch.split(cfg.micro_batch_size):
             loss = token_loss(model, micro).float().mean() / accumulation
             loss.backward()
-            loss_sum += loss.detach().cpu()
+            loss_sum += loss.detach()
         _all_reduce_grads(params, dp_group, dp_size)
         norm = _grad_norm(params, tp_group, tp_rank)
         if cfg.grad_clip > 0:
@@ -190,7 +198,7 @@ def _train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig
         "final_train_loss": sum(m["loss"] for m in last) / len(last),
         "first_train_loss": metrics[0]["loss"] if metrics else float("nan"),
         "tokens_per_second": sorted(m["tokens_per_s"] for m in metrics)[len(metrics) // 2] if metrics else 0.0,
-        "parameters_per_rank": float(n_params),
+        "parameters": float(n_params),
         "tokens_trained": float(cfg.steps * tokens_per_step),
         "world_size": float(dist.get_world_size()),
     }
