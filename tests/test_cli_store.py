@@ -1,0 +1,41 @@
+"""`pretrain store up`: a real SeaweedFS server whose printed environment works."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from storage import open_store
+from storage.s3server import free_port
+
+BIN = Path(sys.executable).parent
+
+
+def test_store_up_prints_a_working_environment(tmp_path, monkeypatch):
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "pretrain"), "store", "up", "--dir", str(tmp_path / "s3"), "--port", str(port), "--bucket", "cli-test"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        env: dict[str, str] = {}
+        deadline = time.monotonic() + 60
+        while "PRETRAIN_STORE" not in env and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "store up exited before printing its environment"
+            if line.startswith("export "):
+                key, _, value = line[len("export ") :].strip().partition("=")
+                env[key] = value
+        assert env["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{port}"
+        assert env["PRETRAIN_STORE"] == "s3://cli-test/store"
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        store = open_store(env["PRETRAIN_STORE"])
+        store.put_bytes("hello", b"world")
+        assert store.get_bytes("hello") == b"world"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
