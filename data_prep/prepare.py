@@ -24,7 +24,7 @@ from data_prep.clean import ExactDeduplicator, clean_text, content_hash
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.shards import ShardInfo, pack, token_dtype, write_shards
 from data_prep.sources import DataError, Document, iter_documents
-from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN, encode_parallel, train_tokenizer
+from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN, byte_fallback_ids, encode_parallel, train_tokenizer
 from storage import AlreadyCommitted, Store
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
                 "tokens": int(rows.size),
                 "shards": [dataclasses.asdict(s) | {"name": f"shards/{s.name}"} for s in shards],
             }
-        _write_doc_stats(staging / DOC_STATS, kept, ids)
+        fallback = _write_doc_stats(staging / DOC_STATS, kept, ids, byte_fallback_ids(tokenizer))
 
         stats = {
             "documents_read": read,
@@ -135,6 +135,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
             "train_tokens": splits["train"]["tokens"],
             "val_tokens": splits["val"]["tokens"],
             "source_bytes": sum(len(d.text.encode()) for d, _, _ in kept),
+            "byte_fallback_tokens": fallback,
         }
         manifest = {
             "format": "pretrain-wds-v1",
@@ -165,12 +166,17 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
     return DatasetRef(store=store.uri, version=version, prefix=prefix, stats=stats)
 
 
-def _write_doc_stats(path: Path, kept: list[tuple[Document, str, str]], ids: list[np.ndarray]) -> None:
+def _write_doc_stats(path: Path, kept: list[tuple[Document, str, str]], ids: list[np.ndarray], fallback_ids: np.ndarray) -> int:
+    """One row per kept document for the validation stage; returns the byte-fallback token total."""
+    total = 0
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["source", "sha256", "split", "chars", "tokens"])
+        writer.writerow(["source", "sha256", "split", "chars", "tokens", "byte_fallback"])
         for (doc, digest, split), doc_ids in zip(kept, ids, strict=True):
-            writer.writerow([doc.source, digest, split, len(doc.text), len(doc_ids)])
+            fallback = int(np.isin(doc_ids, fallback_ids).sum())
+            total += fallback
+            writer.writerow([doc.source, digest, split, len(doc.text), len(doc_ids), fallback])
+    return total
 
 
 def _sha256(path: Path) -> str:

@@ -31,6 +31,26 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
     return tokenizer
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character table, which ByteLevel pre-tokenization uses."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_fallback_ids(tokenizer: Tokenizer) -> np.ndarray:
+    """Ids of the lone non-ASCII byte tokens: text the vocabulary could not merge into
+    anything longer (a UTF-8 character split into its bytes). Their share of a corpus
+    says how badly the tokenizer fits it."""
+    table = _bytes_to_unicode()
+    high_bytes = {table[b] for b in range(0x80, 0x100)}
+    return np.array(sorted(i for token, i in tokenizer.get_vocab().items() if token in high_bytes), dtype=np.int64)
+
+
 # --- parallel encoding --------------------------------------------------------------
 _worker_tokenizer: Tokenizer | None = None
 

@@ -13,12 +13,14 @@ import io
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from html import escape
 from pathlib import Path
 
 import pandas as pd
 
 from data_prep.prepare import DOC_STATS, DatasetRef, load_manifest
+from data_prep.shards import read_rows
 from storage import Store
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
@@ -38,6 +40,12 @@ class ValidationConfig:
     """Largest share of read documents dropped as duplicates."""
     max_skipped_fraction: float = 0.5
     """Largest share of read documents skipped for any reason."""
+    max_byte_fallback_ratio: float = 0.05
+    """Largest share of tokens that are lone non-ASCII bytes (text the tokenizer could not merge)."""
+    min_shard_bytes: int = 1024
+    """Smallest shard file size in bytes."""
+    max_shard_bytes: int = 4 * 1024**3
+    """Largest shard file size in bytes."""
 
 
 class ValidationFailed(RuntimeError):
@@ -45,10 +53,13 @@ class ValidationFailed(RuntimeError):
 
 
 @dataclass
-class Failure:
+class Outcome:
+    """One expectation's verdict, in words a user can act on."""
+
     suite: str
     expectation: str
     column: str
+    success: bool
     observed: str
     expected: str
 
@@ -57,7 +68,19 @@ class Failure:
         return f"{where}: {self.expectation} failed (observed {self.observed}; expected {self.expected})"
 
 
-def _tables(store: Store, ref: DatasetRef) -> dict[str, pd.DataFrame]:
+def _read_back(data: bytes) -> int:
+    """Sequences in a shard's bytes as stored, or -1 if they do not decode as a shard."""
+    with tempfile.NamedTemporaryFile(suffix=".tar") as f:
+        f.write(data)
+        f.flush()
+        try:
+            return len(read_rows([f.name]))
+        except Exception:
+            return -1
+
+
+def _tables(store: Store, ref: DatasetRef) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The three tables the suites check, built from what is in the store now."""
     manifest = load_manifest(store, ref)
     docs = pd.read_csv(io.BytesIO(store.get_bytes(f"{ref.prefix}/{DOC_STATS}")))
     rows = []
@@ -69,7 +92,9 @@ def _tables(store: Store, ref: DatasetRef) -> dict[str, pd.DataFrame]:
                 {
                     "shard": shard["name"],
                     "split": split,
-                    "sequences": shard["sequences"],
+                    "named_for_split": shard["name"].startswith(f"shards/{split}-"),
+                    "manifest_sequences": shard["sequences"],
+                    "stored_sequences": _read_back(data) if data else -1,
                     "manifest_bytes": shard["bytes"],
                     "stored_bytes": len(data),
                     "sha256_matches": hashlib.sha256(data).hexdigest() == shard["sha256"],
@@ -84,21 +109,25 @@ def _tables(store: Store, ref: DatasetRef) -> dict[str, pd.DataFrame]:
             {
                 "duplicate_fraction": stats.get("skipped_duplicate", 0) / read,
                 "skipped_fraction": stats["skipped_total"] / read,
+                "byte_fallback_ratio": docs["byte_fallback"].sum() / max(docs["tokens"].sum(), 1),
                 "train_val_overlap": len(train & val),
                 "val_documents": len(val),
+                "train_documents": len(train),
             }
         ]
     )
-    return {"documents": docs, "shards": pd.DataFrame(rows), "dataset": summary}
+    return {"documents": docs, "shards": pd.DataFrame(rows), "dataset": summary}, manifest
 
 
-def _suites(config: ValidationConfig) -> dict[str, list]:
+def _suites(config: ValidationConfig, manifest: dict) -> dict[str, list]:
     import great_expectations as gx
 
     E = gx.expectations
     return {
         "documents": [
             E.ExpectTableRowCountToBeBetween(min_value=config.min_documents),
+            # Every kept document has a row: a doc_stats file that lost rows cannot vouch for the data.
+            E.ExpectTableRowCountToEqual(value=manifest["stats"]["documents_kept"]),
             E.ExpectColumnValuesToBeBetween(column="tokens", min_value=config.min_doc_tokens, max_value=config.max_doc_tokens),
             E.ExpectColumnValuesToBeUnique(column="sha256"),
             E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "val"]),
@@ -107,13 +136,20 @@ def _suites(config: ValidationConfig) -> dict[str, list]:
             E.ExpectTableRowCountToBeBetween(min_value=2),
             E.ExpectColumnValuesToBeInSet(column="sha256_matches", value_set=[True]),
             E.ExpectColumnPairValuesToBeEqual(column_A="stored_bytes", column_B="manifest_bytes"),
-            E.ExpectColumnValuesToBeBetween(column="sequences", min_value=1),
+            E.ExpectColumnPairValuesToBeEqual(column_A="stored_sequences", column_B="manifest_sequences"),
+            E.ExpectColumnValuesToBeBetween(
+                column="stored_bytes", min_value=config.min_shard_bytes, max_value=config.max_shard_bytes
+            ),
+            E.ExpectColumnValuesToBeBetween(column="manifest_sequences", min_value=1),
+            E.ExpectColumnValuesToBeInSet(column="named_for_split", value_set=[True]),
         ],
         "dataset": [
             E.ExpectColumnMaxToBeBetween(column="duplicate_fraction", max_value=config.max_duplicate_fraction),
             E.ExpectColumnMaxToBeBetween(column="skipped_fraction", max_value=config.max_skipped_fraction),
+            E.ExpectColumnMaxToBeBetween(column="byte_fallback_ratio", max_value=config.max_byte_fallback_ratio),
             E.ExpectColumnMaxToBeBetween(column="train_val_overlap", max_value=0),
             E.ExpectColumnMinToBeBetween(column="val_documents", min_value=1),
+            E.ExpectColumnMinToBeBetween(column="train_documents", min_value=1),
         ],
     }
 
@@ -139,79 +175,98 @@ def _observed(result: dict) -> str:
     return "n/a"
 
 
-def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> list[Failure]:
-    """Run the suites, store results and the HTML report, return the failures (empty = pass)."""
+def _run_suites(tables: dict[str, pd.DataFrame], suites: dict[str, list], site: Path) -> list[Outcome]:
+    """Validate each table against its suite with GE, building Data Docs into ``site``."""
     import great_expectations as gx
 
-    tables = _tables(store, ref)
-    failures: list[Failure] = []
-    summary: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp:
-        site = Path(tmp) / "site"
-        context = gx.get_context(mode="ephemeral")
-        context.variables.progress_bars = {"globally": False}
-        # The ephemeral context makes a default docs site in a fresh temp dir and never
-        # removes it: drop it, and keep our own site under our own temp dir.
-        for name, site_config in dict(context.variables.data_docs_sites or {}).items():
-            shutil.rmtree(site_config["store_backend"]["base_directory"], ignore_errors=True)
-            context.delete_data_docs_site(name)
-        context.add_data_docs_site(
-            site_name="pretrain",
-            site_config={
-                "class_name": "SiteBuilder",
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site)},
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-            },
-        )
-        source = context.data_sources.add_pandas("dataset")
-        definitions = []
-        for name, expectations in _suites(config).items():
-            batch = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
-            suite = context.suites.add(gx.ExpectationSuite(name=name))
-            for expectation in expectations:
-                suite.add_expectation(expectation)
-            definitions.append(context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=suite)))
-        for definition in definitions:
-            name = definition.name
-            checkpoint = context.checkpoints.add(
-                gx.Checkpoint(
-                    name=f"check-{name}",
-                    validation_definitions=[definition],
-                    actions=[gx.checkpoint.UpdateDataDocsAction(name="docs", site_names=["pretrain"])],
-                )
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = {"globally": False}
+    # The ephemeral context makes a default docs site in a fresh temp dir and never
+    # removes it: drop it, and keep our own site in a directory we own.
+    for name, site_config in dict(context.variables.data_docs_sites or {}).items():
+        shutil.rmtree(site_config["store_backend"]["base_directory"], ignore_errors=True)
+        context.delete_data_docs_site(name)
+    context.add_data_docs_site(
+        site_name="pretrain",
+        site_config={
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        },
+    )
+    source = context.data_sources.add_pandas("dataset")
+    outcomes = []
+    for name, expectations in suites.items():
+        batch = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
+        suite = context.suites.add(gx.ExpectationSuite(name=name))
+        for expectation in expectations:
+            suite.add_expectation(expectation)
+        definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        checkpoint = context.checkpoints.add(
+            gx.Checkpoint(
+                name=f"check-{name}",
+                validation_definitions=[definition],
+                actions=[gx.checkpoint.UpdateDataDocsAction(name="docs", site_names=["pretrain"])],
             )
-            outcome = checkpoint.run(batch_parameters={"dataframe": tables[name]})
-            for run in outcome.run_results.values():
-                summary[name] = {"success": run.success, "expectations": len(run.results)}
-                for r in run.results:
-                    if not r.success:
-                        kwargs = dict(r.expectation_config.kwargs)
-                        failures.append(
-                            Failure(
-                                suite=name,
-                                expectation=r.expectation_config.type,
-                                column=str(kwargs.get("column", kwargs.get("column_A", ""))),
-                                observed=_observed(r.result),
-                                expected=_expected(kwargs),
-                            )
-                        )
-        prefix = f"{ref.prefix}/validation"
-        store.delete_prefix(prefix)  # an earlier attempt's report, never committed
-        store.upload_dir(site, f"{prefix}/site")
-        store.put_json(
-            f"{prefix}/result.json",
-            {"success": not failures, "suites": summary, "failures": [f.__dict__ for f in failures], "config": config.__dict__},
         )
-        store.put_bytes(f"{prefix}/report.html", _report_html(site))
-        store.commit(prefix, {"success": not failures})
+        result = checkpoint.run(batch_parameters={"dataframe": tables[name]})
+        for run in result.run_results.values():
+            for r in run.results:
+                kwargs = dict(r.expectation_config.kwargs)
+                outcomes.append(
+                    Outcome(
+                        suite=name,
+                        expectation=r.expectation_config.type,
+                        column=str(kwargs.get("column", kwargs.get("column_A", ""))),
+                        success=bool(r.success),
+                        observed=_observed(r.result),
+                        expected=_expected(kwargs),
+                    )
+                )
+    return outcomes
+
+
+def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> list[Outcome]:
+    """Run the suites; store the results, the suite, the report and GE's Data Docs under
+    ``<dataset>/validation/`` (pass or fail); return the failed outcomes (empty = pass)."""
+    tables, manifest = _tables(store, ref)
+    suites = _suites(config, manifest)
+    prefix = f"{ref.prefix}/validation"
+    with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp:
+        outcomes = _run_suites(tables, suites, Path(tmp) / "site")
+        failures = [o for o in outcomes if not o.success]
+        store.delete_prefix(prefix)  # an earlier attempt's report
+        store.upload_dir(Path(tmp) / "site", f"{prefix}/site")
+    store.put_json(
+        f"{prefix}/result.json",
+        {"success": not failures, "outcomes": [asdict(o) for o in outcomes], "config": asdict(config)},
+    )
+    # The suite as run, thresholds included, recorded with the dataset it judged.
+    recorded = {name: [e.configuration.to_json_dict() for e in expectations] for name, expectations in suites.items()}
+    store.put_json(f"{prefix}/suite.json", recorded)
+    store.put_bytes(f"{prefix}/report.html", report_html(ref, outcomes).encode())
+    store.commit(prefix, {"success": not failures})
     return failures
 
 
-def _report_html(site: Path) -> bytes:
-    """One self-contained page: the validation pages of the Data Docs, inlined one after another."""
-    pages = sorted((site / "validations").rglob("*.html"))
-    body = "\n<hr/>\n".join(p.read_text() for p in pages)
-    return body.encode()
+def report_html(ref: DatasetRef, outcomes: list[Outcome]) -> str:
+    """A self-contained page (no CDN assets: it must render in a Flyte Deck and offline)."""
+    failed = sum(not o.success for o in outcomes)
+    verdict = f"FAILED: {failed} of {len(outcomes)} expectations" if failed else f"PASSED: all {len(outcomes)} expectations"
+    rows = "\n".join(
+        f"<tr class={'ok' if o.success else 'bad'}><td>{'✓' if o.success else '✗'}</td><td>{escape(o.suite)}</td>"
+        f"<td>{escape(o.column)}</td><td>{escape(o.expectation)}</td><td>{escape(o.observed)}</td><td>{escape(o.expected)}</td></tr>"
+        for o in sorted(outcomes, key=lambda o: o.success)
+    )
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Validation of dataset {escape(ref.version)}</title>
+<style>body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
+.bad td{{background:#fde8e8}} .ok td{{background:#eefbea}} h2.bad{{color:#b00}} h2.ok{{color:#070}}</style></head><body>
+<h1>Dataset {escape(ref.version)}</h1><h2 class="{"bad" if failed else "ok"}">{verdict}</h2>
+<table><tr><th></th><th>suite</th><th>column</th><th>expectation</th><th>observed</th><th>expected</th></tr>
+{rows}</table>
+<p>Great Expectations Data Docs for every suite: <code>validation/site/index.html</code> beside this report.</p>
+</body></html>"""
 
 
 def check_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> None:

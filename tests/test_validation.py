@@ -1,3 +1,5 @@
+"""The validation gate: a good dataset passes; each corruption fails, naming its expectation."""
+
 import shutil
 
 import pytest
@@ -5,7 +7,7 @@ import pytest
 from data_prep.prepare import DOC_STATS, DatasetRef, prepare_dataset
 from data_prep.validation import ValidationConfig, ValidationFailed, check_dataset
 from storage import open_store
-from tests.conftest import tiny_data, tiny_tokenizer
+from tests.conftest import tiny_data, tiny_tokenizer, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -23,38 +25,101 @@ def dataset(pristine, tmp_path):
     return store, DatasetRef(store=store.uri, version=ref.version, prefix=ref.prefix, stats=ref.stats)
 
 
-def test_good_dataset_passes_and_report_is_stored(dataset):
+def failure_of(store, ref, config=None) -> str:
+    with pytest.raises(ValidationFailed) as failure:
+        check_dataset(store, ref, config or ValidationConfig())
+    message = str(failure.value)
+    assert "training was not started" in message
+    assert not store.get_json(f"{ref.prefix}/validation/result.json")["success"]
+    assert store.is_committed(f"{ref.prefix}/validation")  # the report is kept, pass or fail
+    return message
+
+
+def test_good_dataset_passes_and_everything_is_recorded(dataset):
     store, ref = dataset
     check_dataset(store, ref, ValidationConfig())
     result = store.get_json(f"{ref.prefix}/validation/result.json")
-    assert result["success"] and set(result["suites"]) == {"documents", "shards", "dataset"}
-    assert b"<html" in store.get_bytes(f"{ref.prefix}/validation/report.html").lower()
-    assert store.is_committed(f"{ref.prefix}/validation")
+    assert result["success"] and {o["suite"] for o in result["outcomes"]} == {"documents", "shards", "dataset"}
+    assert all(o["success"] for o in result["outcomes"]) and len(result["outcomes"]) >= 15
+    suite = store.get_json(f"{ref.prefix}/validation/suite.json")
+    fallback = next(e for e in suite["dataset"] if e["kwargs"].get("column") == "byte_fallback_ratio")
+    assert fallback["type"] == "expect_column_max_to_be_between" and fallback["kwargs"]["max_value"] == 0.05
+    report = store.get_bytes(f"{ref.prefix}/validation/report.html").decode()
+    assert "PASSED" in report and "https://" not in report  # self-contained: renders offline and in a Deck
+    assert store.exists(f"{ref.prefix}/validation/site/index.html")  # GE's own Data Docs
 
 
-def test_truncated_shard_fails_naming_checksum_and_size(dataset):
+def test_truncated_shard(dataset):
     store, ref = dataset
     shard = store.root / ref.prefix / "shards" / "train-000000.tar"
     shard.write_bytes(shard.read_bytes()[:1000])
-    with pytest.raises(ValidationFailed) as failure:
-        check_dataset(store, ref, ValidationConfig())
-    message = str(failure.value)
-    assert "shards.sha256_matches" in message and "shards.stored_bytes" in message
-    assert "training was not started" in message
-    assert not store.get_json(f"{ref.prefix}/validation/result.json")["success"]
+    message = failure_of(store, ref)
+    for name in ("shards.sha256_matches", "shards.stored_bytes", "shards.stored_sequences"):
+        assert name in message
+    report = store.get_bytes(f"{ref.prefix}/validation/report.html").decode()
+    assert "FAILED" in report and "sha256_matches" in report
 
 
-def test_validation_document_leaked_into_train_fails(dataset):
+def test_shard_swapped_for_another(dataset):
+    store, ref = dataset
+    shards = store.root / ref.prefix / "shards"
+    shutil.copyfile(shards / "train-000001.tar", shards / "train-000000.tar")  # same size, other content
+    message = failure_of(store, ref)
+    assert "shards.sha256_matches" in message and "shards.stored_bytes" not in message
+
+
+def test_validation_document_leaked_into_train(dataset):
     store, ref = dataset
     path = store.root / ref.prefix / DOC_STATS
     lines = path.read_text().splitlines()
     val_line = next(line for line in lines if ",val," in line)
-    path.write_text("\n".join(lines + [val_line.replace(",val,", ",train,")]) + "\n")
-    with pytest.raises(ValidationFailed, match="train_val_overlap"):
-        check_dataset(store, ref, ValidationConfig())
+    path.write_text("\n".join(lines[:1] + [val_line.replace(",val,", ",train,")] + lines[1:]) + "\n")
+    message = failure_of(store, ref)
+    assert "dataset.train_val_overlap" in message and "documents.sha256" in message
+
+
+def test_document_statistics_that_lost_rows(dataset):
+    store, ref = dataset
+    path = store.root / ref.prefix / DOC_STATS
+    path.write_text("\n".join(path.read_text().splitlines()[:5]) + "\n")
+    assert "documents: expect_table_row_count_to_equal" in failure_of(store, ref)
+
+
+def test_all_empty_documents(dataset):
+    store, ref = dataset
+    path = store.root / ref.prefix / DOC_STATS
+    header, *rows = path.read_text().splitlines()
+    zeroed = [",".join(r.split(",")[:4] + ["0", "0"]) for r in rows]  # tokens and byte_fallback = 0
+    path.write_text("\n".join([header, *zeroed]) + "\n")
+    assert "documents.tokens: expect_column_values_to_be_between" in failure_of(store, ref)
+
+
+def test_duplicate_flood(tmp_path):
+    unique = {f"u{i}.txt": f"Unique document {i}. " + "words that differ per file " * (5 + i) for i in range(12)}
+    flood = {f"copy{i}.txt": "The same boilerplate licence text, copied everywhere. " * 10 for i in range(30)}
+    store = open_store(str(tmp_path / "store"))
+    ref = prepare_dataset(tiny_data(sources=[str(write_corpus(tmp_path / "c", unique | flood))]), tiny_tokenizer(), store)
+    message = failure_of(store, ref)
+    assert "dataset.duplicate_fraction" in message and "observed 0.6904" in message
+
+
+def test_mostly_skipped_corpus(tmp_path):
+    docs = {f"d{i}.txt": f"Document number {i} with enough words to be kept. " * 8 for i in range(8)}
+    docs |= {f"empty{i}.txt": "" for i in range(20)}
+    store = open_store(str(tmp_path / "store"))
+    ref = prepare_dataset(tiny_data(sources=[str(write_corpus(tmp_path / "c", docs))]), tiny_tokenizer(), store)
+    assert "dataset.skipped_fraction" in failure_of(store, ref)
+
+
+def test_text_the_tokenizer_cannot_merge(tmp_path):
+    # A 300-entry vocabulary has room for a few merges only: CJK text stays mostly raw bytes.
+    docs = {f"ja{i}.txt": "日本語の文章と漢字、ひらがな、カタカナを混ぜた長い文書です。" * (3 + i) for i in range(8)}
+    store = open_store(str(tmp_path / "store"))
+    ref = prepare_dataset(tiny_data(sources=[str(write_corpus(tmp_path / "c", docs))]), tiny_tokenizer(vocab_size=300), store)
+    assert "dataset.byte_fallback_ratio" in failure_of(store, ref)
 
 
 def test_threshold_from_config(dataset):
     store, ref = dataset
-    with pytest.raises(ValidationFailed, match=r"documents: expect_table_row_count_to_be_between.*min_value=100000"):
-        check_dataset(store, ref, ValidationConfig(min_documents=100_000))
+    message = failure_of(store, ref, ValidationConfig(min_documents=100_000))
+    assert "documents: expect_table_row_count_to_be_between failed (observed 60; expected min_value=100000" in message
