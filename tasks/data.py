@@ -32,7 +32,15 @@ def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetR
     try:
         check_dataset(store, dataset, validation)
     finally:
-        report = f"{dataset.prefix}/validation/report.html"
-        if store.exists(report):
-            Deck("Data validation", store.get_bytes(report).decode())
+        _decks(store, f"{dataset.prefix}/validation")
     return dataset
+
+
+def _decks(store, prefix: str) -> None:
+    """Our summary, then GE's Data Docs page of each suite, as Decks (pass or fail)."""
+    if store.exists(f"{prefix}/report.html"):
+        Deck("Data validation", store.get_bytes(f"{prefix}/report.html").decode())
+    for key in store.list(f"{prefix}/site/validations/"):
+        if key.endswith(".html"):
+            suite = key.split("/site/validations/", 1)[1].split("/", 1)[0]
+            Deck(f"Data Docs: {suite}", store.get_bytes(key).decode())
