@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.docfields import documented
+
 STDLIB_SOURCE = "python-stdlib"
 
 
+@documented
 @dataclass
 class DataConfig:
     """Where the raw text comes from and how it becomes packed training sequences."""
@@ -43,6 +46,7 @@ class DataConfig:
     """Tokenizer processes (0 = one per CPU core)."""
 
 
+@documented
 @dataclass
 class TokenizerConfig:
     """The byte-level BPE tokenizer trained on the corpus."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from data_prep.clean import ExactDeduplicator, clean_text, content_hash
 from data_prep.config import DataConfig, TokenizerConfig
@@ -93,13 +94,19 @@ def collect_documents(config: DataConfig) -> tuple[list[tuple[Document, str, str
     return kept, skipped, read
 
 
-def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: Store) -> DatasetRef:
+def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: Store, tokenizer_key: str = "") -> DatasetRef:
+    """Build and commit the dataset. ``tokenizer_key`` names a tokenizer.json in the store to
+    reuse (continued pretraining must keep its model's vocabulary); otherwise one is trained."""
     store.check()
     kept, skipped, read = collect_documents(data)
     log.info("%d documents kept of %d read; skipped %s", len(kept), read, dict(skipped))
 
-    train_texts = [d.text for d, _, split in kept if split == "train"]
-    tokenizer = train_tokenizer(train_texts, tokenizer_config)
+    if tokenizer_key:
+        tokenizer = Tokenizer.from_str(store.get_bytes(tokenizer_key).decode())
+        if tokenizer.token_to_id(EOD_TOKEN) is None:
+            raise DataError(f"tokenizer {store.url(tokenizer_key)} has no {EOD_TOKEN} token")
+    else:
+        tokenizer = train_tokenizer([d.text for d, _, split in kept if split == "train"], tokenizer_config)
     eod_id = tokenizer.token_to_id(EOD_TOKEN)
     ids = encode_parallel(tokenizer, [d.text for d, _, _ in kept], data.workers)
     vocab_size = tokenizer.get_vocab_size()
@@ -147,7 +154,11 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
             "tokenizer": {"file": TOKENIZER, "sha256": _sha256(tokenizer_path)},
             "doc_stats": {"file": DOC_STATS, "sha256": _sha256(staging / DOC_STATS)},
             "sources_sha256": hashlib.sha256("\n".join(d.source for d, _, _ in kept).encode()).hexdigest(),
-            "config": {"data": dataclasses.asdict(data), "tokenizer": dataclasses.asdict(tokenizer_config)},
+            "config": {
+                "data": dataclasses.asdict(data),
+                "tokenizer": dataclasses.asdict(tokenizer_config),
+                "tokenizer_from": store.url(tokenizer_key) if tokenizer_key else "",
+            },
             "splits": splits,
             "stats": stats,
         }

@@ -21,11 +21,13 @@ import pandas as pd
 
 from data_prep.prepare import DOC_STATS, DatasetRef, load_manifest
 from data_prep.shards import read_rows
+from pipeline.docfields import documented
 from storage import Store
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
 
+@documented
 @dataclass
 class ValidationConfig:
     """Thresholds of the data validation gate."""

@@ -12,9 +12,11 @@ import yaml
 
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.validation import ValidationConfig
+from pipeline.docfields import documented
 from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
 
 
+@documented
 @dataclass
 class RegistryConfig:
     """Where and under which name the trained model is registered."""
@@ -23,6 +25,7 @@ class RegistryConfig:
     """Registry name of the model (versions are numbered within it)."""
 
 
+@documented
 @dataclass
 class PipelineConfig:
     """Everything a pretraining run needs. Every section has working defaults."""

@@ -1,42 +1,79 @@
-"""Prepare and validate the dataset."""
+"""Fingerprint, prepare and validate the dataset."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
+from typing import Annotated
 
-from flytekit import Deck, task
+from flytekit import Deck, HashMethod, task
 
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import DatasetRef, prepare_dataset
+from data_prep.sources import list_files
 from data_prep.validation import ValidationConfig, check_dataset
-from storage import open_store
+from pipeline.versioning import config_hash
+from storage import Store, open_store
+from tasks import decks
 from tasks.caching import cache_version
+from tasks.placement import data_image, data_resources, pod_template
 
 VERSION = cache_version(__name__, "data_prep", "storage")
 
 
-@task(cache=True, cache_version=VERSION, retries=1)
-def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig) -> DatasetRef:
-    """Read, clean, de-duplicate, tokenize and shard the corpus into the store."""
+def corpus_hash(data: DataConfig) -> str:
+    """The data section with its sources replaced by the content of what they name, so that
+    identical data hits prepare's cache from any path, and changed data misses it."""
+    digest = hashlib.sha256()
+    for raw in list_files(data.sources):
+        content = raw.read()
+        digest.update(len(content).to_bytes(8, "little"))
+        digest.update(hashlib.sha256(content).digest())
+    return config_hash(dataclasses.replace(data, sources=[]), digest.hexdigest())
+
+
+@task(container_image=data_image(), pod_template=pod_template(), **data_resources())
+def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(corpus_hash)]:
+    """Pass the data section on, keyed for caching by the corpus content rather than its paths."""
+    return data
+
+
+@task(cache=True, cache_version=VERSION, container_image=data_image(), pod_template=pod_template(), **data_resources())
+def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_model: str) -> DatasetRef:
+    """Read, clean, de-duplicate, tokenize and shard the corpus into the store.
+
+    A ``base_model`` (registry entry) lends its tokenizer: continued pretraining keeps the vocabulary.
+    """
     progress = logging.getLogger("data_prep")
     if not progress.handlers:
         progress.addHandler(logging.StreamHandler())
         progress.setLevel(logging.INFO)
-    return prepare_dataset(data, tokenizer, open_store(store))
+    tokenizer_key = f"{base_model}/tokenizer.json" if base_model else ""
+    ref = prepare_dataset(data, tokenizer, open_store(store), tokenizer_key=tokenizer_key)
+    Deck("Dataset", decks.table({"version": ref.version, "uri": f"{ref.store}/{ref.prefix}", **ref.stats}, "Dataset"))
+    return ref
 
 
-@task(cache=True, cache_version=VERSION, enable_deck=True)
+@task(
+    cache=True,
+    cache_version=VERSION,
+    enable_deck=True,
+    container_image=data_image(),
+    pod_template=pod_template(),
+    **data_resources(),
+)
 def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetRef:
     """Great Expectations gate: raises, listing every failed expectation, before training starts."""
     store = open_store(dataset.store)
     try:
         check_dataset(store, dataset, validation)
     finally:
-        _decks(store, f"{dataset.prefix}/validation")
+        _validation_decks(store, f"{dataset.prefix}/validation")
     return dataset
 
 
-def _decks(store, prefix: str) -> None:
+def _validation_decks(store: Store, prefix: str) -> None:
     """Our summary, then GE's Data Docs page of each suite, as Decks (pass or fail)."""
     if store.exists(f"{prefix}/report.html"):
         Deck("Data validation", store.get_bytes(f"{prefix}/report.html").decode())

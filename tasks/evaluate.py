@@ -1,18 +1,39 @@
-"""Held-out evaluation."""
+"""Held-out evaluation, with the training curves and results as Decks."""
 
 from __future__ import annotations
 
-from flytekit import task
+import json
+from html import escape
 
+from flytekit import Deck, task
+
+from storage import open_store
+from tasks import decks
 from tasks.caching import cache_version
+from tasks.placement import pod_template, training_image
 from training.config import EvalConfig, ModelConfig
-from training.evaluate import EvalReport, evaluate
-from training.train import CheckpointRef
+from training.evaluate import evaluate
+from training.records import CheckpointRef, EvalReport
 
 VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.versioning")
 
 
-@task(cache=True, cache_version=VERSION)
+@task(cache=True, cache_version=VERSION, enable_deck=True, container_image=training_image(), pod_template=pod_template())
 def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: EvalConfig) -> EvalReport:
     """Validation loss, perplexity and a greedy sample of the trained checkpoint."""
-    return evaluate(checkpoint, model, eval_cfg)
+    report = evaluate(checkpoint, model, eval_cfg)
+    store = open_store(checkpoint.store)
+    lines = store.get_bytes(f"{checkpoint.run}/metrics.jsonl").decode().splitlines()
+    metrics = [json.loads(line) for line in lines]
+    Deck(
+        "Training curves",
+        decks.line_chart([m["loss"] for m in metrics], "training loss")
+        + decks.line_chart([m["grad_norm"] for m in metrics], "gradient norm")
+        + decks.line_chart([m["lr"] for m in metrics], "learning rate")
+        + decks.line_chart([m["tokens_per_s"] for m in metrics], "tokens/s"),
+    )
+    summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "tokens": report.tokens_evaluated}
+    sample = f"<h3>Sample</h3><pre>{escape(report.sample)}</pre>"
+    Deck("Evaluation", decks.table(summary | checkpoint.summary, "Evaluation") + sample)
+    return report
+

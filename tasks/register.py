@@ -1,4 +1,4 @@
-"""Model registration with lineage."""
+"""The registry's side of the workflow: find the model to continue from; register the result."""
 
 from __future__ import annotations
 
@@ -7,12 +7,31 @@ import dataclasses
 from flytekit import current_context, task
 
 from pipeline.config import PipelineConfig
-from registry.registry import ModelRef, register
+from registry.registry import ModelRef, RegistryError, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
-from training.evaluate import EvalReport
+from tasks.placement import data_image, pod_template
+from training.records import EvalReport
 
 VERSION = cache_version(__name__, "registry", "storage", "pipeline")
+
+
+@task(container_image=data_image(), pod_template=pod_template())
+def find_base_model(store: str, init_from: str) -> str:
+    """The registry entry (``models/<name>/<version>``) that ``init_from`` names right now, or ''.
+
+    Not cached: ``NAME:latest`` moves, and the concrete version it resolves to is what keys
+    the cache of prepare and train downstream. A name with no registered version yet means
+    a first run, which trains from scratch.
+    """
+    if not init_from:
+        return ""
+    try:
+        name, version = resolve(open_store(store), init_from)
+    except RegistryError as e:
+        print(f"{e}: training from scratch")
+        return ""
+    return f"models/{name}/{version}"
 
 
 def _execution_id() -> str:
@@ -22,7 +41,7 @@ def _execution_id() -> str:
         return "local"
 
 
-@task(cache=True, cache_version=VERSION)
+@task(cache=True, cache_version=VERSION, container_image=data_image(), pod_template=pod_template())
 def register_model(report: EvalReport, config: PipelineConfig) -> ModelRef:
     """Register the evaluated checkpoint as a new immutable model version and move ``latest``."""
     ckpt = report.checkpoint
@@ -38,6 +57,7 @@ def register_model(report: EvalReport, config: PipelineConfig) -> ModelRef:
         "lineage": {
             "dataset_version": ckpt.dataset.version,
             "dataset": f"{ckpt.dataset.store.rstrip('/')}/{ckpt.dataset.prefix}",
+            "base_model": ckpt.base_model,
             "training_run": ckpt.run,
             "training_steps": ckpt.step,
             "flyte_execution_id": _execution_id(),

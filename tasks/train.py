@@ -1,29 +1,34 @@
-"""Distributed training: an Elastic task (a PyTorchJob on a cluster when nnodes ≥ 2)."""
+"""Distributed training: an Elastic task; a Kubeflow PyTorchJob when the profile has nnodes ≥ 2."""
 
 from __future__ import annotations
 
 import warnings
 
-from flytekit import Resources, task
+from flytekit import task
 from flytekitplugins.kfpytorch import Elastic
 
 from data_prep.prepare import DatasetRef
 from tasks.caching import cache_version
+from tasks.placement import CLUSTER, pod_template, train_resources, training_image
 from training.config import ModelConfig, ParallelConfig, TrainConfig
-from training.train import CheckpointRef, train
+from training.records import CheckpointRef
+from training.train import train
 
 VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.versioning")
 
 
 @task(
-    task_config=Elastic(nnodes=1, nproc_per_node=2, increase_shared_mem=False),
-    shared_memory=True,  # /dev/shm for the ranks' collectives and loader workers
+    task_config=Elastic(nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False),
+    shared_memory=True,  # /dev/shm for the ranks' collectives
     cache=True,
     cache_version=VERSION,
-    retries=1,
-    requests=Resources(cpu="2", mem="4Gi"),
+    container_image=training_image(),
+    pod_template=pod_template(),
+    **train_resources(),
 )
-def train_model(dataset: DatasetRef, model: ModelConfig, parallel: ParallelConfig, train_cfg: TrainConfig) -> CheckpointRef:
+def train_model(
+    dataset: DatasetRef, model: ModelConfig, parallel: ParallelConfig, train_cfg: TrainConfig, base_model: str
+) -> CheckpointRef:
     """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint."""
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
-    return train(dataset, model, parallel, train_cfg)
+    return train(dataset, model, parallel, train_cfg, base_model)

@@ -73,9 +73,10 @@ def save(store: Store, run_prefix: str, step: int, model, optimizer, meta: dict,
     return prefix
 
 
-def fetch(store: Store, prefix: str, dest: Path) -> Path:
-    """Download a committed checkpoint to ``dest`` (once per node: call on local leaders)."""
-    if not store.is_committed(prefix):
+def fetch(store: Store, prefix: str, dest: Path, committed_at: str | None = None) -> Path:
+    """Download a checkpoint to ``dest`` (once per node: call on local leaders). It must be
+    committed, or ``committed_at`` (an enclosing directory, e.g. a registry entry) must be."""
+    if not store.is_committed(committed_at or prefix):
         raise FileNotFoundError(f"checkpoint {store.url(prefix)} is not committed")
     shutil.rmtree(dest, ignore_errors=True)
     return store.download_dir(prefix, dest)
@@ -87,6 +88,18 @@ def load_model(model, local_dir: Path) -> None:
 
     state = dist_checkpointing.load(model.sharded_state_dict(), str(local_dir / "model"))
     model.load_state_dict(state)
+
+
+def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:
+    """Initialise ``model`` on every rank (collective) from a checkpoint's weights alone."""
+    staging = _staging_dir(prefix, 0).parent / "weights"
+    if _local_leader():
+        fetch(store, prefix, staging, committed_at=committed_at)
+    dist.barrier()
+    load_model(model, staging)
+    dist.barrier()
+    if _local_leader():
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.docfields import documented
 
+
+@documented
 @dataclass
 class ModelConfig:
     """A decoder-only GPT (RMSNorm, SwiGLU, RoPE) built with megatron-core."""
@@ -25,6 +28,7 @@ class ModelConfig:
     """RoPE base frequency."""
 
 
+@documented
 @dataclass
 class ParallelConfig:
     """How ranks split the model; the data-parallel size is what is left of the world."""
@@ -35,6 +39,7 @@ class ParallelConfig:
     """Pipeline-parallel size (1 in this release)."""
 
 
+@documented
 @dataclass
 class TrainConfig:
     """The optimisation loop and checkpointing."""
@@ -61,8 +66,12 @@ class TrainConfig:
     """Save a checkpoint every N steps (the last step is always saved)."""
     keep_checkpoints: int = 2
     """Committed checkpoints kept per run (older ones are deleted)."""
+    init_from: str = ""
+    """Continue pretraining from a registered model: NAME, NAME:VERSION or NAME:ALIAS
+    ('' = from scratch). Its tokenizer is reused and the model section must match it."""
 
 
+@documented
 @dataclass
 class EvalConfig:
     """Held-out evaluation."""

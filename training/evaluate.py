@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,23 +15,7 @@ from training import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig
 from training.data import load_split
 from training.model import build_gpt, init_distributed, shutdown_distributed, token_loss
-from training.train import CheckpointRef
-
-
-@dataclass
-class EvalReport:
-    """Held-out results of one checkpoint."""
-
-    checkpoint: CheckpointRef
-    """The checkpoint evaluated."""
-    val_loss: float
-    """Mean next-token cross-entropy on the validation split (nats)."""
-    perplexity: float
-    """exp(val_loss)."""
-    tokens_evaluated: int
-    """Validation tokens scored."""
-    sample: str
-    """Greedy continuation of the configured prompt."""
+from training.records import CheckpointRef, EvalReport
 
 
 def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> EvalReport:

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
@@ -27,24 +27,7 @@ from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import GlobalBatchSampler, load_split
 from training.model import ConfigError, build_gpt, init_distributed, shutdown_distributed, token_loss
-
-
-@dataclass
-class CheckpointRef:
-    """A committed checkpoint in the store and what produced it."""
-
-    store: str
-    """Store URI."""
-    run: str
-    """Key prefix of the training run (``runs/<id>``)."""
-    prefix: str
-    """Key prefix of the committed checkpoint."""
-    step: int
-    """Optimizer steps done."""
-    dataset: DatasetRef
-    """The dataset it was trained on."""
-    summary: dict[str, float] = field(default_factory=dict)
-    """Final loss, throughput and size figures."""
+from training.records import CheckpointRef
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -54,8 +37,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig) -> str:
-    return config_hash(dataset.version, model, train_cfg, source_hash("training"))
+def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig, base_model: str = "") -> str:
+    return config_hash(dataset.version, model, train_cfg, base_model, source_hash("training"))
 
 
 def _all_reduce_grads(params: list[torch.nn.Parameter], group, size: int) -> None:
@@ -87,11 +70,17 @@ def _grad_norm(params: list[torch.nn.Parameter], tp_group, tp_rank: int) -> torc
     return total.sqrt()
 
 
-def train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig) -> CheckpointRef:
-    """Train on every rank; catches and labels a rank's error so that it is never lost."""
+def train(
+    dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, base_model: str = ""
+) -> CheckpointRef:
+    """Train on every rank; catches and labels a rank's error so that it is never lost.
+
+    ``base_model`` is a registry entry's key prefix (``models/<name>/<version>``) whose
+    weights start the run (continued pretraining); empty means a fresh initialisation.
+    """
     rank = int(os.environ.get("RANK", "0"))
     try:
-        return _train(dataset, model_cfg, parallel, cfg)
+        return _train(dataset, model_cfg, parallel, cfg, base_model)
     except Exception:
         print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         raise
@@ -99,7 +88,18 @@ def train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig,
         shutdown_distributed()
 
 
-def _train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig) -> CheckpointRef:
+def _check_base_model(store, base_model: str, model_cfg: ModelConfig) -> None:
+    card = store.get_json(f"{base_model}/card.json")
+    if card["config"]["model"] != asdict(model_cfg):
+        raise ConfigError(
+            f"base model {store.url(base_model)} has model config {card['config']['model']}, "
+            f"not {asdict(model_cfg)}: continue it with the same model section"
+        )
+
+
+def _train(
+    dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, base_model: str
+) -> CheckpointRef:
     from megatron.core import parallel_state as ps
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -127,7 +127,7 @@ def _train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig
     )
 
     store = open_store(dataset.store)
-    run_prefix = f"runs/{run_id(dataset, model_cfg, cfg)}"
+    run_prefix = f"runs/{run_id(dataset, model_cfg, cfg, base_model)}"
     layout = {"world_size": dist.get_world_size(), "tensor_parallel": parallel.tensor_parallel}
     metrics: list[dict] = []
     start = 0
@@ -140,6 +140,11 @@ def _train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig
             metrics = [m for m in map(json.loads, lines) if m["step"] <= start]
         if rank == 0:
             print(f"resumed {run_prefix} from step {start}", flush=True)
+    elif base_model:
+        _check_base_model(store, base_model, model_cfg)
+        checkpoint.load_weights(store, f"{base_model}/checkpoint", model, committed_at=base_model)
+        if rank == 0:
+            print(f"initialised {run_prefix} from {store.url(base_model)}", flush=True)
 
     tp_group, tp_rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
     n_params = _count_parameters(params, tp_group, tp_rank)
@@ -202,4 +207,6 @@ def _train(dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig
         "tokens_trained": float(cfg.steps * tokens_per_step),
         "world_size": float(dist.get_world_size()),
     }
-    return CheckpointRef(store=store.uri, run=run_prefix, prefix=prefix, step=cfg.steps, dataset=dataset, summary=summary)
+    return CheckpointRef(
+        store=store.uri, run=run_prefix, prefix=prefix, step=cfg.steps, dataset=dataset, base_model=base_model, summary=summary
+    )

@@ -1,26 +1,62 @@
 """The pretraining pipeline: prepare → validate → train → evaluate → register.
 
-pyflyte run workflows/pretrain.py pretrain                                # embedded defaults
-pyflyte run workflows/pretrain.py pretrain --config configs/tiny-cpu.yaml
+    pyflyte run workflows/pretrain.py pretrain                                # embedded defaults
+    pyflyte run workflows/pretrain.py pretrain --config configs/tiny-cpu.yaml
+
+Launch plans: ``pretrain_default`` (the defaults, on demand) and ``pretrain_nightly``
+(every night at 02:00 UTC: continue the latest registered model on the data in
+``configs/nightly.yaml``'s sources).
 """
 
 from __future__ import annotations
 
-from flytekit import workflow
+from pathlib import Path
 
-from pipeline.config import PipelineConfig
+from flytekit import CronSchedule, LaunchPlan, workflow
+from flytekit.models.common import Labels
+
+from pipeline.cluster import kueue_labels
+from pipeline.config import PipelineConfig, load_config
 from registry.registry import ModelRef
-from tasks.data import prepare_data, validate_data
+from tasks.data import fingerprint_corpus, prepare_data, validate_data
 from tasks.evaluate import evaluate_model
-from tasks.register import register_model
+from tasks.placement import CLUSTER
+from tasks.register import find_base_model, register_model
 from tasks.train import train_model
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @workflow
 def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
-    """Pretrain a GPT from raw text and register it, every step cached and versioned."""
-    dataset = prepare_data(store=config.store, data=config.data, tokenizer=config.tokenizer)
+    """Pretrain a GPT from raw text and register it, every step cached and versioned.
+
+    Args:
+        config: The whole run: corpus, tokenizer, validation thresholds, model, parallelism,
+            training, evaluation and registry settings, and the object store.
+    """
+    base_model = find_base_model(store=config.store, init_from=config.train.init_from)
+    data = fingerprint_corpus(data=config.data)
+    dataset = prepare_data(store=config.store, data=data, tokenizer=config.tokenizer, base_model=base_model)
     checked = validate_data(dataset=dataset, validation=config.validation)
-    checkpoint = train_model(dataset=checked, model=config.model, parallel=config.parallel, train_cfg=config.train)
+    checkpoint = train_model(
+        dataset=checked, model=config.model, parallel=config.parallel, train_cfg=config.train, base_model=base_model
+    )
     report = evaluate_model(checkpoint=checkpoint, model=config.model, eval_cfg=config.evaluation)
     return register_model(report=report, config=config)
+
+
+pretrain_default = LaunchPlan.get_or_create(
+    workflow=pretrain,
+    name="pretrain_default",
+    default_inputs={"config": PipelineConfig()},
+    labels=Labels(kueue_labels(CLUSTER)),
+)
+
+pretrain_nightly = LaunchPlan.get_or_create(
+    workflow=pretrain,
+    name="pretrain_nightly",
+    default_inputs={"config": load_config(CONFIGS / "nightly.yaml")},
+    schedule=CronSchedule(schedule="0 2 * * *"),
+    labels=Labels(kueue_labels(CLUSTER, priority_class="nightly")),
+)

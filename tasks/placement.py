@@ -1,0 +1,66 @@
+"""Images, resources and Kueue labels of the tasks, from the cluster profile (see pipeline/cluster.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from flytekit import ImageSpec, PodTemplate, Resources
+
+from pipeline.cluster import ClusterConfig, kueue_labels, load_cluster
+
+CLUSTER: ClusterConfig = load_cluster()
+LOCK = Path(__file__).resolve().parent.parent / "requirements.lock"
+CUDA_BASE = "nvcr.io/nvidia/pytorch:25.01-py3"
+
+COMMON_PACKAGES = ["flytekit", "boto3", "tokenizers", "huggingface-hub", "webdataset", "numpy", "pandas", "pyyaml"]
+DATA_PACKAGES = [*COMMON_PACKAGES, "great-expectations"]
+TRAIN_PACKAGES = [*COMMON_PACKAGES, "flytekitplugins-kfpytorch", "megatron-core", "triton", "psutil"]
+
+
+def pinned(names: list[str]) -> list[str]:
+    """``name==version`` for each name, as locked in requirements.lock."""
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        name, _, version = line.partition("==")
+        pins[name.lower().replace("_", "-")] = version
+    return [f"{n}=={pins[n]}" for n in names]
+
+
+def data_image(cluster: ClusterConfig = CLUSTER) -> ImageSpec:
+    """Slim CPU image for prepare, validate and register: no torch."""
+    return ImageSpec(name="pretrain-data", python_version="3.11", packages=pinned(DATA_PACKAGES), registry=cluster.registry)
+
+
+def training_image(cluster: ClusterConfig = CLUSTER) -> ImageSpec:
+    """CUDA image (NGC PyTorch base: torch, NCCL, cuDNN) for train and evaluate on a GPU cluster."""
+    if cluster.gpus_per_node:
+        return ImageSpec(name="pretrain-train", base_image=CUDA_BASE, packages=pinned(TRAIN_PACKAGES), registry=cluster.registry)
+    return ImageSpec(
+        name="pretrain-train-cpu", python_version="3.11", packages=pinned(["torch", *TRAIN_PACKAGES]), registry=cluster.registry
+    )
+
+
+def pod_template(cluster: ClusterConfig = CLUSTER) -> PodTemplate:
+    """Labels that let Kueue admit the pods through the team's queue at its priority."""
+    return PodTemplate(labels=kueue_labels(cluster))
+
+
+def train_resources(cluster: ClusterConfig = CLUSTER) -> dict:
+    gpu = {"gpu": str(cluster.gpus_per_node)} if cluster.gpus_per_node else {}
+    return {
+        "requests": Resources(cpu=cluster.train_cpu, mem=cluster.train_memory, **gpu),
+        "limits": Resources(mem=cluster.train_memory, **gpu),
+        "timeout": timedelta(hours=cluster.train_timeout_hours),
+        "retries": cluster.train_retries,
+        "interruptible": cluster.interruptible,
+    }
+
+
+def data_resources(cluster: ClusterConfig = CLUSTER) -> dict:
+    return {
+        "requests": Resources(cpu=cluster.data_cpu, mem=cluster.data_memory),
+        "limits": Resources(mem=cluster.data_memory),
+        "retries": 2,
+        "interruptible": cluster.interruptible,
+    }

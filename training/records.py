@@ -1,0 +1,46 @@
+"""The records the training stages hand to each other: small, typed, torch-free.
+
+Flyte passes them between tasks (and caches on them); they point into the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from data_prep.prepare import DatasetRef
+
+
+@dataclass
+class CheckpointRef:
+    """A committed checkpoint in the store and what produced it."""
+
+    store: str
+    """Store URI."""
+    run: str
+    """Key prefix of the training run (``runs/<id>``)."""
+    prefix: str
+    """Key prefix of the committed checkpoint."""
+    step: int
+    """Optimizer steps done."""
+    dataset: DatasetRef
+    """The dataset it was trained on."""
+    base_model: str = ""
+    """Registry entry whose weights started the run ('' = trained from scratch)."""
+    summary: dict[str, float] = field(default_factory=dict)
+    """Final loss, throughput and size figures."""
+
+
+@dataclass
+class EvalReport:
+    """Held-out results of one checkpoint."""
+
+    checkpoint: CheckpointRef
+    """The checkpoint evaluated."""
+    val_loss: float
+    """Mean next-token cross-entropy on the validation split (nats)."""
+    perplexity: float
+    """exp(val_loss)."""
+    tokens_evaluated: int
+    """Validation tokens scored."""
+    sample: str
+    """Greedy continuation of the configured prompt."""
