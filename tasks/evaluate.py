@@ -36,4 +36,3 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
     sample = f"<h3>Sample</h3><pre>{escape(report.sample)}</pre>"
     Deck("Evaluation", decks.table(summary | checkpoint.summary, "Evaluation") + sample)
     return report
-

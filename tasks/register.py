@@ -6,7 +6,7 @@ import dataclasses
 
 from flytekit import current_context, task
 
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, RegistryConfig
 from registry.registry import ModelRef, RegistryError, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
@@ -41,8 +41,16 @@ def _execution_id() -> str:
         return "local"
 
 
-@task(cache=True, cache_version=VERSION, container_image=data_image(), pod_template=pod_template())
-def register_model(report: EvalReport, config: PipelineConfig) -> ModelRef:
+@task(
+    cache=True,
+    cache_version=VERSION,
+    # The full config is recorded in the card but does not key the cache: the report already
+    # carries what the model depends on, and a moved corpus must not register a twin version.
+    cache_ignore_input_vars=("config",),
+    container_image=data_image(),
+    pod_template=pod_template(),
+)
+def register_model(report: EvalReport, registry: RegistryConfig, config: PipelineConfig) -> ModelRef:
     """Register the evaluated checkpoint as a new immutable model version and move ``latest``."""
     ckpt = report.checkpoint
     card = {
@@ -63,4 +71,4 @@ def register_model(report: EvalReport, config: PipelineConfig) -> ModelRef:
             "flyte_execution_id": _execution_id(),
         },
     }
-    return register(open_store(ckpt.store), config.registry.model_name, ckpt.prefix, ckpt.dataset.prefix, card)
+    return register(open_store(ckpt.store), registry.model_name, ckpt.prefix, ckpt.dataset.prefix, card)

@@ -43,7 +43,7 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
         dataset=checked, model=config.model, parallel=config.parallel, train_cfg=config.train, base_model=base_model
     )
     report = evaluate_model(checkpoint=checkpoint, model=config.model, eval_cfg=config.evaluation)
-    return register_model(report=report, config=config)
+    return register_model(report=report, registry=config.registry, config=config)
 
 
 pretrain_default = LaunchPlan.get_or_create(
