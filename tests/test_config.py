@@ -33,3 +33,16 @@ def test_bad_preset_names_the_setting(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigFileError, match=message):
         load_config(path)
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_preset_loads_and_travels_through_flyte(preset):
+    from flytekit import FlyteContextManager
+    from flytekit.core.type_engine import TypeEngine
+
+    config = load_config(ROOT / "configs" / preset)
+    ctx = FlyteContextManager.current_context()
+    literal = TypeEngine.to_literal(ctx, config, PipelineConfig, TypeEngine.to_literal_type(PipelineConfig))
+    assert TypeEngine.to_python_value(ctx, literal, PipelineConfig) == config
+    assert config.model.num_attention_heads % config.parallel.tensor_parallel == 0
+    assert config.model.hidden_size % config.model.num_attention_heads == 0
