@@ -46,10 +46,18 @@ def fresh_copy(dataset, tmp_path):
     return dataclasses.replace(dataset, store=str(tmp_path / "store"))
 
 
-@pytest.mark.parametrize("nproc,tp", [(1, 1), (2, 1)], ids=["single-process", "data-parallel-2"])
-def test_parallel_layouts_match_the_tensor_parallel_curve(tiny_dataset, tp2_run, tmp_path, nproc, tp):
+@pytest.mark.parametrize(
+    "nproc,parallel",
+    [
+        (1, ParallelConfig(tensor_parallel=1)),
+        (2, ParallelConfig(tensor_parallel=1)),
+        (2, ParallelConfig(tensor_parallel=2, sequence_parallel=True)),
+    ],
+    ids=["single-process", "data-parallel-2", "tensor+sequence-parallel-2"],
+)
+def test_parallel_layouts_match_the_tensor_parallel_curve(tiny_dataset, tp2_run, tmp_path, nproc, parallel):
     # Same initial weights and global batches whatever the layout: only float noise differs.
-    ref = launch(train, nproc, fresh_copy(tiny_dataset, tmp_path), MODEL, ParallelConfig(tensor_parallel=tp), STEPS)
+    ref = launch(train, nproc, fresh_copy(tiny_dataset, tmp_path), MODEL, parallel, STEPS)
     assert losses(ref) == pytest.approx(losses(tp2_run), abs=1e-4)
 
 

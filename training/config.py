@@ -26,6 +26,9 @@ class ModelConfig:
     """Share the input embedding with the output layer."""
     rotary_base: int = 10000
     """RoPE base frequency."""
+    kernels: str = "triton"
+    """Norm, SwiGLU, RoPE and output-layer loss: 'triton' (our kernels where CUDA or the Triton
+    interpreter can run them, their PyTorch references elsewhere) or 'torch' (the references)."""
 
 
 @documented
@@ -37,6 +40,8 @@ class ParallelConfig:
     """Tensor-parallel size (splits attention heads and MLP columns across ranks)."""
     pipeline_parallel: int = 1
     """Pipeline-parallel size (1 in this release)."""
+    sequence_parallel: bool = False
+    """Split the sequence across tensor-parallel ranks outside attention and MLP (needs tensor_parallel ≥ 2)."""
 
 
 @documented

@@ -14,7 +14,7 @@ from storage import open_store
 from training import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig
 from training.data import load_split
-from training.model import build_gpt, init_distributed, shutdown_distributed, token_loss
+from training.model import build_gpt, init_distributed, mean_loss, shutdown_distributed
 from training.records import CheckpointRef, EvalReport
 
 
@@ -39,9 +39,9 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> E
     total, count = 0.0, 0
     with torch.no_grad():
         for batch in batches:
-            losses = token_loss(model, batch).float()
-            total += losses.sum().item()
-            count += losses.numel()
+            tokens = batch.shape[0] * (batch.shape[1] - 1)
+            total += mean_loss(model, batch).item() * tokens
+            count += tokens
     val_loss = total / count
     tokenizer = Tokenizer.from_str(store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode())
     sample = greedy_sample(model, tokenizer, cfg.prompt, cfg.sample_tokens, manifest["seq_len"], manifest["vocab_size"])

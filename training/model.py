@@ -69,11 +69,12 @@ def ffn_size(config: ModelConfig) -> int:
     return int(math.ceil(8 * config.hidden_size / 3 / 64) * 64)
 
 
-def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_parallel: int):
+def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_parallel: int, sequence_parallel: bool = False):
     """A megatron-core GPTModel for this rank (megatron's groups must be initialised)."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
+
+    from training.layers import IMPL_ATTR, gpt_block_spec, install_rotary, resolve_impl
 
     if config.hidden_size % config.num_attention_heads:
         raise ConfigError(
@@ -97,10 +98,14 @@ def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_paralle
         normalization="RMSNorm",
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
+        # Build the activation module named in the spec (our SwiGLU kernel) instead of
+        # applying activation_func itself; the flag's name is megatron's, for its TE path.
+        use_te_activation_func=True,
         add_bias_linear=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
+        sequence_parallel=sequence_parallel,
         use_cpu_initialization=not on_gpu,
         bf16=on_gpu,
         params_dtype=torch.bfloat16 if on_gpu else torch.float32,
@@ -109,10 +114,12 @@ def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_paralle
         persist_layer_norm=False,
         init_method_std=0.02,
     )
+    setattr(transformer, IMPL_ATTR, resolve_impl(config.kernels))
+    install_rotary()
     vocab = _padded_vocab(vocab_size, tensor_parallel)
     model = GPTModel(
         config=transformer,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=gpt_block_spec(config.num_layers),
         vocab_size=vocab,
         max_sequence_length=seq_len,
         share_embeddings_and_output_weights=config.tied_embeddings,
@@ -130,10 +137,12 @@ def _padded_vocab(vocab_size: int, tensor_parallel: int, multiple: int = 64) -> 
     return int(math.ceil(vocab_size / step) * step)
 
 
-def token_loss(model, tokens: torch.Tensor) -> torch.Tensor:
-    """Per-token cross-entropy ``[batch, seq]`` of rows holding ``seq_len + 1`` ids."""
+def mean_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of rows holding ``seq_len + 1`` ids."""
+    from training.layers import mean_token_loss
+
     device = next(model.parameters()).device
     tokens = tokens.to(device=device, dtype=torch.long)
     inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     positions = torch.arange(inputs.shape[1], device=device).unsqueeze(0).expand_as(inputs)
-    return model(inputs, positions, None, labels=labels)
+    return mean_token_loss(model, inputs, positions, labels)

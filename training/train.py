@@ -26,7 +26,7 @@ from storage import open_store
 from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import GlobalBatchSampler, load_split
-from training.model import ConfigError, build_gpt, init_distributed, shutdown_distributed, token_loss
+from training.model import ConfigError, build_gpt, init_distributed, mean_loss, shutdown_distributed
 from training.records import CheckpointRef
 
 
@@ -41,13 +41,15 @@ def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig, base
     return config_hash(dataset.version, model, train_cfg, base_model, source_hash("training"))
 
 
-def _all_reduce_grads(params: list[torch.nn.Parameter], group, size: int) -> None:
+def _all_reduce_grads(params: list[torch.nn.Parameter], group, average_over: int = 1) -> None:
+    """Sum the gradients over ``group`` in one flat collective, divided by ``average_over``."""
     grads = [p.grad for p in params if p.grad is not None]
-    if size == 1 or not grads:
+    if not grads or dist.get_world_size(group) == 1:
         return
     flat = torch._utils._flatten_dense_tensors(grads)
     dist.all_reduce(flat, group=group)
-    flat /= size
+    if average_over > 1:
+        flat /= average_over
     for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
         g.copy_(synced)
 
@@ -116,7 +118,9 @@ def _train(
     rows, manifest = load_split(dataset, "train")
     seq_len = manifest["seq_len"]
     sampler = GlobalBatchSampler(rows, cfg.global_batch_size, cfg.seed)
-    model = build_gpt(model_cfg, manifest["vocab_size"], seq_len, parallel.tensor_parallel)
+    if parallel.sequence_parallel and parallel.tensor_parallel < 2:
+        raise ConfigError("parallel.sequence_parallel needs parallel.tensor_parallel ≥ 2")
+    model = build_gpt(model_cfg, manifest["vocab_size"], seq_len, parallel.tensor_parallel, parallel.sequence_parallel)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -168,10 +172,12 @@ def _train(
         batch = sampler.rank_batch(step, dp_rank, dp_size)
         loss_sum = torch.zeros((), device=params[0].device)
         for micro in batch.split(cfg.micro_batch_size):
-            loss = token_loss(model, micro).float().mean() / accumulation
+            loss = mean_loss(model, micro) / accumulation
             loss.backward()
             loss_sum += loss.detach()
-        _all_reduce_grads(params, dp_group, dp_size)
+        _all_reduce_grads(params, dp_group, average_over=dp_size)
+        if parallel.sequence_parallel:  # norm weights saw only this rank's slice of the sequence
+            _all_reduce_grads([p for p in params if getattr(p, "sequence_parallel", False)], tp_group)
         norm = _grad_norm(params, tp_group, tp_rank)
         if cfg.grad_clip > 0:
             scale = torch.clamp(cfg.grad_clip / (norm + 1e-6), max=1.0)

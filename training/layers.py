@@ -1,0 +1,121 @@
+"""Our Triton kernels inside megatron-core's GPT.
+
+- RMSNorm (every layer's two norms and the final one) and the SwiGLU activation go in
+  through the layer spec: megatron builds whatever module the spec names.
+- RoPE: megatron's attention calls the module-level ``apply_rotary_pos_emb`` and offers no
+  spec hook for it; ``install_rotary`` swaps in a dispatcher that takes our kernel for the
+  configurations it covers (no packed sequences, no context parallelism, non-interleaved)
+  and megatron's own function otherwise.
+- Output layer + loss: ``mean_token_loss`` runs the model up to the final norm and feeds the
+  hidden states and the output weight to the fused linear + cross-entropy, which never
+  builds the [tokens, vocab] logits. It needs the whole vocabulary on one rank, so with
+  tensor parallelism megatron's vocab-parallel cross-entropy is used instead.
+
+``kernels: triton`` runs the Triton kernels where they can run (CUDA, or the interpreter
+with ``TRITON_INTERPRET=1``) and their PyTorch references elsewhere; ``kernels: torch``
+always runs the references. Either way the modules and checkpoints are the same.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernels.fused_linear_ce import fused_linear_cross_entropy
+from kernels.rmsnorm import rmsnorm
+from kernels.rotary import apply_rotary
+from kernels.swiglu import swiglu
+
+IMPL_ATTR = "pretrain_kernel_impl"  # set on megatron's TransformerConfig by build_gpt
+
+
+def resolve_impl(choice: str) -> str:
+    if choice not in ("triton", "torch"):
+        raise ValueError(f"model.kernels must be 'triton' or 'torch', got {choice!r}")
+    runnable = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    return "triton" if choice == "triton" and runnable else "torch"
+
+
+def _megatron_module():
+    # Subclassing MegatronModule gives the modules megatron's sharded_state_dict (replicated
+    # parameters), which its dist-checkpointing asks every submodule for.
+    from megatron.core.transformer.module import MegatronModule
+
+    return MegatronModule
+
+
+class RMSNorm(_megatron_module()):
+    """megatron's norm interface ``(config, hidden_size, eps)`` on our kernel."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__(config=config)
+        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=device))
+        # Under sequence parallelism each TP rank normalises its own slice of the sequence,
+        # so the weight's gradient is partial: the trainer sums such gradients over TP.
+        self.weight.sequence_parallel = config.sequence_parallel
+        self.eps = eps
+        self.impl = getattr(config, IMPL_ATTR, "torch")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rmsnorm(x, self.weight, self.eps, impl=self.impl)
+
+
+class SwiGLU(_megatron_module()):
+    """The MLP activation on fc1's ``[gate | up]`` output: silu(gate) · up."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config=config)
+        self.impl = getattr(config, IMPL_ATTR, "torch")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x, impl=self.impl)
+
+
+def gpt_block_spec(num_layers: int):
+    """megatron's local GPT layer spec with our norm and activation, plus our final norm."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer.submodules.input_layernorm = RMSNorm
+    layer.submodules.pre_mlp_layernorm = RMSNorm
+    layer.submodules.mlp.submodules.activation_func = SwiGLU
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
+
+
+_installed = False
+
+
+def install_rotary() -> None:
+    """Route megatron's attention RoPE through our kernel where it applies. Idempotent."""
+    global _installed
+    if _installed:
+        return
+    from megatron.core.transformer import attention
+
+    megatron_rope = attention.apply_rotary_pos_emb
+
+    def rope(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
+        plain = cu_seqlens is None and not config.rotary_interleaved and (cp_group is None or cp_group.size() == 1)
+        if plain and getattr(config, IMPL_ATTR, None) is not None:
+            return apply_rotary(t, freqs, mscale, impl=getattr(config, IMPL_ATTR))
+        return megatron_rope(t, freqs, config=config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
+
+    attention.apply_rotary_pos_emb = rope
+    _installed = True
+
+
+def mean_token_loss(model, inputs: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of a batch (``[batch, seq]`` inputs and labels)."""
+    config = model.config
+    if config.tensor_model_parallel_size > 1:
+        return model(inputs, positions, None, labels=labels).float().mean()
+    model.post_process = False  # GPTModel then returns the final-norm hidden states [s, b, h]
+    try:
+        hidden = model(inputs, positions, None)
+    finally:
+        model.post_process = True
+    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else model.output_layer.weight
+    return fused_linear_cross_entropy(hidden, weight, labels.t(), impl=getattr(config, IMPL_ATTR, "torch"))
