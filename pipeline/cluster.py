@@ -53,6 +53,12 @@ class ClusterConfig:
     """Kueue WorkloadPriorityClass: production, research or nightly (defined in infra/)."""
     registry: str = "localhost:30000"
     """Container registry the ImageSpec images are pushed to."""
+    data_service_account: str = "pretrain-data"
+    """Kubernetes ServiceAccount (IAM role) of the data tasks: writes datasets/."""
+    train_service_account: str = "pretrain-train"
+    """ServiceAccount of train and evaluate: reads datasets/ and models/, writes runs/."""
+    registry_service_account: str = "pretrain-registry"
+    """ServiceAccount of register: reads runs/ and datasets/, writes models/."""
 
 
 def load_cluster(path: str | None = None) -> ClusterConfig:

@@ -17,7 +17,7 @@ from pipeline.versioning import config_hash
 from storage import Store, open_store
 from tasks import decks
 from tasks.caching import cache_version
-from tasks.placement import data_image, data_resources, pod_template
+from tasks.placement import data_task
 
 VERSION = cache_version(__name__, "data_prep", "storage")
 
@@ -33,13 +33,13 @@ def corpus_hash(data: DataConfig) -> str:
     return config_hash(dataclasses.replace(data, sources=[]), digest.hexdigest())
 
 
-@task(container_image=data_image(), pod_template=pod_template(), **data_resources())
+@task(**data_task())
 def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(corpus_hash)]:
     """Pass the data section on, keyed for caching by the corpus content rather than its paths."""
     return data
 
 
-@task(cache=True, cache_version=VERSION, container_image=data_image(), pod_template=pod_template(), **data_resources())
+@task(cache=True, cache_version=VERSION, **data_task())
 def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_model: str) -> DatasetRef:
     """Read, clean, de-duplicate, tokenize and shard the corpus into the store.
 
@@ -55,14 +55,7 @@ def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_
     return ref
 
 
-@task(
-    cache=True,
-    cache_version=VERSION,
-    enable_deck=True,
-    container_image=data_image(),
-    pod_template=pod_template(),
-    **data_resources(),
-)
+@task(cache=True, cache_version=VERSION, enable_deck=True, **data_task())
 def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetRef:
     """Great Expectations gate: raises, listing every failed expectation, before training starts."""
     store = open_store(dataset.store)

@@ -10,7 +10,7 @@ from flytekit import Deck, task
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
-from tasks.placement import pod_template, training_image
+from tasks.placement import evaluate_task
 from training.config import EvalConfig, ModelConfig
 from training.evaluate import evaluate
 from training.records import CheckpointRef, EvalReport
@@ -18,7 +18,7 @@ from training.records import CheckpointRef, EvalReport
 VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.versioning")
 
 
-@task(cache=True, cache_version=VERSION, enable_deck=True, container_image=training_image(), pod_template=pod_template())
+@task(cache=True, cache_version=VERSION, enable_deck=True, **evaluate_task())
 def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: EvalConfig) -> EvalReport:
     """Validation loss, perplexity and a greedy sample of the trained checkpoint."""
     report = evaluate(checkpoint, model, eval_cfg)

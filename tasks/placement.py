@@ -6,6 +6,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from flytekit import ImageSpec, PodTemplate, Resources
+from kubernetes.client import V1PodSpec
 
 from pipeline.cluster import ClusterConfig, kueue_labels, load_cluster
 
@@ -41,26 +42,59 @@ def training_image(cluster: ClusterConfig = CLUSTER) -> ImageSpec:
     )
 
 
-def pod_template(cluster: ClusterConfig = CLUSTER) -> PodTemplate:
-    """Labels that let Kueue admit the pods through the team's queue at its priority."""
-    return PodTemplate(labels=kueue_labels(cluster))
+def pod_template(service_account: str, cluster: ClusterConfig = CLUSTER) -> PodTemplate:
+    """Kueue labels (the team's queue, its priority) and the task's least-privilege identity."""
+    spec = V1PodSpec(containers=[], service_account_name=service_account)
+    return PodTemplate(pod_spec=spec, labels=kueue_labels(cluster))
 
 
-def train_resources(cluster: ClusterConfig = CLUSTER) -> dict:
+# Each function returns the @task keyword arguments of one kind of task.
+
+
+def data_task(cluster: ClusterConfig = CLUSTER) -> dict:
+    """Fingerprint, prepare, validate, find the base model: slim image, the data identity."""
+    return {
+        "container_image": data_image(cluster),
+        "pod_template": pod_template(cluster.data_service_account, cluster),
+        "requests": Resources(cpu=cluster.data_cpu, mem=cluster.data_memory),
+        "limits": Resources(mem=cluster.data_memory),
+        "retries": 2,
+        "interruptible": cluster.interruptible,
+    }
+
+
+def train_task(cluster: ClusterConfig = CLUSTER) -> dict:
+    """Training: CUDA image, GPUs, shared memory, long timeout, retries that resume."""
     gpu = {"gpu": str(cluster.gpus_per_node)} if cluster.gpus_per_node else {}
     return {
+        "container_image": training_image(cluster),
+        "pod_template": pod_template(cluster.train_service_account, cluster),
         "requests": Resources(cpu=cluster.train_cpu, mem=cluster.train_memory, **gpu),
         "limits": Resources(mem=cluster.train_memory, **gpu),
+        "shared_memory": True,  # /dev/shm for the ranks' collectives
         "timeout": timedelta(hours=cluster.train_timeout_hours),
         "retries": cluster.train_retries,
         "interruptible": cluster.interruptible,
     }
 
 
-def data_resources(cluster: ClusterConfig = CLUSTER) -> dict:
+def evaluate_task(cluster: ClusterConfig = CLUSTER) -> dict:
+    """Evaluation: the training image and identity, one GPU when the cluster has them."""
+    gpu = {"gpu": "1"} if cluster.gpus_per_node else {}
     return {
-        "requests": Resources(cpu=cluster.data_cpu, mem=cluster.data_memory),
-        "limits": Resources(mem=cluster.data_memory),
+        "container_image": training_image(cluster),
+        "pod_template": pod_template(cluster.train_service_account, cluster),
+        "requests": Resources(cpu=cluster.data_cpu, mem=cluster.data_memory, **gpu),
+        "limits": Resources(mem=cluster.data_memory, **gpu),
         "retries": 2,
         "interruptible": cluster.interruptible,
+    }
+
+
+def registry_task(cluster: ClusterConfig = CLUSTER) -> dict:
+    """Registration: slim image, the registry identity (the only one that writes models/)."""
+    return {
+        "container_image": data_image(cluster),
+        "pod_template": pod_template(cluster.registry_service_account, cluster),
+        "retries": 2,
     }

@@ -10,13 +10,13 @@ from pipeline.config import PipelineConfig, RegistryConfig
 from registry.registry import ModelRef, RegistryError, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
-from tasks.placement import data_image, pod_template
+from tasks.placement import data_task, registry_task
 from training.records import EvalReport
 
 VERSION = cache_version(__name__, "registry", "storage", "pipeline")
 
 
-@task(container_image=data_image(), pod_template=pod_template())
+@task(**data_task())
 def find_base_model(store: str, init_from: str) -> str:
     """The registry entry (``models/<name>/<version>``) that ``init_from`` names right now, or ''.
 
@@ -47,8 +47,7 @@ def _execution_id() -> str:
     # The full config is recorded in the card but does not key the cache: the report already
     # carries what the model depends on, and a moved corpus must not register a twin version.
     cache_ignore_input_vars=("config",),
-    container_image=data_image(),
-    pod_template=pod_template(),
+    **registry_task(),
 )
 def register_model(report: EvalReport, registry: RegistryConfig, config: PipelineConfig) -> ModelRef:
     """Register the evaluated checkpoint as a new immutable model version and move ``latest``."""

@@ -9,7 +9,7 @@ from flytekitplugins.kfpytorch import Elastic
 
 from data_prep.prepare import DatasetRef
 from tasks.caching import cache_version
-from tasks.placement import CLUSTER, pod_template, train_resources, training_image
+from tasks.placement import CLUSTER, train_task
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.records import CheckpointRef
 from training.train import train
@@ -19,12 +19,9 @@ VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.
 
 @task(
     task_config=Elastic(nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False),
-    shared_memory=True,  # /dev/shm for the ranks' collectives
     cache=True,
     cache_version=VERSION,
-    container_image=training_image(),
-    pod_template=pod_template(),
-    **train_resources(),
+    **train_task(),
 )
 def train_model(
     dataset: DatasetRef, model: ModelConfig, parallel: ParallelConfig, train_cfg: TrainConfig, base_model: str

@@ -62,13 +62,19 @@ def test_train_task_is_a_pytorchjob_with_the_profiles_replicas(gpu_cluster):
     resources = pod["podSpec"]["containers"][0]["resources"]
     assert resources["requests"]["gpu"] == "8" and resources["limits"]["gpu"] == "8"
     assert "pretrain-train:" in pod["podSpec"]["containers"][0]["image"]
+    assert pod["podSpec"]["serviceAccountName"] == "pretrain-train"
     assert template["metadata"]["retries"]["retries"] == 5 and template["metadata"]["discoverable"]
 
 
-def test_data_tasks_use_the_slim_image(gpu_cluster):
-    for name in ("tasks.data.prepare_data", "tasks.data.validate_data", "tasks.register.register_model"):
+def test_data_tasks_use_the_slim_image_and_their_own_identity(gpu_cluster):
+    for name, account in [
+        ("tasks.data.prepare_data", "pretrain-data"),
+        ("tasks.data.validate_data", "pretrain-data"),
+        ("tasks.register.register_model", "pretrain-registry"),
+    ]:
         pod = gpu_cluster[name]["template"]["k8sPod"]
         assert "pretrain-data:" in pod["podSpec"]["containers"][0]["image"], name
+        assert pod["podSpec"]["serviceAccountName"] == account, name
 
 
 def test_nightly_plan_carries_its_cron_and_priority(gpu_cluster):
