@@ -1,12 +1,13 @@
 """Shared helpers for the kernel tests (tests/test_kernels_*.py).
 
 Without a GPU the Triton kernels run on the CPU through Triton's interpreter, which
-@triton.jit chooses when a kernel is defined, i.e. when its module is imported. So each
-kernel test module sets TRITON_INTERPRET=1 at its very top (when there is no CUDA device),
-before importing anything from the project, and loads the kernel modules with
-`load_kernels()`, which re-imports `kernels.*` modules that something else imported earlier
-without the interpreter (importlib.reload re-executes a module in its own namespace, so
-functions already imported elsewhere pick up the interpreted kernels too). The kernels do not
+@triton.jit chooses when a kernel is defined, i.e. when its module is imported. So the
+kernel test modules load the kernel modules with `load_kernels()`, which sets
+TRITON_INTERPRET=1 only while it (re-)imports them: `kernels.*` modules that something else
+imported earlier without the interpreter are reloaded (importlib.reload re-executes a module
+in its own namespace, so functions already imported elsewhere pick up the interpreted kernels
+too). The variable is restored afterwards, so that it does not leak into the rest of the test
+session: the training tests' ranks would otherwise run every kernel interpreted. The kernels do not
 depend on when `triton` itself was imported (see kernels/_tl.py).
 """
 
@@ -25,7 +26,22 @@ import torch
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import KernelInterface
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cuda.is_available()
+
+
+@contextmanager
+def _interpreter_mode() -> Iterator[None]:
+    saved = os.environ.get("TRITON_INTERPRET")
+    if INTERPRET:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
 
 # Tolerances, relative to the largest magnitude of the expected tensor (see `assert_close`).
 # float32: both sides compute in float32, only summation order differs.
@@ -59,10 +75,11 @@ def load_kernels(name: str) -> ModuleType:
     TRITON_INTERPRET=1 (re-importing it, and the helpers it uses, if it was imported before
     the variable was set)."""
     module = None
-    for dependency in ("kernels._tl", f"kernels.{name}"):  # helpers first: the kernel module binds them
-        module = importlib.import_module(dependency)
-        if INTERPRET and not _interpreted(module):
-            module = importlib.reload(module)
+    with _interpreter_mode():
+        for dependency in ("kernels._tl", f"kernels.{name}"):  # helpers first: the kernel module binds them
+            module = importlib.import_module(dependency)
+            if INTERPRET and not _interpreted(module):
+                module = importlib.reload(module)
     assert module is not None and kernels_of(module), f"kernels.{name} defines no Triton kernel"
     assert _interpreted(module) == INTERPRET, f"kernels.{name}: interpreter mode does not match TRITON_INTERPRET"
     return module

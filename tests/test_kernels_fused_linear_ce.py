@@ -1,19 +1,11 @@
 """Fused linear + cross-entropy: the chunked Triton path (under the interpreter on CPU)
 against F.cross_entropy on the full logits (+ z-loss)."""
 
-import os
-
+import pytest
 import torch
+import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    # Run the kernels in Triton's CPU interpreter. Set before any kernel module is imported:
-    # @triton.jit picks the mode when a kernel is defined (see tests/kernel_utils.py).
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from tests.kernel_utils import assert_close, count_launches, device, forward_backward, load_kernels  # noqa: E402
+from tests.kernel_utils import assert_close, count_launches, device, forward_backward, load_kernels
 
 K = load_kernels("fused_linear_ce")
 DEV = device()

@@ -1,17 +1,9 @@
 """SwiGLU: the Triton kernels (under the interpreter on CPU) against the PyTorch reference."""
 
-import os
-
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # Run the kernels in Triton's CPU interpreter. Set before any kernel module is imported:
-    # @triton.jit picks the mode when a kernel is defined (see tests/kernel_utils.py).
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from tests.kernel_utils import assert_close, count_launches, device, forward_backward, load_kernels  # noqa: E402
+from tests.kernel_utils import assert_close, count_launches, device, forward_backward, load_kernels
 
 K = load_kernels("swiglu")
 DEV = device()
