@@ -31,6 +31,7 @@ test-fast: venv
 
 bench: venv
 	$(BIN)/python benchmarks/bench_prepare.py
+	$(BIN)/python benchmarks/bench_kernels.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
