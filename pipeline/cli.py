@@ -4,6 +4,8 @@
     pretrain store up [--dir DIR] [--port PORT] [--bucket NAME]
     pretrain registry list [--json] [--store URI]
     pretrain registry show NAME[:VERSION|:ALIAS] [--json] [--store URI]
+    pretrain registry promote NAME:VERSION [--alias production] [--store URI]
+    pretrain registry download NAME[:VERSION|:ALIAS] DEST [--store URI]
 
 Errors the user can fix are printed as one line (``error: …``) with exit status 2.
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 from data_prep.sources import DataError
 from data_prep.validation import ValidationFailed
 from pipeline.config import ConfigFileError, PipelineConfig, load_config
-from registry.registry import RegistryError, list_models, show
+from registry.registry import RegistryError, download, list_models, promote, show
 from storage import StoreError, default_store_uri, open_store
 from training.model import ConfigError
 
@@ -101,6 +103,17 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_registry_promote(args: argparse.Namespace) -> int:
+    version = promote(_store(args), args.model, args.alias)
+    print(f"{args.model.partition(':')[0]}:{args.alias} -> version {version}")
+    return 0
+
+
+def cmd_registry_download(args: argparse.Namespace) -> int:
+    print(download(_store(args), args.model, args.dest))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pretrain", description="LLM pretraining pipeline")
     sub = p.add_subparsers(dest="command", required=True)
@@ -126,6 +139,16 @@ def parser() -> argparse.ArgumentParser:
     sh.add_argument("--json", action="store_true")
     sh.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
     sh.set_defaults(fn=cmd_registry_show)
+    pr = registry.add_parser("promote", help="point an alias (e.g. production) at a version")
+    pr.add_argument("model", metavar="NAME:VERSION")
+    pr.add_argument("--alias", default="production")
+    pr.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    pr.set_defaults(fn=cmd_registry_promote)
+    dl = registry.add_parser("download", help="copy a version's files (checkpoint, tokenizer, card) to a folder")
+    dl.add_argument("model", metavar="NAME[:VERSION]")
+    dl.add_argument("dest")
+    dl.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    dl.set_defaults(fn=cmd_registry_download)
     return p
 
 

@@ -175,6 +175,26 @@ def show(store: Store, spec: str) -> dict[str, Any]:
     return card
 
 
+def promote(store: Store, spec: str, alias: str) -> int:
+    """Point ``alias`` at the version ``spec`` names; returns that version."""
+    if not alias or "/" in alias or alias.isdigit():
+        raise RegistryError(f"invalid alias {alias!r}: use a name such as production")
+    name, version = resolve(store, spec)
+    set_alias(store, name, alias, version)
+    return version
+
+
+def download(store: Store, spec: str, dest: str | Path) -> Path:
+    """Copy a committed version's files to ``dest``; returns the folder."""
+    name, version = resolve(store, spec)
+    prefix = f"models/{name}/{version}"
+    target = Path(dest)
+    for key in store.list(prefix):
+        if not key.endswith(("/_COMMITTED", f"/{CLAIM}")):
+            store.download(key, target / key[len(prefix) + 1 :])
+    return target
+
+
 def card_markdown(card: dict[str, Any]) -> str:
     lineage = card.get("lineage", {})
     metrics = card.get("metrics", {})
@@ -198,4 +218,4 @@ def card_markdown(card: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ModelRef", "RegistryError", "list_models", "register", "resolve", "set_alias", "show"]
+__all__ = ["ModelRef", "RegistryError", "download", "list_models", "promote", "register", "resolve", "set_alias", "show"]
