@@ -142,6 +142,10 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
             "train_tokens": splits["train"]["tokens"],
             "val_tokens": splits["val"]["tokens"],
             "source_bytes": sum(len(d.text.encode()) for d, _, _ in kept),
+            # Bytes and tokens of the validation documents: bits per byte = nats/token ÷ ln 2
+            # × tokens/byte, a loss that compares across tokenizers.
+            "val_bytes": sum(len(d.text.encode()) for d, _, split in kept if split == "val"),
+            "val_doc_tokens": sum(len(ids[i]) for i, (_, _, split) in enumerate(kept) if split == "val"),
             "byte_fallback_tokens": fallback,
         }
         manifest = {

@@ -210,9 +210,14 @@ def card_markdown(card: dict[str, Any]) -> str:
         "## Lineage",
         *[f"- {k}: {v}" for k, v in sorted(lineage.items())],
         "",
-        "## Sample",
+        "## Samples",
+        "Greedy:",
         "```",
         str(card.get("sample", "")),
+        "```",
+        "Sampled:",
+        "```",
+        str(card.get("sampled", "")),
         "```",
     ]
     return "\n".join(lines) + "\n"

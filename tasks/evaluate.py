@@ -32,7 +32,8 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
         + decks.line_chart([m["lr"] for m in metrics], "learning rate")
         + decks.line_chart([m["tokens_per_s"] for m in metrics], "tokens/s"),
     )
-    summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "tokens": report.tokens_evaluated}
-    sample = f"<h3>Sample</h3><pre>{escape(report.sample)}</pre>"
+    summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}
+    summary["tokens"] = report.tokens_evaluated
+    sample = f"<h3>Greedy</h3><pre>{escape(report.sample)}</pre><h3>Sampled</h3><pre>{escape(report.sampled)}</pre>"
     Deck("Evaluation", decks.table(summary | checkpoint.summary, "Evaluation") + sample)
     return report

@@ -56,10 +56,12 @@ def register_model(report: EvalReport, registry: RegistryConfig, config: Pipelin
         "metrics": {
             "val_loss": report.val_loss,
             "perplexity": report.perplexity,
+            "bits_per_byte": report.bits_per_byte,
             "val_tokens": report.tokens_evaluated,
             **ckpt.summary,
         },
         "sample": report.sample,
+        "sampled": report.sampled,
         "config": dataclasses.asdict(config),
         "lineage": {
             "dataset_version": ckpt.dataset.version,

@@ -76,3 +76,8 @@ def test_evaluation_loads_tp2_checkpoint_at_tp1(tp2_run):
     assert math.isfinite(report.val_loss) and report.val_loss < math.log(384)
     assert report.perplexity == pytest.approx(math.exp(report.val_loss))
     assert report.sample.startswith("def ") and report.tokens_evaluated == 2 * 4 * 32
+    stats = open_store(tp2_run.store).get_json(f"{tp2_run.dataset.prefix}/manifest.json")["stats"]
+    assert report.bits_per_byte == pytest.approx(report.val_loss / math.log(2) * stats["val_doc_tokens"] / stats["val_bytes"])
+    assert 0 < report.bits_per_byte < 8
+    again = evaluate(tp2_run, MODEL, EvalConfig(max_batches=1, batch_size=4, sample_tokens=4, prompt="def "))
+    assert report.sampled.startswith("def ") and again.sampled == report.sampled  # seeded

@@ -86,6 +86,10 @@ class EvalConfig:
     max_batches: int = 16
     """Batches evaluated at most (0 = the whole validation split)."""
     sample_tokens: int = 48
-    """Tokens generated greedily from the prompt for the model card."""
+    """Tokens generated from the prompt (greedily, and sampled) for the model card."""
     prompt: str = "def main():\n"
-    """Prompt of the greedy sample."""
+    """Prompt of the samples."""
+    temperature: float = 0.8
+    """Temperature of the sampled (non-greedy) continuation."""
+    seed: int = 0
+    """Seed of the sampled continuation: the same checkpoint gives the same text."""

@@ -44,17 +44,41 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> E
             count += tokens
     val_loss = total / count
     tokenizer = Tokenizer.from_str(store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode())
-    sample = greedy_sample(model, tokenizer, cfg.prompt, cfg.sample_tokens, manifest["seq_len"], manifest["vocab_size"])
-    return EvalReport(checkpoint=ckpt, val_loss=val_loss, perplexity=math.exp(val_loss), tokens_evaluated=count, sample=sample)
+    shape = (manifest["seq_len"], manifest["vocab_size"])
+    stats = manifest["stats"]
+    return EvalReport(
+        checkpoint=ckpt,
+        val_loss=val_loss,
+        perplexity=math.exp(val_loss),
+        tokens_evaluated=count,
+        bits_per_byte=val_loss / math.log(2) * stats["val_doc_tokens"] / stats["val_bytes"],
+        sample=generate(model, tokenizer, cfg.prompt, cfg.sample_tokens, *shape),
+        sampled=generate(model, tokenizer, cfg.prompt, cfg.sample_tokens, *shape, cfg.temperature, cfg.seed),
+    )
 
 
-def greedy_sample(model, tokenizer: Tokenizer, prompt: str, new_tokens: int, seq_len: int, vocab_size: int) -> str:
+def generate(
+    model,
+    tokenizer: Tokenizer,
+    prompt: str,
+    new_tokens: int,
+    seq_len: int,
+    vocab_size: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> str:
+    """Continue ``prompt``: greedy at temperature 0, else sampled with a seeded generator."""
     ids = tokenizer.encode(prompt).ids
     device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _ in range(new_tokens):
             window = torch.tensor([ids[-seq_len:]], device=device)
             positions = torch.arange(window.shape[1], device=device).unsqueeze(0)
-            logits = model(window, positions, None)  # [1, s, padded vocab] at TP=1
-            ids.append(int(logits[0, -1, :vocab_size].argmax()))
+            logits = model(window, positions, None)[0, -1, :vocab_size].float().cpu()  # TP=1: the whole vocabulary
+            if temperature > 0:
+                probs = torch.softmax(logits / temperature, dim=-1)
+                ids.append(int(torch.multinomial(probs, 1, generator=generator)))
+            else:
+                ids.append(int(logits.argmax()))
     return tokenizer.decode(ids)

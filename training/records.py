@@ -42,5 +42,9 @@ class EvalReport:
     """exp(val_loss)."""
     tokens_evaluated: int
     """Validation tokens scored."""
+    bits_per_byte: float
+    """Validation loss in bits per UTF-8 byte of text: comparable across tokenizers."""
     sample: str
     """Greedy continuation of the configured prompt."""
+    sampled: str = ""
+    """Seeded, temperature-sampled continuation of the prompt."""
