@@ -23,6 +23,10 @@ class RegistryConfig:
 
     model_name: str = "gpt-tiny"
     """Registry name of the model (versions are numbered within it)."""
+    gate_alias: str = "production"
+    """Alias the quality gate guards: a candidate takes it only if it is not worse than its holder."""
+    gate_tolerance: float = 0.0
+    """How many bits per byte worse than the alias holder a candidate may be and still take it."""
 
 
 @documented

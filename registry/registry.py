@@ -175,6 +175,17 @@ def show(store: Store, spec: str) -> dict[str, Any]:
     return card
 
 
+def gate_decision(candidate_bpb: float, baseline: str, baseline_bpb: float, tolerance: float) -> tuple[bool, str]:
+    """Whether the candidate takes the gate alias, and why (recorded on its card)."""
+    if not baseline:
+        return True, "no model holds the alias yet: the candidate takes it"
+    if baseline_bpb < 0:
+        return False, f"{baseline} uses another tokenizer or model shape: not comparable, alias kept"
+    if candidate_bpb <= baseline_bpb + tolerance:
+        return True, f"{candidate_bpb:.4f} bits/byte ≤ {baseline_bpb:.4f} + tolerance {tolerance}: promoted"
+    return False, f"{candidate_bpb:.4f} bits/byte > {baseline_bpb:.4f} + tolerance {tolerance}: alias kept"
+
+
 def promote(store: Store, spec: str, alias: str) -> int:
     """Point ``alias`` at the version ``spec`` names; returns that version."""
     if not alias or "/" in alias or alias.isdigit():
@@ -221,6 +232,3 @@ def card_markdown(card: dict[str, Any]) -> str:
         "```",
     ]
     return "\n".join(lines) + "\n"
-
-
-__all__ = ["ModelRef", "RegistryError", "download", "list_models", "promote", "register", "resolve", "set_alias", "show"]

@@ -18,10 +18,19 @@ from training.records import CheckpointRef, EvalReport
 VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.versioning")
 
 
-@task(cache=True, cache_version=VERSION, enable_deck=True, **evaluate_task())
-def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: EvalConfig) -> EvalReport:
-    """Validation loss, perplexity and a greedy sample of the trained checkpoint."""
-    report = evaluate(checkpoint, model, eval_cfg)
+@task(
+    cache=True,
+    cache_version=VERSION,
+    # The same checkpoint was judged already: a rerun must not re-score it against the model
+    # its own first run registered (and so register a twin version).
+    cache_ignore_input_vars=("baseline",),
+    enable_deck=True,
+    **evaluate_task(),
+)
+def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: EvalConfig, baseline: str) -> EvalReport:
+    """Validation loss, perplexity, bits per byte and samples of the trained checkpoint, and the
+    ``baseline`` registry entry's bits per byte on the same rows (for the quality gate)."""
+    report = evaluate(checkpoint, model, eval_cfg, baseline)
     store = open_store(checkpoint.store)
     lines = store.get_bytes(f"{checkpoint.run}/metrics.jsonl").decode().splitlines()
     metrics = [json.loads(line) for line in lines]
@@ -34,6 +43,8 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
     )
     summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}
     summary["tokens"] = report.tokens_evaluated
+    if report.baseline:
+        summary[f"baseline {report.baseline} bits_per_byte"] = report.baseline_bits_per_byte
     sample = f"<h3>Greedy</h3><pre>{escape(report.sample)}</pre><h3>Sampled</h3><pre>{escape(report.sampled)}</pre>"
     Deck("Evaluation", decks.table(summary | checkpoint.summary, "Evaluation") + sample)
     return report

@@ -7,7 +7,7 @@ import dataclasses
 from flytekit import current_context, task
 
 from pipeline.config import PipelineConfig, RegistryConfig
-from registry.registry import ModelRef, RegistryError, register, resolve
+from registry.registry import ModelRef, RegistryError, gate_decision, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task
@@ -16,22 +16,33 @@ from training.records import EvalReport
 VERSION = cache_version(__name__, "registry", "storage", "pipeline")
 
 
-@task(**data_task())
-def find_base_model(store: str, init_from: str) -> str:
-    """The registry entry (``models/<name>/<version>``) that ``init_from`` names right now, or ''.
-
-    Not cached: ``NAME:latest`` moves, and the concrete version it resolves to is what keys
-    the cache of prepare and train downstream. A name with no registered version yet means
-    a first run, which trains from scratch.
-    """
-    if not init_from:
-        return ""
+def _entry(store: str, spec: str) -> str:
+    """``models/<name>/<version>`` that ``spec`` names right now, or '' if it names nothing yet."""
     try:
-        name, version = resolve(open_store(store), init_from)
+        name, version = resolve(open_store(store), spec)
     except RegistryError as e:
-        print(f"{e}: training from scratch")
+        print(f"{e}: none")
         return ""
     return f"models/{name}/{version}"
+
+
+@task(**data_task())
+def find_base_model(store: str, init_from: str) -> str:
+    """The registry entry that ``init_from`` names right now, or '' (train from scratch).
+
+    Not cached: ``NAME:latest`` moves, and the concrete version it resolves to is what keys
+    the cache of prepare and train downstream.
+    """
+    return _entry(store, init_from) if init_from else ""
+
+
+@task(**data_task())
+def find_gate_holder(store: str, registry: RegistryConfig) -> str:
+    """The registry entry holding the gate alias (e.g. ``gpt-tiny:production``) right now, or ''.
+
+    Not cached, for the same reason: evaluation compares against whoever holds it today.
+    """
+    return _entry(store, f"{registry.model_name}:{registry.gate_alias}")
 
 
 def _execution_id() -> str:
@@ -50,7 +61,8 @@ def _execution_id() -> str:
     **registry_task(),
 )
 def register_model(report: EvalReport, registry: RegistryConfig, config: PipelineConfig) -> ModelRef:
-    """Register the evaluated checkpoint as a new immutable model version and move ``latest``."""
+    """Register the evaluated checkpoint as a new immutable version, move ``latest``, and move
+    the gate alias too when the candidate is not worse than its holder (decision on the card)."""
     ckpt = report.checkpoint
     card = {
         "metrics": {
@@ -72,4 +84,17 @@ def register_model(report: EvalReport, registry: RegistryConfig, config: Pipelin
             "flyte_execution_id": _execution_id(),
         },
     }
-    return register(open_store(ckpt.store), registry.model_name, ckpt.prefix, ckpt.dataset.prefix, card)
+    promote, reason = gate_decision(report.bits_per_byte, report.baseline, report.baseline_bits_per_byte, registry.gate_tolerance)
+    card["gate"] = {
+        "alias": registry.gate_alias,
+        "baseline": report.baseline,
+        "baseline_bits_per_byte": report.baseline_bits_per_byte if report.baseline_bits_per_byte >= 0 else None,
+        "candidate_bits_per_byte": report.bits_per_byte,
+        "tolerance": registry.gate_tolerance,
+        "promoted": promote,
+        "reason": reason,
+    }
+    print(f"quality gate: {reason}")
+    store = open_store(ckpt.store)
+    aliases = ("latest", registry.gate_alias) if promote else ("latest",)
+    return register(store, registry.model_name, ckpt.prefix, ckpt.dataset.prefix, card, aliases=aliases)

@@ -13,6 +13,7 @@ from google.protobuf.json_format import MessageToDict
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = {
     "tasks.register.find_base_model",
+    "tasks.register.find_gate_holder",
     "tasks.data.fingerprint_corpus",
     "tasks.data.prepare_data",
     "tasks.data.validate_data",

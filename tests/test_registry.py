@@ -3,7 +3,7 @@ import json
 import pytest
 
 from pipeline.cli import main as cli
-from registry.registry import RegistryError, list_models, register, resolve, set_alias, show
+from registry.registry import RegistryError, gate_decision, list_models, register, resolve, set_alias, show
 from storage import AlreadyCommitted
 
 DATASET = "datasets/abc"
@@ -84,3 +84,15 @@ def test_cli_list_and_show(populated, capsys):
     assert "gpt:1" in out and "val_loss" in out and "dataset_version" in out
     assert cli(["registry", "show", "gpt:9", "--store", store.uri]) == 2
     assert capsys.readouterr().err.startswith("error: model gpt:9 does not exist")
+
+
+def test_gate_decision():
+    assert gate_decision(2.0, "", -1.0, 0.0)[0] is True  # first model takes the alias
+    assert gate_decision(2.0, "models/g/1", -1.0, 0.0) == (
+        False,
+        "models/g/1 uses another tokenizer or model shape: not comparable, alias kept",
+    )
+    assert gate_decision(2.0, "models/g/1", 2.0, 0.0)[0] is True  # not worse
+    assert gate_decision(2.05, "models/g/1", 2.0, 0.1)[0] is True  # worse, within tolerance
+    promoted, reason = gate_decision(2.2, "models/g/1", 2.0, 0.1)
+    assert not promoted and "2.2000 bits/byte > 2.0000 + tolerance 0.1: alias kept" == reason

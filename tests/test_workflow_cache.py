@@ -97,3 +97,12 @@ def test_continued_pretraining_starts_from_the_registered_model(pipeline):
     assert card["lineage"]["dataset_version"] != base_card["lineage"]["dataset_version"]
     # Starting from trained weights, the first loss is already far below a fresh model's.
     assert card["metrics"]["first_train_loss"] < base_card["metrics"]["first_train_loss"] - 0.3
+
+    # The quality gate: the first model took `production`; the second was scored against it
+    # on the same validation rows, and the alias moved only if it was not worse.
+    assert base_card["gate"]["promoted"] and base_card["gate"]["baseline"] == ""
+    gate = card["gate"]
+    assert gate["baseline"] == "models/gpt-e2e/1" and gate["baseline_bits_per_byte"] > 0
+    assert gate["promoted"] == (gate["candidate_bits_per_byte"] <= gate["baseline_bits_per_byte"] + gate["tolerance"])
+    holder = store.get_json("models/gpt-e2e/aliases/production.json")["version"]
+    assert holder == (2 if gate["promoted"] else 1)

@@ -62,7 +62,8 @@ def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_pat
     listed = run([str(BIN / "pretrain"), "registry", "list", "--json", "--store", store_uri], flyte_env)
     assert listed.returncode == 0, listed.stderr
     (entry,) = json.loads(listed.stdout)
-    assert entry["name"] == "gpt-e2e" and entry["version"] == 1 and entry["aliases"] == ["latest"]
+    assert entry["name"] == "gpt-e2e" and entry["version"] == 1
+    assert entry["aliases"] == ["latest", "production"]  # the first model passes the quality gate
     assert {"val_loss", "perplexity", "final_train_loss"} <= set(entry["metrics"])
 
     store = open_store(store_uri)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -18,42 +19,66 @@ from training.model import build_gpt, init_distributed, mean_loss, shutdown_dist
 from training.records import CheckpointRef, EvalReport
 
 
-def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> EvalReport:
+def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, baseline: str = "") -> EvalReport:
+    """Score the checkpoint on the validation split; with ``baseline`` (a registry entry),
+    score that model on the very same rows too, for the quality gate."""
     init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
     try:
-        return _evaluate(ckpt, model_cfg, cfg)
+        return _evaluate(ckpt, model_cfg, cfg, baseline)
     finally:
         shutdown_distributed()
 
 
-def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig) -> EvalReport:
-    store = open_store(ckpt.store)
-    rows, manifest = load_split(ckpt.dataset, "val")
-    model = build_gpt(model_cfg, manifest["vocab_size"], manifest["seq_len"], tensor_parallel=1)
-    with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
-        checkpoint.load_model(model, checkpoint.fetch(store, ckpt.prefix, Path(tmp)))
-    model.eval()
+def _mean_loss(model, rows, cfg: EvalConfig) -> tuple[float, int]:
     batches = torch.from_numpy(rows.astype("int64")).split(cfg.batch_size)
     if cfg.max_batches:
         batches = batches[: cfg.max_batches]
     total, count = 0.0, 0
+    model.eval()
     with torch.no_grad():
         for batch in batches:
             tokens = batch.shape[0] * (batch.shape[1] - 1)
             total += mean_loss(model, batch).item() * tokens
             count += tokens
-    val_loss = total / count
+    return total / count, count
+
+
+def _baseline_bits_per_byte(store, baseline: str, model_cfg: ModelConfig, manifest: dict, rows, cfg: EvalConfig) -> float:
+    """The baseline's bits per byte on the same rows, or -1 when it cannot read them
+    (another tokenizer or model shape: its numbers would not be about the same text)."""
+    card = store.get_json(f"{baseline}/card.json")
+    if card["lineage"].get("tokenizer_sha256") != manifest["tokenizer"]["sha256"] or card["config"]["model"] != asdict(model_cfg):
+        return -1.0
+    model = build_gpt(model_cfg, manifest["vocab_size"], manifest["seq_len"], tensor_parallel=1)
+    with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
+        checkpoint.load_model(model, checkpoint.fetch(store, f"{baseline}/checkpoint", Path(tmp), committed_at=baseline))
+    loss, _ = _mean_loss(model, rows, cfg)
+    return bits_per_byte(loss, manifest["stats"])
+
+
+def bits_per_byte(loss: float, stats: dict) -> float:
+    return loss / math.log(2) * stats["val_doc_tokens"] / stats["val_bytes"]
+
+
+def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, baseline: str) -> EvalReport:
+    store = open_store(ckpt.store)
+    rows, manifest = load_split(ckpt.dataset, "val")
+    model = build_gpt(model_cfg, manifest["vocab_size"], manifest["seq_len"], tensor_parallel=1)
+    with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
+        checkpoint.load_model(model, checkpoint.fetch(store, ckpt.prefix, Path(tmp)))
+    val_loss, count = _mean_loss(model, rows, cfg)
     tokenizer = Tokenizer.from_str(store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode())
     shape = (manifest["seq_len"], manifest["vocab_size"])
-    stats = manifest["stats"]
     return EvalReport(
         checkpoint=ckpt,
         val_loss=val_loss,
         perplexity=math.exp(val_loss),
         tokens_evaluated=count,
-        bits_per_byte=val_loss / math.log(2) * stats["val_doc_tokens"] / stats["val_bytes"],
+        bits_per_byte=bits_per_byte(val_loss, manifest["stats"]),
         sample=generate(model, tokenizer, cfg.prompt, cfg.sample_tokens, *shape),
         sampled=generate(model, tokenizer, cfg.prompt, cfg.sample_tokens, *shape, cfg.temperature, cfg.seed),
+        baseline=baseline,
+        baseline_bits_per_byte=_baseline_bits_per_byte(store, baseline, model_cfg, manifest, rows, cfg) if baseline else -1.0,
     )
 
 

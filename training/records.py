@@ -48,3 +48,7 @@ class EvalReport:
     """Greedy continuation of the configured prompt."""
     sampled: str = ""
     """Seeded, temperature-sampled continuation of the prompt."""
+    baseline: str = ""
+    """Registry entry the candidate was compared with ('' = none registered under the gate alias)."""
+    baseline_bits_per_byte: float = -1.0
+    """The baseline's bits per byte on the same validation rows (-1: none, or not comparable)."""

@@ -21,7 +21,7 @@ from registry.registry import ModelRef
 from tasks.data import fingerprint_corpus, prepare_data, validate_data
 from tasks.evaluate import evaluate_model
 from tasks.placement import CLUSTER
-from tasks.register import find_base_model, register_model
+from tasks.register import find_base_model, find_gate_holder, register_model
 from tasks.train import train_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -42,7 +42,8 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
     checkpoint = train_model(
         dataset=checked, model=config.model, parallel=config.parallel, train_cfg=config.train, base_model=base_model
     )
-    report = evaluate_model(checkpoint=checkpoint, model=config.model, eval_cfg=config.evaluation)
+    holder = find_gate_holder(store=config.store, registry=config.registry)
+    report = evaluate_model(checkpoint=checkpoint, model=config.model, eval_cfg=config.evaluation, baseline=holder)
     return register_model(report=report, registry=config.registry, config=config)
 
 
