@@ -38,3 +38,26 @@ def line_chart(values: list[float], title: str, width: int = 640, height: int = 
         f"<text x='4' y='{height - 8}' font-size='11'>{lo:.4g}</text>"
         f"<text x='{width - pad - 60}' y='{height - 8}' font-size='11'>step {len(values)}</text></svg>"
     )
+
+
+# Per-step metrics of training/metrics.py charted on the train task's Deck: (record key, title).
+TRAINING_CURVES = (
+    ("loss", "training loss"),
+    ("lr", "learning rate"),
+    ("grad_norm", "gradient norm"),
+    ("tokens_per_s", "tokens/s"),
+    ("mfu", "model FLOPs utilisation"),
+)
+
+
+def training_curves(metrics: list[dict]) -> str:
+    """One chart per series; a series missing from the records (older runs, MFU on an unknown GPU) is left out."""
+    charts = []
+    for key, title in TRAINING_CURVES:
+        values = [m[key] for m in metrics if m.get(key) is not None]
+        if values:
+            charts.append(line_chart(values, title))
+    last = metrics[-1] if metrics else {}
+    source = last.get("peak_flops_source")
+    note = f"<p>MFU against {escape(_fmt(last.get('peak_flops')))} FLOP/s per device ({escape(source)}).</p>" if source else ""
+    return "".join(charts) + note

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 
-from flytekit import task
+from flytekit import Deck, task
 from flytekitplugins.kfpytorch import Elastic
 
 from data_prep.prepare import DatasetRef
+from storage import open_store
+from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import CLUSTER, train_task
 from training.config import ModelConfig, ParallelConfig, TrainConfig
@@ -21,6 +25,7 @@ VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.
     task_config=Elastic(nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False),
     cache=True,
     cache_version=VERSION,
+    enable_deck=True,
     **train_task(),
 )
 def train_model(
@@ -28,4 +33,8 @@ def train_model(
 ) -> CheckpointRef:
     """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint."""
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
-    return train(dataset, model, parallel, train_cfg, base_model)
+    ref = train(dataset, model, parallel, train_cfg, base_model)
+    if os.environ.get("RANK", "0") == "0":  # the launcher keeps rank 0's Decks only
+        lines = open_store(ref.store).get_bytes(f"{ref.run}/metrics.jsonl").decode().splitlines()
+        Deck("Training curves", decks.training_curves([json.loads(line) for line in lines]))
+    return ref

@@ -74,6 +74,10 @@ class TrainConfig:
     init_from: str = ""
     """Continue pretraining from a registered model: NAME, NAME:VERSION or NAME:ALIAS
     ('' = from scratch). Its tokenizer is reused and the model section must match it."""
+    tensorboard: bool = True
+    """Also write the per-step metrics as TensorBoard event files to <run>/tensorboard/."""
+    peak_flops: float = 0.0
+    """Peak FLOP/s of one device for MFU (0 = the GPU's data-sheet figure; on CPU a measured matmul rate)."""
 
 
 @documented

@@ -26,6 +26,7 @@ from storage import open_store
 from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import GlobalBatchSampler, load_split
+from training.metrics import StepMetrics
 from training.model import ConfigError, build_gpt, init_distributed, mean_loss, shutdown_distributed
 from training.records import CheckpointRef
 
@@ -154,6 +155,7 @@ def _train(
     n_params = _count_parameters(params, tp_group, tp_rank)
     dp_group = ps.get_data_parallel_group()
     tokens_per_step = cfg.global_batch_size * seq_len
+    meter = StepMetrics.for_training(model_cfg, cfg, seq_len, dist.get_world_size(), params[0], store, run_prefix, rank == 0)
     model.train()
 
     def save(step: int) -> str:
@@ -161,6 +163,7 @@ def _train(
         prefix = checkpoint.save(store, run_prefix, step, model, optimizer, meta, cfg.keep_checkpoints)
         if rank == 0:
             store.put_bytes(f"{run_prefix}/metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics).encode())
+            meter.upload()
         return prefix
 
     prefix = checkpoint.step_prefix(run_prefix, start) if done else ""
@@ -169,7 +172,9 @@ def _train(
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        t_data = time.perf_counter()
         batch = sampler.rank_batch(step, dp_rank, dp_size)
+        data_s = time.perf_counter() - t_data
         loss_sum = torch.zeros((), device=params[0].device)
         for micro in batch.split(cfg.micro_batch_size):
             loss = mean_loss(model, micro) / accumulation
@@ -192,6 +197,7 @@ def _train(
             raise FloatingPointError(f"loss is {loss_value} at step {step + 1}: lower train.lr or check the data")
         dt = time.perf_counter() - t0
         record = {"step": step + 1, "loss": loss_value, "lr": lr, "grad_norm": norm.item(), "tokens_per_s": tokens_per_step / dt}
+        record |= meter.measure(record, dt, data_s)
         metrics.append(record)
         if rank == 0:
             print(
@@ -201,6 +207,7 @@ def _train(
             )
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             prefix = save(step + 1)
+    meter.close()
     if not prefix:
         raise ConfigError(f"train.steps={cfg.steps} leaves nothing to train")
 
