@@ -1,9 +1,11 @@
 """A model registry on the object store: immutable versions, lineage, aliases.
 
 ``models/<name>/<version>/`` holds ``card.json``, ``card.md``, the checkpoint (model
-weights and meta) and the tokenizer. A version is first *claimed* with a conditional
-create, so concurrent registrations never write into the same directory; it becomes
-visible only when ``_COMMITTED`` is written last. ``models/<name>/aliases/<alias>.json``
+weights and meta), the tokenizer and, when the evaluation produced them, its
+``evaluation.json`` and the Hugging Face export ``hf/`` (``from_pretrained`` loads it).
+A version is first *claimed* with a conditional create, so concurrent registrations
+never write into the same directory; it becomes visible only when ``_COMMITTED`` is
+written last. ``models/<name>/aliases/<alias>.json``
 points at a version and is replaced in a single write.
 """
 
@@ -20,6 +22,8 @@ from data_prep.prepare import MANIFEST, TOKENIZER
 from storage import AlreadyCommitted, Store, StoreError
 
 CLAIM = "_CLAIMED"
+EVAL_RESULTS = "results.json"  # training.evaluate's names (the registry imports no torch)
+HF_EXPORT = "hf"
 
 
 class RegistryError(LookupError):
@@ -80,10 +84,13 @@ def register(
     dataset_prefix: str,
     card: dict[str, Any],
     aliases: tuple[str, ...] = ("latest",),
+    evaluation_prefix: str = "",
 ) -> ModelRef:
-    """Copy the checkpoint and tokenizer into a new version, write its card, commit, move aliases."""
-    if not store.is_committed(checkpoint_prefix):
-        raise RegistryError(f"checkpoint {store.url(checkpoint_prefix)} is not committed: nothing to register")
+    """Copy the checkpoint, tokenizer and evaluation outputs into a new version, write its
+    card, commit, move aliases."""
+    for needed in filter(None, (checkpoint_prefix, evaluation_prefix)):
+        if not store.is_committed(needed):
+            raise RegistryError(f"{store.url(needed)} is not committed: nothing to register")
     version = _claim_version(store, name)
     prefix = f"models/{name}/{version}"
     manifest = store.get_json(f"{dataset_prefix}/{MANIFEST}")
@@ -98,6 +105,7 @@ def register(
             "checkpoint": store.url(checkpoint_prefix),
             "dataset_manifest": store.url(f"{dataset_prefix}/{MANIFEST}"),
             "tokenizer_sha256": manifest["tokenizer"]["sha256"],
+            **({"evaluation": store.url(evaluation_prefix)} if evaluation_prefix else {}),
         },
     }
     with tempfile.TemporaryDirectory(prefix="pretrain-register-") as tmp:
@@ -107,6 +115,14 @@ def register(
             if rel.startswith("model/") or rel == "meta.json":
                 store.download(key, staging / "checkpoint" / rel)
         store.download(f"{dataset_prefix}/{TOKENIZER}", staging / TOKENIZER)
+        if evaluation_prefix:
+            for key in store.list(evaluation_prefix):
+                rel = key[len(evaluation_prefix) + 1 :]
+                if rel == EVAL_RESULTS:
+                    store.download(key, staging / "evaluation.json")
+                elif rel.startswith(f"{HF_EXPORT}/"):
+                    store.download(key, staging / rel)
+                    card["hf_export"] = HF_EXPORT
         store.upload_dir(staging, prefix)
     store.put_json(f"{prefix}/card.json", card)
     store.put_bytes(f"{prefix}/card.md", card_markdown(card).encode())
@@ -231,4 +247,16 @@ def card_markdown(card: dict[str, Any]) -> str:
         str(card.get("sampled", "")),
         "```",
     ]
+    if card.get("hf_export"):
+        lines += [
+            "",
+            "## Hugging Face",
+            f"`{card['hf_export']}/` holds safetensors weights, a Llama `config.json` and the tokenizer.",
+            f"After `pretrain registry download {card['name']}:{card['version']} DEST`:",
+            "```python",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f'model = AutoModelForCausalLM.from_pretrained("DEST/{card["hf_export"]}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("DEST/{card["hf_export"]}")',
+            "```",
+        ]
     return "\n".join(lines) + "\n"

@@ -97,4 +97,6 @@ def register_model(report: EvalReport, registry: RegistryConfig, config: Pipelin
     print(f"quality gate: {reason}")
     store = open_store(ckpt.store)
     aliases = ("latest", registry.gate_alias) if promote else ("latest",)
-    return register(store, registry.model_name, ckpt.prefix, ckpt.dataset.prefix, card, aliases=aliases)
+    return register(
+        store, registry.model_name, ckpt.prefix, ckpt.dataset.prefix, card, aliases=aliases, evaluation_prefix=report.outputs
+    )

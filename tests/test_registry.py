@@ -73,6 +73,24 @@ def test_uncommitted_checkpoint_is_refused(store):
     assert store.list("models") == []
 
 
+def test_evaluation_outputs_join_the_entry(populated):
+    store = populated
+    evaluation = "runs/r1/eval/e1"
+    with pytest.raises(RegistryError, match="not committed"):
+        register(store, "gpt", CKPT, DATASET, card(3.0), evaluation_prefix=evaluation)
+    store.put_json(f"{evaluation}/results.json", {"val_loss": 3.0})
+    store.put_bytes(f"{evaluation}/hf/model.safetensors", b"tensors")
+    store.put_json(f"{evaluation}/hf/config.json", {"model_type": "llama"})
+    store.commit(evaluation)
+    entry = register(store, "gpt", CKPT, DATASET, card(3.0), evaluation_prefix=evaluation)
+    assert entry.version == 1  # the refused attempt left no version behind
+    assert store.get_json("models/gpt/1/evaluation.json") == {"val_loss": 3.0}
+    assert store.get_bytes("models/gpt/1/hf/model.safetensors") == b"tensors"
+    shown = show(store, "gpt:1")
+    assert shown["hf_export"] == "hf" and shown["lineage"]["evaluation"] == store.url(evaluation)
+    assert 'from_pretrained("DEST/hf")' in store.get_bytes("models/gpt/1/card.md").decode()
+
+
 def test_cli_list_and_show(populated, capsys):
     store = populated
     register(store, "gpt", CKPT, DATASET, card(3.0))

@@ -81,3 +81,9 @@ def test_evaluation_loads_tp2_checkpoint_at_tp1(tp2_run):
     assert 0 < report.bits_per_byte < 8
     again = evaluate(tp2_run, MODEL, EvalConfig(max_batches=1, batch_size=4, sample_tokens=4, prompt="def "))
     assert report.sampled.startswith("def ") and again.sampled == report.sampled  # seeded
+    store = open_store(tp2_run.store)
+    assert store.is_committed(report.outputs) and again.outputs != report.outputs
+    results = store.get_json(f"{report.outputs}/results.json")
+    assert results["val_loss"] == report.val_loss and results["step"] == tp2_run.step and results["sample"] == report.sample
+    exported = {key.rsplit("/", 1)[1] for key in store.list(f"{report.outputs}/hf")}
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= exported

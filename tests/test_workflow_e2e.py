@@ -76,6 +76,9 @@ def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_pat
     assert (tmp_path / "downloaded" / "checkpoint" / "model" / ".metadata").stat().st_size > 0
     assert (tmp_path / "downloaded" / "tokenizer.json").stat().st_size > 0
     assert store.get_json(f"datasets/{entry['dataset']}/validation/result.json")["success"]
+    hf_loss = hf_validation_loss(store, entry["dataset"], tmp_path / "downloaded" / "hf")
+    assert hf_loss == pytest.approx(card["metrics"]["val_loss"], abs=1e-4)
+    assert json.loads((tmp_path / "downloaded" / "evaluation.json").read_text())["val_loss"] == card["metrics"]["val_loss"]
 
     started = time.monotonic()
     second = run(command, flyte_env)
@@ -85,6 +88,23 @@ def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_pat
     assert "documents kept" not in second.stdout + second.stderr, "prepare ran again"
     assert [r["version"] for r in json.loads(run(listed.args, flyte_env).stdout)] == [1]
     print(f"cold run {cold:.1f}s, cached rerun {warm:.1f}s")
+
+
+def hf_validation_loss(store, dataset_version: str, hf_dir: Path) -> float:
+    """The registered Hugging Face export's loss on the rows our evaluation scored (2 batches of 4)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from data_prep.prepare import DatasetRef, load_manifest, shard_urls
+    from data_prep.shards import read_rows
+
+    ref = DatasetRef(store=store.uri, version=dataset_version, prefix=f"datasets/{dataset_version}")
+    rows = read_rows(shard_urls(store, ref, load_manifest(store, ref), "val"))[:8]
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    tokens = torch.from_numpy(rows.astype("int64"))
+    with torch.no_grad():
+        logits = model(tokens[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item()
 
 
 def test_missing_corpus_fails_before_writing(s3_server, flyte_env, tmp_path):

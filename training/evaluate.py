@@ -1,7 +1,13 @@
-"""Held-out evaluation of a committed checkpoint, in one process (any TP size loads at TP=1)."""
+"""Held-out evaluation of a committed checkpoint, in one process (any TP size loads at TP=1).
+
+Besides the report it commits ``<run>/eval/<key>/``: ``results.json`` and the model in
+Hugging Face layout (``hf/``), which registration copies into the registry entry.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import tempfile
 from dataclasses import asdict
@@ -11,10 +17,12 @@ import torch
 from tokenizers import Tokenizer
 
 from data_prep.prepare import TOKENIZER
+from pipeline.versioning import config_hash
 from storage import open_store
 from training import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig
 from training.data import load_split
+from training.hf_export import export_llama
 from training.model import build_gpt, init_distributed, mean_loss, shutdown_distributed
 from training.records import CheckpointRef, EvalReport
 
@@ -56,6 +64,9 @@ def _baseline_bits_per_byte(store, baseline: str, model_cfg: ModelConfig, manife
     return bits_per_byte(loss, manifest["stats"])
 
 
+RESULTS = "results.json"
+
+
 def bits_per_byte(loss: float, stats: dict) -> float:
     return loss / math.log(2) * stats["val_doc_tokens"] / stats["val_bytes"]
 
@@ -67,9 +78,10 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
         checkpoint.load_model(model, checkpoint.fetch(store, ckpt.prefix, Path(tmp)))
     val_loss, count = _mean_loss(model, rows, cfg)
-    tokenizer = Tokenizer.from_str(store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode())
+    tokenizer_json = store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode()
+    tokenizer = Tokenizer.from_str(tokenizer_json)
     shape = (manifest["seq_len"], manifest["vocab_size"])
-    return EvalReport(
+    report = EvalReport(
         checkpoint=ckpt,
         val_loss=val_loss,
         perplexity=math.exp(val_loss),
@@ -80,6 +92,28 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
         baseline=baseline,
         baseline_bits_per_byte=_baseline_bits_per_byte(store, baseline, model_cfg, manifest, rows, cfg) if baseline else -1.0,
     )
+    outputs = f"{ckpt.run}/eval/{config_hash(ckpt.prefix, cfg, baseline)}"
+    if not store.is_committed(outputs):  # a rerun of the same evaluation computes the same files
+        with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp:
+            staging = Path(tmp)
+            (staging / RESULTS).write_text(json.dumps(results_json(report, store, cfg), indent=2))
+            export_llama(model, model_cfg, tokenizer_json, manifest["seq_len"], staging / "hf")
+            store.upload_dir(staging, outputs)
+        store.commit(outputs)
+    return dataclasses.replace(report, outputs=outputs)
+
+
+def results_json(report: EvalReport, store, cfg: EvalConfig) -> dict:
+    """The evaluation's figures and samples, with what they were computed on."""
+    fields = {k: v for k, v in asdict(report).items() if k not in ("checkpoint", "outputs")}
+    ckpt = report.checkpoint
+    return {
+        "checkpoint": store.url(ckpt.prefix),
+        "step": ckpt.step,
+        "dataset_version": ckpt.dataset.version,
+        "config": asdict(cfg),
+        **fields,
+    }
 
 
 def generate(

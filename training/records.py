@@ -52,3 +52,5 @@ class EvalReport:
     """Registry entry the candidate was compared with ('' = none registered under the gate alias)."""
     baseline_bits_per_byte: float = -1.0
     """The baseline's bits per byte on the same validation rows (-1: none, or not comparable)."""
+    outputs: str = ""
+    """Key prefix of the committed evaluation files: ``results.json`` and the Hugging Face export ``hf/``."""
