@@ -43,6 +43,7 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
     )
     summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}
     summary["tokens"] = report.tokens_evaluated
+    summary["results and Hugging Face export"] = store.url(report.outputs)
     if report.baseline:
         summary[f"baseline {report.baseline} bits_per_byte"] = report.baseline_bits_per_byte
     sample = f"<h3>Greedy</h3><pre>{escape(report.sample)}</pre><h3>Sampled</h3><pre>{escape(report.sampled)}</pre>"
