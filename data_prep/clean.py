@@ -1,4 +1,4 @@
-"""Normalise text and drop exact duplicates."""
+"""Normalise a document's text and decide whether it is long enough to keep."""
 
 from __future__ import annotations
 
@@ -6,29 +6,35 @@ import hashlib
 import re
 import unicodedata
 
-# C0/C1 control characters except tab and newline; carriage returns become newlines.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# C0/C1 control characters except tab and newline (carriage returns become newlines
+# first), and lone surrogates, which JSON can carry ("\ud800") but UTF-8 cannot encode.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+NORMAL_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
 
 
-def clean_text(text: str) -> str:
-    text = unicodedata.normalize("NFC", text)
+def check_normalization(form: str) -> None:
+    if form not in NORMAL_FORMS:
+        raise ValueError(f"data.normalization is {form!r}: use one of {', '.join(NORMAL_FORMS)}")
+
+
+def clean_text(text: str, normalization: str = "NFC") -> str:
+    text = _CONTROL.sub("", text)
+    if normalization != "none" and not unicodedata.is_normalized(normalization, text):
+        text = unicodedata.normalize(normalization, text)
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return _CONTROL.sub("", text).strip()
+    return text.strip()
+
+
+def length_problem(text: str, min_chars: int, max_chars: int) -> str:
+    """The skip reason for a cleaned text's length, or ``""`` if it is kept."""
+    if not text:
+        return "empty"
+    if len(text) < min_chars:
+        return "too_short"
+    if len(text) > max_chars:
+        return "too_long"
+    return ""
 
 
 def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-class ExactDeduplicator:
-    """Remembers content hashes; ``seen`` is True for a text met before."""
-
-    def __init__(self) -> None:
-        self._hashes: set[bytes] = set()
-
-    def seen(self, digest: str) -> bool:
-        key = bytes.fromhex(digest)[:16]
-        if key in self._hashes:
-            return True
-        self._hashes.add(key)
-        return False

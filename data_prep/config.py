@@ -19,13 +19,30 @@ class DataConfig:
     (the running interpreter's standard-library source, tests excluded)."""
 
     text_field: str = "text"
-    """Field holding the document text in JSONL records."""
+    """Field (JSONL) or column (Parquet) holding the document text."""
+
+    normalization: str = "NFC"
+    """Unicode normal form applied to every document: ``NFC``, ``NFKC``, ``NFD``, ``NFKD`` or ``none``."""
 
     min_chars: int = 64
     """Documents shorter than this after cleaning are dropped (counted as ``too_short``)."""
 
     max_chars: int = 2_000_000
-    """Documents longer than this are dropped (counted as ``too_long``)."""
+    """Documents longer than this are dropped (counted as ``too_long``). It also bounds memory:
+    a file or record is streamed and abandoned as soon as it cannot fit."""
+
+    near_dedup: bool = True
+    """Drop near-duplicates (MinHash LSH over word shingles) besides exact duplicates."""
+
+    shingle_words: int = 5
+    """Words per shingle for near-duplicate detection."""
+
+    minhash_bands: int = 16
+    """LSH bands; with ``minhash_rows`` they set the similarity threshold, about
+    ``(1 / bands) ** (1 / rows)`` (16 × 8: documents ~70% alike in word shingles collide)."""
+
+    minhash_rows: int = 8
+    """MinHash values per LSH band (signature length = bands × rows)."""
 
     max_documents: int = 0
     """Stop after this many usable documents (0 = no limit); handy for quick runs."""
@@ -40,7 +57,8 @@ class DataConfig:
     """Packed sequences per WebDataset sample: per-sample overhead dominates small samples."""
 
     samples_per_shard: int = 64
-    """WebDataset samples per shard file."""
+    """WebDataset samples per shard file: a shard holds ``samples_per_shard × sequences_per_sample``
+    sequences, ``(seq_len + 1) × 2`` bytes each with a vocabulary up to 65,536."""
 
     workers: int = 0
     """Tokenizer processes (0 = one per CPU core)."""
@@ -56,3 +74,7 @@ class TokenizerConfig:
 
     min_frequency: int = 2
     """Minimum pair frequency for a merge."""
+
+    train_bytes: int = 64_000_000
+    """Training sample: the first this many bytes of kept training documents (bounds the
+    trainer's time and memory whatever the corpus size)."""

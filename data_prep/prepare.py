@@ -1,9 +1,17 @@
 """The prepare step: raw sources → cleaned, de-duplicated, tokenized, packed, sharded dataset.
 
-Everything is built in a local staging directory first, then uploaded to
-``<store>/datasets/<version>/`` and committed with a ``_COMMITTED`` marker written last.
-The version is a hash of the manifest, which names every shard's sha256, the tokenizer's
-hash, the source listing and the config: same input and config, same version.
+Two streaming passes over the corpus, so memory does not grow with its size:
+
+1. **scan** — read, clean, filter and de-duplicate every document (workers clean and hash;
+   the parent judges duplicates in order), remember one verdict byte per document, and
+   feed the first ``tokenizer.train_bytes`` of kept training text to the BPE trainer.
+2. **encode** — read the corpus again, send the kept documents to the workers to be
+   cleaned and encoded, pack them into rows and write each shard as soon as it is full.
+
+Shards are staged in a local directory, then uploaded to ``<store>/datasets/<version>/``
+and committed with a ``_COMMITTED`` marker written last. The version is a hash of the
+manifest, which names every shard's sha256, the tokenizer's hash, the source listing and
+the config: same input and config, same bytes and same version.
 """
 
 from __future__ import annotations
@@ -11,28 +19,37 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
-import json
 import logging
 import tempfile
+from array import array
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
+from tqdm import tqdm
 
-from data_prep.clean import ExactDeduplicator, clean_text, content_hash
+from data_prep import manifest as manifests
+from data_prep.clean import check_normalization, clean_text, content_hash, length_problem
 from data_prep.config import DataConfig, TokenizerConfig
-from data_prep.shards import ShardInfo, pack, token_dtype, write_shards
-from data_prep.sources import DataError, Document, iter_documents
-from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN, byte_fallback_ids, encode_parallel, train_tokenizer
+from data_prep.dedup import Deduplicator, band_keys, digest_key, shingle_hashes, signature
+from data_prep.parallel import WorkerPool, single_threaded_env
+from data_prep.readers import Skips, iter_documents
+from data_prep.shards import ShardInfo, ShardWriter, token_dtype
+from data_prep.sources import DataError, Document, RawFile, list_files, listing_hash
+from data_prep.tokenizer import EOD_TOKEN, byte_fallback_ids, set_encoder, train_tokenizer, worker_encoder
 from storage import AlreadyCommitted, Store
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-TOKENIZER = "tokenizer.json"
-DOC_STATS = "doc_stats.csv"
+MANIFEST = manifests.MANIFEST
+TOKENIZER = manifests.TOKENIZER
+DOC_STATS = manifests.DOC_STATS
+BATCH_BYTES = 1 << 20
+BATCH_DOCS = 4096
+DROP, TRAIN, VAL = 0, 1, 2
 
 
 @dataclass
@@ -54,120 +71,286 @@ def split_of(digest: str, val_fraction: float) -> str:
     return "val" if int(digest[:8], 16) / 0xFFFFFFFF < val_fraction else "train"
 
 
-def collect_documents(config: DataConfig) -> tuple[list[tuple[Document, str, str]], Counter, int]:
-    """Clean, filter and de-duplicate. Returns (document, digest, split) triples, skip counts, files read."""
-    skipped: Counter = Counter()
-    dedup = ExactDeduplicator()
-    kept: list[tuple[Document, str, str]] = []
-    read = 0
-    for doc in iter_documents(config.sources, config.text_field, skipped):
-        read += 1
-        text = clean_text(doc.text)
-        if not text:
-            skipped["empty"] += 1
+def max_doc_bytes(data: DataConfig) -> int:
+    """Raw bytes past which a document cannot clean down to ``max_chars`` (UTF-8: ≤ 4 bytes a character)."""
+    return 4 * data.max_chars + 4
+
+
+# --- worker side: settings are set in the parent before the fork --------------------
+_data: DataConfig | None = None
+_fallback_lut: np.ndarray | None = None
+
+
+def _scan_batch(batch: list[Document]) -> tuple[list[str], np.ndarray, np.ndarray | None, list[int]]:
+    """Per document: the filter's skip reason (or ``""``), content key, LSH band keys, split."""
+    data = _data
+    assert data is not None
+    n, width = len(batch), data.minhash_bands
+    reasons, splits = [], []
+    keys = np.zeros(n, dtype=np.uint64)
+    bands = np.zeros((n, width), dtype=np.uint64) if data.near_dedup else None
+    for i, doc in enumerate(batch):
+        text = clean_text(doc.text, data.normalization)
+        reason = length_problem(text, data.min_chars, data.max_chars)
+        reasons.append(reason)
+        splits.append(DROP)
+        if reason:
             continue
-        if len(text) < config.min_chars:
-            skipped["too_short"] += 1
-            continue
-        if len(text) > config.max_chars:
-            skipped["too_long"] += 1
-            continue
-        digest = content_hash(text)
-        if dedup.seen(digest):
-            skipped["duplicate"] += 1
-            continue
-        kept.append((Document(doc.source, text), digest, split_of(digest, config.val_fraction)))
-        if config.max_documents and len(kept) >= config.max_documents:
-            break
-    if not kept:
-        reasons = ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())) or "nothing readable"
+        digest = hashlib.sha256(text.encode("utf-8")).digest()
+        keys[i] = digest_key(digest)
+        splits[i] = VAL if split_of(digest.hex(), data.val_fraction) == "val" else TRAIN
+        if bands is not None:
+            sig = signature(shingle_hashes(text, data.shingle_words), data.minhash_bands * data.minhash_rows)
+            bands[i] = band_keys(sig, data.minhash_bands, data.minhash_rows)
+    return reasons, keys, bands, splits
+
+
+def _encode_batch(batch: list[tuple[Document, int]]) -> list[tuple[str, int, int, np.ndarray, int]]:
+    """Per kept document: sha256, characters, UTF-8 bytes, token ids, byte-fallback tokens."""
+    data, lut, encoder = _data, _fallback_lut, worker_encoder()
+    assert data is not None and lut is not None
+    out = []
+    for doc, _ in batch:
+        text = clean_text(doc.text, data.normalization)
+        raw = text.encode("utf-8")
+        ids = encoder.encode_batch([text])[0]
+        out.append((hashlib.sha256(raw).hexdigest(), len(text), len(raw), ids, int(lut[ids].sum())))
+    return out
+
+
+def _batches(items: Iterable, size_of) -> Iterator[list]:
+    batch, size = [], 0
+    for item in items:
+        batch.append(item)
+        size += size_of(item)
+        if size >= BATCH_BYTES or len(batch) >= BATCH_DOCS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _progress(files: list[RawFile], desc: str) -> Iterator[RawFile]:
+    """The files, with a byte progress bar (shown on a terminal only)."""
+    with tqdm(total=sum(f.size for f in files), desc=desc, unit="B", unit_scale=True, disable=None, mininterval=1) as bar:
+        for f in files:
+            yield f
+            bar.update(f.size)
+
+
+# --- pass 1 ---------------------------------------------------------------------------
+@dataclass
+class Scan:
+    """What the scan pass decided, compactly: one verdict byte per document read."""
+
+    files: list[RawFile]
+    ignored: dict[str, int]
+    skips: Skips = field(default_factory=Skips)
+    verdicts: bytearray = field(default_factory=bytearray)
+    kept_keys: array = field(default_factory=lambda: array("Q"))
+    documents: int = 0
+    """Documents the readers produced (skipped files and records not included)."""
+    filtered: int = 0
+    """Of those, dropped by length or as duplicates."""
+    sample_bytes: int = 0
+    dedup_bytes: int = 0
+
+    @property
+    def kept(self) -> int:
+        return len(self.kept_keys)
+
+
+def _scan(data: DataConfig, scan: Scan, pool: WorkerPool, sample_bytes: int) -> Iterator[str]:
+    """Run the scan pass; yields the tokenizer's training sample as it goes."""
+    dedup = Deduplicator(data.near_dedup)
+    docs = iter_documents(_progress(scan.files, "scan"), data.text_field, max_doc_bytes(data), scan.skips)
+    for batch, (reasons, keys, bands, splits) in pool.map_ordered(_scan_batch, _batches(docs, lambda d: len(d.text))):
+        passing = np.flatnonzero([not r for r in reasons])
+        verdicts = dedup.judge(keys[passing], bands[passing] if bands is not None else None)
+        for i, verdict in zip(passing, verdicts, strict=True):
+            reasons[i] = verdict
+        for doc, reason, key, split in zip(batch, reasons, keys, splits, strict=True):
+            scan.documents += 1
+            if reason:
+                scan.filtered += 1
+                scan.skips.add(reason, doc.source, problem=False)
+                scan.verdicts.append(DROP)
+                continue
+            scan.verdicts.append(split)
+            scan.kept_keys.append(int(key))
+            if split == TRAIN and scan.sample_bytes < sample_bytes:
+                text = clean_text(doc.text, data.normalization)
+                scan.sample_bytes += len(text.encode("utf-8"))
+                yield text
+            if data.max_documents and scan.kept >= data.max_documents:
+                scan.dedup_bytes = dedup.nbytes
+                return
+    scan.dedup_bytes = dedup.nbytes
+
+
+def scan_corpus(data: DataConfig, pool: WorkerPool, tokenizer_config: TokenizerConfig | None) -> tuple[Scan, Tokenizer | None]:
+    """Pass 1. With a tokenizer config, also trains the tokenizer on the scan's sample."""
+    ignored: Counter = Counter()
+    files = list_files(data.sources, ignored)
+    scan = Scan(files=files, ignored=dict(ignored))
+    tokenizer = None
+    if tokenizer_config is not None:
+        tokenizer = train_tokenizer(_scan(data, scan, pool, tokenizer_config.train_bytes), tokenizer_config)
+    else:
+        for _ in _scan(data, scan, pool, 0):
+            pass
+    _check_kept(data, scan)
+    return scan, tokenizer
+
+
+def _check_kept(data: DataConfig, scan: Scan) -> None:
+    if not scan.kept:
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(scan.skips.counts.items())) or "nothing readable"
         raise DataError(
-            f"corpus {config.sources} has no usable text after cleaning ({read} documents read; skipped: {reasons}); "
-            "point data.sources at text files or lower data.min_chars"
+            f"corpus {data.sources} has no usable text after cleaning ({scan.documents} documents read, "
+            f"{len(scan.files)} files listed; skipped: {reasons}); point data.sources at text files or lower data.min_chars"
         )
-    if not any(split == "val" for _, _, split in kept):
-        # Tiny corpora: hold out the document with the smallest hash rather than nothing.
-        i = min(range(len(kept)), key=lambda j: kept[j][1])
-        kept[i] = (kept[i][0], kept[i][1], "val")
-    if all(split == "val" for _, _, split in kept):
-        raise DataError(f"every document landed in validation: lower data.val_fraction ({config.val_fraction})")
-    return kept, skipped, read
+    verdicts = np.frombuffer(scan.verdicts, dtype=np.uint8)
+    if not (verdicts == VAL).any():
+        # Tiny corpora: hold out the document with the smallest content key rather than nothing.
+        kept_at = np.flatnonzero(verdicts)
+        smallest = int(np.argmin(np.frombuffer(scan.kept_keys, dtype=np.uint64)))
+        scan.verdicts[int(kept_at[smallest])] = VAL
+    if not (np.frombuffer(scan.verdicts, dtype=np.uint8) == TRAIN).any():
+        raise DataError(f"every document landed in validation: lower data.val_fraction ({data.val_fraction})")
+
+
+# --- pass 2 ---------------------------------------------------------------------------
+@dataclass
+class Encoded:
+    writers: dict[str, ShardWriter]
+    source_bytes: int = 0
+    val_bytes: int = 0
+    val_doc_tokens: int = 0
+    byte_fallback_tokens: int = 0
+    sources_digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+
+def _kept_documents(data: DataConfig, scan: Scan) -> Iterator[tuple[Document, int]]:
+    """The kept documents again, with their split, by their position in the scan."""
+    quiet = Skips(quiet=True)  # already counted and logged by the scan
+    docs = iter_documents(_progress(scan.files, "encode"), data.text_field, max_doc_bytes(data), quiet)
+    for ordinal, doc in enumerate(docs):
+        if ordinal >= len(scan.verdicts):
+            return
+        if scan.verdicts[ordinal] != DROP:
+            yield doc, scan.verdicts[ordinal]
+
+
+def encode_corpus(data: DataConfig, scan: Scan, pool: WorkerPool, staging: Path, eod_id: int, dtype: np.dtype) -> Encoded:
+    """Pass 2: encode the kept documents, pack and write shards, write doc stats."""
+    writers = {
+        split: ShardWriter(
+            staging / "shards", split, eod_id, data.seq_len, data.sequences_per_sample, data.samples_per_shard, dtype
+        )
+        for split in ("train", "val")
+    }
+    result = Encoded(writers)
+    kept = 0
+    with open(staging / DOC_STATS, "w", newline="") as f:
+        rows = csv.writer(f)
+        rows.writerow(["source", "sha256", "split", "chars", "tokens", "byte_fallback"])
+        batches = _batches(_kept_documents(data, scan), lambda d: len(d[0].text))
+        for batch, encoded in pool.map_ordered(_encode_batch, batches):
+            for (doc, verdict), (digest, chars, nbytes, ids, fallback) in zip(batch, encoded, strict=True):
+                if kept >= scan.kept or digest_key(bytes.fromhex(digest)) != scan.kept_keys[kept]:
+                    raise DataError(
+                        f"{doc.source} changed while the dataset was being prepared (its content differs from the scan): "
+                        "rerun once the sources are stable"
+                    )
+                kept += 1
+                split = "val" if verdict == VAL else "train"
+                writers[split].add(ids)
+                rows.writerow([doc.source, digest, split, chars, len(ids), fallback])
+                result.sources_digest.update(("\n" if kept > 1 else "").encode() + doc.source.encode())
+                result.source_bytes += nbytes
+                result.byte_fallback_tokens += fallback
+                if split == "val":
+                    result.val_bytes += nbytes
+                    result.val_doc_tokens += len(ids)
+    if kept != scan.kept:
+        raise DataError(
+            f"the sources {data.sources} yielded {kept} of the {scan.kept} documents the scan kept: rerun once they are stable"
+        )
+    for split, writer in writers.items():
+        if not writer.close():
+            raise DataError(
+                f"the {split} split holds fewer than {data.seq_len + 1} tokens: "
+                "add text, lower data.seq_len or raise data.val_fraction"
+            )
+    return result
+
+
+# --- the step -------------------------------------------------------------------------
+def _load_tokenizer(store: Store, tokenizer_key: str) -> Tokenizer:
+    tokenizer = Tokenizer.from_str(store.get_bytes(tokenizer_key).decode())
+    if tokenizer.token_to_id(EOD_TOKEN) is None:
+        raise DataError(
+            f"tokenizer {store.url(tokenizer_key)} has no {EOD_TOKEN} token: give a tokenizer trained by this pipeline"
+        )
+    return tokenizer
+
+
+def _set_worker_state(data: DataConfig, tokenizer: Tokenizer | None = None) -> None:
+    global _data, _fallback_lut
+    _data = data
+    if tokenizer is not None:
+        set_encoder(tokenizer)
+        lut = np.zeros(tokenizer.get_vocab_size(), dtype=bool)
+        lut[byte_fallback_ids(tokenizer)] = True
+        _fallback_lut = lut
 
 
 def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: Store, tokenizer_key: str = "") -> DatasetRef:
     """Build and commit the dataset. ``tokenizer_key`` names a tokenizer.json in the store to
     reuse (continued pretraining must keep its model's vocabulary); otherwise one is trained."""
+    check_normalization(data.normalization)
     store.check()
-    kept, skipped, read = collect_documents(data)
-    log.info("%d documents kept of %d read; skipped %s", len(kept), read, dict(skipped))
-
-    if tokenizer_key:
-        tokenizer = Tokenizer.from_str(store.get_bytes(tokenizer_key).decode())
-        if tokenizer.token_to_id(EOD_TOKEN) is None:
-            raise DataError(f"tokenizer {store.url(tokenizer_key)} has no {EOD_TOKEN} token")
-    else:
-        tokenizer = train_tokenizer([d.text for d, _, split in kept if split == "train"], tokenizer_config)
+    given = _load_tokenizer(store, tokenizer_key) if tokenizer_key else None
+    _set_worker_state(data)
+    with single_threaded_env(), WorkerPool(data.workers) as pool:
+        scan, trained = scan_corpus(data, pool, None if given else tokenizer_config)
+    tokenizer = given or trained
+    assert tokenizer is not None
+    log.info(
+        "scan: %d documents read, %d kept; skipped %s; tokenizer %s",
+        scan.documents,
+        scan.kept,
+        dict(scan.skips.counts),
+        store.url(tokenizer_key) if given else f"trained on {scan.sample_bytes:,} bytes",
+    )
     eod_id = tokenizer.token_to_id(EOD_TOKEN)
-    ids = encode_parallel(tokenizer, [d.text for d, _, _ in kept], data.workers)
-    vocab_size = tokenizer.get_vocab_size()
-    dtype = token_dtype(vocab_size)
-
+    dtype = token_dtype(tokenizer.get_vocab_size())
     with tempfile.TemporaryDirectory(prefix="pretrain-dataset-") as tmp:
         staging = Path(tmp)
-        tokenizer_path = staging / TOKENIZER
-        tokenizer.save(str(tokenizer_path))
-        splits: dict[str, dict] = {}
-        for split in ("train", "val"):
-            docs = [ids[i] for i, (_, _, s) in enumerate(kept) if s == split]
-            rows = pack(docs, eod_id, data.seq_len, dtype)
-            if len(rows) == 0:
-                raise DataError(
-                    f"the {split} split holds fewer than {data.seq_len + 1} tokens: "
-                    "add text, lower data.seq_len or raise data.val_fraction"
-                )
-            shards = write_shards(rows, staging / "shards", split, data.sequences_per_sample, data.samples_per_shard)
-            splits[split] = {
-                "documents": len(docs),
-                "sequences": int(len(rows)),
-                "tokens": int(rows.size),
-                "shards": [dataclasses.asdict(s) | {"name": f"shards/{s.name}"} for s in shards],
-            }
-        fallback = _write_doc_stats(staging / DOC_STATS, kept, ids, byte_fallback_ids(tokenizer))
-
-        stats = {
-            "documents_read": read,
-            "documents_kept": len(kept),
-            "skipped_total": sum(skipped.values()),
-            **{f"skipped_{reason}": n for reason, n in sorted(skipped.items())},
-            "train_tokens": splits["train"]["tokens"],
-            "val_tokens": splits["val"]["tokens"],
-            "source_bytes": sum(len(d.text.encode()) for d, _, _ in kept),
-            # Bytes and tokens of the validation documents: bits per byte = nats/token ÷ ln 2
-            # × tokens/byte, a loss that compares across tokenizers.
-            "val_bytes": sum(len(d.text.encode()) for d, _, split in kept if split == "val"),
-            "val_doc_tokens": sum(len(ids[i]) for i, (_, _, split) in enumerate(kept) if split == "val"),
-            "byte_fallback_tokens": fallback,
-        }
-        manifest = {
-            "format": "pretrain-wds-v1",
-            "seq_len": data.seq_len,
-            "token_dtype": dtype.name,
-            "vocab_size": vocab_size,
-            "eod_id": eod_id,
-            "pad_id": tokenizer.token_to_id(PAD_TOKEN),
-            "tokenizer": {"file": TOKENIZER, "sha256": _sha256(tokenizer_path)},
-            "doc_stats": {"file": DOC_STATS, "sha256": _sha256(staging / DOC_STATS)},
-            "sources_sha256": hashlib.sha256("\n".join(d.source for d, _, _ in kept).encode()).hexdigest(),
-            "config": {
-                "data": dataclasses.asdict(data),
-                "tokenizer": dataclasses.asdict(tokenizer_config),
-                "tokenizer_from": store.url(tokenizer_key) if tokenizer_key else "",
+        _set_worker_state(data, tokenizer)
+        with WorkerPool(data.workers) as pool:
+            encoded = encode_corpus(data, scan, pool, staging, eod_id, dtype)
+        tokenizer.save(str(staging / TOKENIZER))
+        stats = _stats(scan, encoded)
+        manifest = manifests.build(
+            data=data,
+            tokenizer_config=tokenizer_config,
+            tokenizer=tokenizer,
+            tokenizer_from=store.url(tokenizer_key) if tokenizer_key else "",
+            staging=staging,
+            splits={split: _split_entry(w) for split, w in encoded.writers.items()},
+            stats=stats,
+            sources={
+                "listing_sha256": listing_hash(scan.files),
+                "files": len(scan.files),
+                "bytes": sum(f.size for f in scan.files),
+                "ignored_by_suffix": dict(sorted(scan.ignored.items())),
+                "skipped_examples": dict(sorted(scan.skips.examples.items())),
             },
-            "splits": splits,
-            "stats": stats,
-        }
-        manifest_bytes = json.dumps(manifest, indent=2, sort_keys=True).encode()
-        version = hashlib.sha256(manifest_bytes).hexdigest()[:16]
+            sources_sha256=encoded.sources_digest.hexdigest(),
+        )
+        version, manifest_bytes = manifests.version_of(manifest)
         prefix = f"datasets/{version}"
         (staging / MANIFEST).write_bytes(manifest_bytes)
         if store.is_committed(prefix):
@@ -178,24 +361,43 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
                 store.commit(prefix, {"version": version})
             except AlreadyCommitted:
                 pass  # a concurrent writer produced the same content
+    log.info("dataset %s: %s", version, stats)
     return DatasetRef(store=store.uri, version=version, prefix=prefix, stats=stats)
 
 
-def _write_doc_stats(path: Path, kept: list[tuple[Document, str, str]], ids: list[np.ndarray], fallback_ids: np.ndarray) -> int:
-    """One row per kept document for the validation stage; returns the byte-fallback token total."""
-    total = 0
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["source", "sha256", "split", "chars", "tokens", "byte_fallback"])
-        for (doc, digest, split), doc_ids in zip(kept, ids, strict=True):
-            fallback = int(np.isin(doc_ids, fallback_ids).sum())
-            total += fallback
-            writer.writerow([doc.source, digest, split, len(doc.text), len(doc_ids), fallback])
-    return total
+def _split_entry(writer: ShardWriter) -> dict:
+    return {
+        "documents": writer.documents,
+        "sequences": writer.sequences,
+        "tokens": writer.tokens,
+        "shards": [dataclasses.asdict(s) | {"name": f"shards/{s.name}"} for s in writer.shards],
+    }
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _stats(scan: Scan, encoded: Encoded) -> dict[str, int]:
+    skipped = scan.skips.counts
+    # Reader-level skips (a binary file, a bad record) were would-be documents too.
+    read = scan.documents + (sum(skipped.values()) - scan.filtered)
+    return {
+        "documents_read": read,
+        "documents_kept": scan.kept,
+        "skipped_total": sum(skipped.values()),
+        **{f"skipped_{reason}": n for reason, n in sorted(skipped.items())},
+        "duplicates_total": skipped.get("duplicate", 0) + skipped.get("near_duplicate", 0),
+        "files_listed": len(scan.files),
+        "files_ignored": sum(scan.ignored.values()),
+        "train_documents": encoded.writers["train"].documents,
+        "val_documents": encoded.writers["val"].documents,
+        "train_tokens": encoded.writers["train"].tokens,
+        "val_tokens": encoded.writers["val"].tokens,
+        "source_bytes": encoded.source_bytes,
+        # Bytes and tokens of the validation documents: bits per byte = nats/token ÷ ln 2
+        # × tokens/byte, a loss that compares across tokenizers.
+        "val_bytes": encoded.val_bytes,
+        "val_doc_tokens": encoded.val_doc_tokens,
+        "byte_fallback_tokens": encoded.byte_fallback_tokens,
+        "tokenizer_sample_bytes": scan.sample_bytes,
+    }
 
 
 def load_manifest(store: Store, ref: DatasetRef) -> dict:
@@ -208,4 +410,4 @@ def shard_urls(store: Store, ref: DatasetRef, manifest: dict, split: str) -> lis
     return [store.url(f"{ref.prefix}/{s['name']}") for s in manifest["splits"][split]["shards"]]
 
 
-__all__ = ["DatasetRef", "ShardInfo", "prepare_dataset", "load_manifest", "shard_urls"]
+__all__ = ["DatasetRef", "ShardInfo", "content_hash", "prepare_dataset", "load_manifest", "shard_urls", "scan_corpus"]

@@ -45,31 +45,89 @@ def pack(docs: Sequence[np.ndarray], eod_id: int, seq_len: int, dtype: np.dtype)
     return stream[: rows * (seq_len + 1)].reshape(rows, seq_len + 1).astype(dtype)
 
 
+def _write_shard(chunk: np.ndarray, out_dir: Path, split: str, shard_idx: int, sequences_per_sample: int) -> ShardInfo:
+    name = f"{split}-{shard_idx:06d}.tar"
+    path = out_dir / name
+    # mtime=0: deterministic bytes, and no extra header block per member.
+    with wds.TarWriter(str(path), mtime=0) as sink:
+        for s, lo in enumerate(range(0, len(chunk), sequences_per_sample)):
+            sink.write({"__key__": f"{shard_idx:06d}-{s:06d}", "tokens.npy": chunk[lo : lo + sequences_per_sample]})
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return ShardInfo(name=name, bytes=size, sha256=digest.hexdigest(), sequences=len(chunk), tokens=int(chunk.size))
+
+
 def write_shards(
     rows: np.ndarray, out_dir: Path, split: str, sequences_per_sample: int, samples_per_shard: int
 ) -> list[ShardInfo]:
     out_dir.mkdir(parents=True, exist_ok=True)
     per_shard = sequences_per_sample * samples_per_shard
-    shards = []
-    for shard_idx, start in enumerate(range(0, len(rows), per_shard)):
-        name = f"{split}-{shard_idx:06d}.tar"
-        chunk = rows[start : start + per_shard]
-        path = out_dir / name
-        # mtime=0: deterministic bytes, and no extra header block per member.
-        with wds.TarWriter(str(path), mtime=0) as sink:
-            for s, lo in enumerate(range(0, len(chunk), sequences_per_sample)):
-                sink.write({"__key__": f"{shard_idx:06d}-{s:06d}", "tokens.npy": chunk[lo : lo + sequences_per_sample]})
-        data = path.read_bytes()
-        shards.append(
-            ShardInfo(
-                name=name,
-                bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-                sequences=len(chunk),
-                tokens=int(chunk.size),
-            )
-        )
-    return shards
+    return [
+        _write_shard(rows[start : start + per_shard], out_dir, split, i, sequences_per_sample)
+        for i, start in enumerate(range(0, len(rows), per_shard))
+    ]
+
+
+class ShardWriter:
+    """Packs documents into rows and writes each shard as soon as it is full: memory holds
+    at most one shard's tokens. The shards equal ``write_shards(pack(all documents))``."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        split: str,
+        eod_id: int,
+        seq_len: int,
+        sequences_per_sample: int,
+        samples_per_shard: int,
+        dtype: np.dtype,
+    ) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir, self.split, self.dtype = out_dir, split, dtype
+        self.row = seq_len + 1
+        self.sequences_per_sample = sequences_per_sample
+        self.per_shard = sequences_per_sample * samples_per_shard
+        self._eod = np.asarray([eod_id], dtype=dtype)
+        self._pending: list[np.ndarray] = []
+        self._pending_tokens = 0
+        self.shards: list[ShardInfo] = []
+        self.documents = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        self.documents += 1
+        self._pending += [ids.astype(self.dtype, copy=False), self._eod]
+        self._pending_tokens += len(ids) + 1
+        if self._pending_tokens >= self.per_shard * self.row:
+            stream = np.concatenate(self._pending)
+            full = len(stream) // (self.per_shard * self.row)
+            for i in range(full):
+                chunk = stream[i * self.per_shard * self.row : (i + 1) * self.per_shard * self.row]
+                self._emit(chunk.reshape(self.per_shard, self.row))
+            rest = stream[full * self.per_shard * self.row :]
+            self._pending, self._pending_tokens = [rest], len(rest)
+
+    def _emit(self, rows: np.ndarray) -> None:
+        self.shards.append(_write_shard(rows, self.out_dir, self.split, len(self.shards), self.sequences_per_sample))
+
+    def close(self) -> list[ShardInfo]:
+        """Write the last, partial shard; the tail shorter than a row is dropped."""
+        stream = np.concatenate(self._pending) if self._pending else np.zeros(0, dtype=self.dtype)
+        rows = len(stream) // self.row
+        if rows:
+            self._emit(stream[: rows * self.row].reshape(rows, self.row))
+        self._pending, self._pending_tokens = [], 0
+        return self.shards
+
+    @property
+    def sequences(self) -> int:
+        return sum(s.sequences for s in self.shards)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
 
 
 def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_kw) -> IO[bytes]:

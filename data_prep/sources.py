@@ -1,27 +1,31 @@
-"""Turn the configured sources into a stream of raw documents.
+"""Which files the configured sources name, in a deterministic order.
 
 A source is a local file, folder or glob, an ``s3://`` prefix, or ``python-stdlib``.
-Plain text, JSONL (one document per record) and their ``.gz`` forms are read; a file that
-cannot be read as text is skipped and counted by reason, never a crash.
+Folders are walked recursively (symlinks followed, loops detected) and keep the files
+whose names say a supported format (``formats.kind_of``); other files are counted as
+ignored. Anything that cannot be listed properly (a symlink loop, a broken link, a FIFO,
+an unreadable folder) becomes an entry with a ``problem``: the reader counts it as a
+skip, so nothing disappears silently. Reading the files is ``data_prep.readers``' job.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
-import gzip
-import io
-import json
+import hashlib
 import os
+import stat
 import sysconfig
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from data_prep.config import STDLIB_SOURCE
+from data_prep.formats import kind_of
 from storage import open_store
 
-TEXT_SUFFIXES = {".txt", ".py", ".md", ".rst", ".text", ".jsonl", ".json"}
 _STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
 
 
@@ -31,10 +35,20 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class RawFile:
-    """One file to read: a display name and a way to get its bytes."""
+    """One file to read: a display name, its size, and a way to stream its bytes."""
 
     name: str
-    read: Callable[[], bytes]
+    size: int
+    open: Callable[[], BinaryIO]
+    local_path: str = ""
+    """Set for local files: Parquet needs random access."""
+    problem: str = ""
+    """A skip reason found while listing (``symlink_loop``, ``unreadable``...): not readable."""
+
+    def read(self) -> bytes:
+        """All bytes at once: for small files only (fingerprints stream through ``open``)."""
+        with self.open() as f:
+            return f.read()
 
 
 @dataclass(frozen=True)
@@ -56,93 +70,142 @@ def _stdlib_files() -> list[Path]:
     return files
 
 
-def _is_text_file(path: Path) -> bool:
-    suffixes = path.suffixes
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes = suffixes[:-1]
-    return bool(suffixes) and suffixes[-1] in TEXT_SUFFIXES
+def _local(path: Path, size: int) -> RawFile:
+    return RawFile(str(path), size, lambda p=path: open(p, "rb"), local_path=str(path))
 
 
-def _local_files(source: str) -> list[Path]:
+def _problem(path: Path | str, reason: str) -> RawFile:
+    def refuse() -> BinaryIO:
+        raise OSError(f"{path} was not listed as readable ({reason})")
+
+    return RawFile(str(path), 0, refuse, problem=reason)
+
+
+def _stat_problem(err: OSError, path: Path) -> str:
+    if err.errno == errno.ELOOP:
+        return "symlink_loop"
+    if err.errno == errno.ENOENT and path.is_symlink():
+        return "broken_link"
+    return "unreadable"
+
+
+def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile], ignored: Counter) -> None:
+    """Files under ``folder`` in name order; symlinked folders are followed unless they lead
+    back to one of their own ancestors (a loop)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as e:
+        out.append(_problem(folder, _stat_problem(e, folder)))
+        return
+    for name in names:
+        path = folder / name
+        try:
+            st = path.stat()  # follows symlinks: a loop raises ELOOP here
+        except OSError as e:
+            out.append(_problem(path, _stat_problem(e, path)))
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            key = (st.st_dev, st.st_ino)
+            if key in ancestors:
+                out.append(_problem(path, "symlink_loop"))
+            else:
+                _walk(path, ancestors | {key}, out, ignored)
+        elif not stat.S_ISREG(st.st_mode):
+            out.append(_problem(path, "not_a_regular_file"))
+        elif kind_of(name):
+            out.append(_local(path, st.st_size))
+        else:
+            ignored[Path(name).suffix.lower() or "(no suffix)"] += 1
+
+
+def _local_path_files(path: Path, out: list[RawFile], ignored: Counter) -> None:
+    try:
+        st = path.stat()
+    except OSError as e:
+        out.append(_problem(path, _stat_problem(e, path)))
+        return
+    if stat.S_ISDIR(st.st_mode):
+        # A folder is walked whatever its name: "notes.txt/" is a folder of documents.
+        _walk(path, frozenset({(st.st_dev, st.st_ino)}), out, ignored)
+    elif stat.S_ISREG(st.st_mode):
+        out.append(_local(path, st.st_size))  # named explicitly: read even with an unusual suffix
+    else:
+        out.append(_problem(path, "not_a_regular_file"))
+
+
+def _local_files(source: str, out: list[RawFile], ignored: Counter) -> None:
     if any(ch in source for ch in "*?["):
-        matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True))
+        matches = sorted(glob.glob(os.path.expanduser(source), recursive=True))
         if not matches:
-            raise DataError(f"corpus source {source!r} matches no files")
-        return [p for p in matches if p.is_file()]
+            raise DataError(f"corpus source {source!r} matches no files: check the pattern")
+        for match in matches:
+            _local_path_files(Path(match), out, ignored)
+        return
     path = Path(os.path.expanduser(source))
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise DataError(f"corpus source {source!r} does not exist: give an existing file, folder, glob or s3:// URI")
-    if path.is_file():
-        return [path]
-    files = sorted(p for p in path.rglob("*") if p.is_file() and _is_text_file(p))
-    return files
+    _local_path_files(path, out, ignored)
 
 
-def list_files(sources: list[str]) -> list[RawFile]:
-    """Every file the sources name, in a deterministic order."""
+def _s3_files(source: str, out: list[RawFile], ignored: Counter) -> None:
+    store = open_store(source)
+    found = 0
+    paginator = store.client.get_paginator("list_objects_v2")
+    prefix = f"{store.prefix}/" if store.prefix else ""
+    for page in paginator.paginate(Bucket=store.bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            key = obj["Key"][len(prefix) :]
+            found += 1
+            if kind_of(key):
+                out.append(RawFile(store.url(key), int(obj["Size"]), lambda k=key, s=store: s.open_read(k)))
+            else:
+                ignored[Path(key).suffix.lower() or "(no suffix)"] += 1
+    if not found:
+        raise DataError(f"corpus source {source!r} holds no objects: check the bucket and prefix")
+
+
+def list_files(sources: list[str], ignored: Counter | None = None) -> list[RawFile]:
+    """Every file the sources name, in a deterministic order. Files skipped for their
+    format are counted in ``ignored`` by suffix."""
     if not sources:
         raise DataError("no corpus sources configured: set data.sources")
+    ignored = Counter() if ignored is None else ignored
     files: list[RawFile] = []
     for source in sources:
         if source == STDLIB_SOURCE:
-            files += [RawFile(str(p), p.read_bytes) for p in _stdlib_files()]
+            files += [_local(p, p.stat().st_size) for p in _stdlib_files()]
         elif source.startswith("s3://"):
-            store = open_store(source)
-            keys = [k for k in store.list("") if _is_text_file(Path(k))]
-            if not keys:
-                raise DataError(f"corpus source {source!r} holds no text files")
-            files += [RawFile(store.url(k), lambda k=k, s=store: s.get_bytes(k)) for k in keys]
+            _s3_files(source, files, ignored)
         else:
-            files += [RawFile(str(p), p.read_bytes) for p in _local_files(source)]
+            _local_files(source, files, ignored)
     return files
 
 
-def _decode(data: bytes) -> str | None:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+def listing_hash(files: list[RawFile]) -> str:
+    """Hash of the listing: names, sizes and listing problems (not contents)."""
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f.name}\t{f.size}\t{f.problem}\n".encode())
+    return digest.hexdigest()
 
 
-def iter_documents(sources: list[str], text_field: str, skipped: Counter) -> Iterator[Document]:
-    """Documents from every source; unreadable input increments ``skipped[reason]``."""
+def content_fingerprint(sources: list[str]) -> str:
+    """Hash of the content of every listed file, streamed (a corpus bigger than memory is
+    fine); problem entries count by name and reason. Independent of where the corpus lives."""
+    digest = hashlib.sha256()
     for raw in list_files(sources):
+        if raw.problem:
+            digest.update(f"problem\t{raw.problem}\n".encode())
+            continue
+        file_digest, size = hashlib.sha256(), 0
         try:
-            data = raw.read()
+            with raw.open() as f:
+                while chunk := f.read(1 << 20):
+                    file_digest.update(chunk)
+                    size += len(chunk)
         except OSError:
-            skipped["unreadable"] += 1
+            digest.update(b"unreadable\n")
             continue
-        if raw.name.endswith(".gz"):
-            try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError):
-                skipped["bad_gzip"] += 1
-                continue
-        if b"\x00" in data[:8192]:
-            skipped["binary"] += 1
-            continue
-        plain_name = raw.name.removesuffix(".gz")
-        if plain_name.endswith(".jsonl"):
-            yield from _jsonl_documents(raw.name, data, text_field, skipped)
-            continue
-        text = _decode(data)
-        if text is None:
-            skipped["not_utf8"] += 1
-            continue
-        yield Document(raw.name, text)
-
-
-def _jsonl_documents(name: str, data: bytes, text_field: str, skipped: Counter) -> Iterator[Document]:
-    for lineno, line in enumerate(io.BytesIO(data), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            skipped["bad_jsonl_record"] += 1
-            continue
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            skipped["jsonl_missing_text_field"] += 1
-            continue
-        yield Document(f"{name}:{lineno}", text)
+        digest.update(size.to_bytes(8, "little"))
+        digest.update(file_digest.digest())
+    return digest.hexdigest()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data_prep.config import TokenizerConfig
+from data_prep.encoder import FastBPE, HFEncoder, bytes_to_unicode, make_encoder
+from data_prep.parallel import WorkerPool
 
 EOD_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -17,6 +17,7 @@ SPECIAL_TOKENS = [EOD_TOKEN, PAD_TOKEN]
 
 
 def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
+    """Train on ``texts``, consumed as a stream (the trainer keeps word counts, not texts)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -31,41 +32,36 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
     return tokenizer
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte → printable character table, which ByteLevel pre-tokenization uses."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {b: chr(b) for b in printable}, 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 def byte_fallback_ids(tokenizer: Tokenizer) -> np.ndarray:
     """Ids of the lone non-ASCII byte tokens: text the vocabulary could not merge into
     anything longer (a UTF-8 character split into its bytes). Their share of a corpus
     says how badly the tokenizer fits it."""
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     high_bytes = {table[b] for b in range(0x80, 0x100)}
     return np.array(sorted(i for token, i in tokenizer.get_vocab().items() if token in high_bytes), dtype=np.int64)
 
 
 # --- parallel encoding --------------------------------------------------------------
-_worker_tokenizer: Tokenizer | None = None
+_worker_encoder: FastBPE | HFEncoder | None = None
 
 
-def _init_worker(tokenizer_json: str) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
+def set_encoder(tokenizer: Tokenizer) -> None:
+    """Build this process' encoder; call it before forking workers, which then inherit it
+    (FastBPE's Unicode tables take ~0.4 s to build: once, not once per worker)."""
+    global _worker_encoder
+    _worker_encoder = make_encoder(tokenizer)
+
+
+def worker_encoder() -> FastBPE | HFEncoder:
+    assert _worker_encoder is not None, "set_encoder was not called before the workers were forked"
+    return _worker_encoder
 
 
 def _encode_batch(texts: Sequence[str]) -> list[np.ndarray]:
-    assert _worker_tokenizer is not None
-    return [np.asarray(e.ids, dtype=np.int32) for e in _worker_tokenizer.encode_batch(list(texts))]
+    return worker_encoder().encode_batch(texts)
 
 
-def _batches(texts: Sequence[str], target_bytes: int) -> list[Sequence[str]]:
+def text_batches(texts: Sequence[str], target_bytes: int) -> list[Sequence[str]]:
     """Consecutive runs of texts of about ``target_bytes`` each: even work per task."""
     batches, start, size = [], 0, 0
     for i, text in enumerate(texts):
@@ -79,25 +75,8 @@ def _batches(texts: Sequence[str], target_bytes: int) -> list[Sequence[str]]:
 
 
 def encode_parallel(tokenizer: Tokenizer, texts: Sequence[str], workers: int, batch_bytes: int = 256_000) -> list[np.ndarray]:
-    """Token ids of each text, in order, using ``workers`` processes (one thread each)."""
-    workers = workers or os.cpu_count() or 1
-    batches = _batches(texts, batch_bytes)
-    if workers == 1 or len(batches) <= 1:
-        _init_worker(tokenizer.to_str())
-        return [ids for batch in batches for ids in _encode_batch(batch)]
-    # Fork, not spawn: a spawned worker re-imports the parent's __main__ (pyflyte, a test
-    # runner), which costs seconds per worker. Each worker is single-threaded: the
-    # processes are the parallelism, and saying so up front also keeps tokenizers from
-    # warning about a fork after its thread pool was used.
-    saved = {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")}
-    os.environ.update(TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")
-    try:
-        ctx = mp.get_context("fork")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_str(),)) as pool:
-            return [ids for batch in pool.imap(_encode_batch, batches) for ids in batch]
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    """Token ids of each text, in order, using ``workers`` processes (one thread each),
+    through the fastest encoder that gives HF's ids (``encoder.make_encoder``)."""
+    set_encoder(tokenizer)
+    with WorkerPool(workers) as pool:
+        return [ids for _, batch in pool.map_ordered(_encode_batch, text_batches(texts, batch_bytes)) for ids in batch]

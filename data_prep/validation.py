@@ -109,7 +109,7 @@ def _tables(store: Store, ref: DatasetRef) -> tuple[dict[str, pd.DataFrame], dic
     summary = pd.DataFrame(
         [
             {
-                "duplicate_fraction": stats.get("skipped_duplicate", 0) / read,
+                "duplicate_fraction": stats.get("duplicates_total", stats.get("skipped_duplicate", 0)) / read,
                 "skipped_fraction": stats["skipped_total"] / read,
                 "byte_fallback_ratio": docs["byte_fallback"].sum() / max(docs["tokens"].sum(), 1),
                 "train_val_overlap": len(train & val),

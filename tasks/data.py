@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from typing import Annotated
 
@@ -11,7 +10,7 @@ from flytekit import Deck, HashMethod, task
 
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import DatasetRef, prepare_dataset
-from data_prep.sources import list_files
+from data_prep.sources import content_fingerprint
 from data_prep.validation import ValidationConfig, check_dataset
 from pipeline.versioning import config_hash
 from storage import Store, open_store
@@ -24,13 +23,9 @@ VERSION = cache_version(__name__, "data_prep", "storage")
 
 def corpus_hash(data: DataConfig) -> str:
     """The data section with its sources replaced by the content of what they name, so that
-    identical data hits prepare's cache from any path, and changed data misses it."""
-    digest = hashlib.sha256()
-    for raw in list_files(data.sources):
-        content = raw.read()
-        digest.update(len(content).to_bytes(8, "little"))
-        digest.update(hashlib.sha256(content).digest())
-    return config_hash(dataclasses.replace(data, sources=[]), digest.hexdigest())
+    identical data hits prepare's cache from any path, and changed data misses it. Files are
+    streamed: a corpus bigger than memory is fine."""
+    return config_hash(dataclasses.replace(data, sources=[]), content_fingerprint(data.sources))
 
 
 @task(**data_task())

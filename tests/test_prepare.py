@@ -1,50 +1,27 @@
-import gzip
-import json
+"""The prepare step end to end: counts, committed readable shards, determinism, errors."""
 
 import numpy as np
 import pytest
 
-from data_prep.prepare import collect_documents, load_manifest, prepare_dataset, shard_urls, split_of
-from data_prep.shards import read_rows
+from data_prep.config import DataConfig
+from data_prep.prepare import load_manifest, prepare_dataset, shard_urls, split_of
+from data_prep.shards import ShardWriter, pack, read_rows, write_shards
 from data_prep.sources import DataError
 from storage import open_store
 from tests.conftest import tiny_data, tiny_tokenizer, write_corpus
-
-PROSE = "The quick brown fox jumps over the lazy dog while the pipeline counts every token. "
-
-
-def corpus(tmp_path):
-    docs = {f"doc{i}.txt": f"Document {i}. " + PROSE * (3 + i % 5) for i in range(30)}
-    docs["dup.txt"] = docs["doc0.txt"]  # exact duplicate
-    docs["empty.txt"] = "   \n"
-    docs["short.txt"] = "tiny"
-    docs["latin1.txt"] = "caf\xe9 ".encode("latin-1") * 40
-    docs["blob.txt"] = b"\x00\x01binary" * 50
-    docs["nested/records.jsonl"] = "\n".join(
-        [json.dumps({"text": f"Record {i}. " + PROSE * 2}) for i in range(5)] + ["{not json", json.dumps({"other": 1})]
-    )
-    docs["packed.txt.gz"] = gzip.compress(("Compressed. " + PROSE * 4).encode())
-    docs["broken.txt.gz"] = gzip.compress(b"x" * 1000)[:20]
-    return write_corpus(tmp_path / "corpus", docs)
+from tests.data_utils import KEPT_IN_MIXED, distinct_docs, mixed_corpus
 
 
 def test_documents_are_cleaned_deduplicated_and_skips_counted(tmp_path):
-    root = corpus(tmp_path)
-    kept, skipped, read = collect_documents(tiny_data(sources=[str(root)], max_documents=0))
-    sources = {doc.source for doc, _, _ in kept}
-    assert len(kept) == 30 + 5 + 1  # txt docs, jsonl records, gz document
-    assert any(s.endswith("records.jsonl:1") for s in sources)
-    assert dict(skipped) == {
-        "duplicate": 1,
-        "empty": 1,
-        "too_short": 1,
-        "not_utf8": 1,
-        "binary": 1,
-        "bad_jsonl_record": 1,
-        "jsonl_missing_text_field": 1,
-        "bad_gzip": 1,
-    }
-    assert {split for _, _, split in kept} == {"train", "val"}
+    root, expected = mixed_corpus(tmp_path / "corpus")
+    ref = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0), tiny_tokenizer(), open_store(str(tmp_path / "s")))
+    skipped = {k.removeprefix("skipped_"): v for k, v in ref.stats.items() if k.startswith("skipped_") and k != "skipped_total"}
+    assert skipped == expected
+    assert ref.stats["documents_kept"] == KEPT_IN_MIXED
+    assert ref.stats["documents_read"] == KEPT_IN_MIXED + sum(expected.values())
+    assert ref.stats["duplicates_total"] == 2
+    assert ref.stats["train_documents"] + ref.stats["val_documents"] == KEPT_IN_MIXED
+    assert ref.stats["val_documents"] >= 1
 
 
 def test_split_is_a_function_of_content():
@@ -53,7 +30,8 @@ def test_split_is_a_function_of_content():
 
 
 def test_prepare_writes_committed_readable_dataset(store, tmp_path):
-    ref = prepare_dataset(tiny_data(sources=[str(corpus(tmp_path))], max_documents=0), tiny_tokenizer(), store)
+    root, _ = mixed_corpus(tmp_path / "corpus")
+    ref = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0), tiny_tokenizer(), store)
     assert store.is_committed(ref.prefix)
     manifest = load_manifest(store, ref)
     for split in ("train", "val"):
@@ -61,33 +39,66 @@ def test_prepare_writes_committed_readable_dataset(store, tmp_path):
         assert rows.shape == (manifest["splits"][split]["sequences"], manifest["seq_len"] + 1)
         assert rows.dtype == np.uint16 and rows.max() < manifest["vocab_size"]
     assert (rows == manifest["eod_id"]).any()
-    assert ref.stats["skipped_duplicate"] == 1 and ref.stats["documents_kept"] == 36
+    assert manifest["stats"] == ref.stats and manifest["summary"]["duplicate_rate"] > 0
+    assert manifest["sources"]["files"] == 40 and len(manifest["sources"]["listing_sha256"]) == 64
+    assert manifest["sources"]["skipped_examples"]["binary"][0].endswith("blob.txt")
+    assert store.exists(f"{ref.prefix}/tokenizer.json")
 
 
-def test_same_input_same_version(tmp_path):
-    config = tiny_data(sources=[str(corpus(tmp_path))], max_documents=0)
-    first = prepare_dataset(config, tiny_tokenizer(), open_store(str(tmp_path / "a")))
-    second = prepare_dataset(config, tiny_tokenizer(), open_store(str(tmp_path / "b")))
-    assert first.version == second.version
-    assert (tmp_path / "a" / first.prefix / "shards" / "train-000000.tar").read_bytes() == (
-        tmp_path / "b" / second.prefix / "shards" / "train-000000.tar"
-    ).read_bytes()
+def test_same_input_same_bytes_and_version_whatever_the_worker_count(tmp_path):
+    root, _ = mixed_corpus(tmp_path / "corpus")
+    configs = {n: tiny_data(sources=[str(root)], max_documents=0, workers=w) for n, w in (("a", 1), ("b", 2))}
+    refs = [prepare_dataset(config, tiny_tokenizer(), open_store(str(tmp_path / n))) for n, config in configs.items()]
+    assert refs[0].version == refs[1].version
+    files = [sorted((tmp_path / n / ref.prefix).rglob("*")) for n, ref in zip("ab", refs, strict=True)]
+    assert [p.name for p in files[0]] == [p.name for p in files[1]]
+    for a, b in zip(*files, strict=True):
+        assert a.is_dir() or a.read_bytes() == b.read_bytes(), a.name
 
 
-def test_s3_prefix_as_source(s3_store, tmp_path):
-    s3_store.upload_dir(corpus(tmp_path), "raw")
-    kept, _, _ = collect_documents(tiny_data(sources=[s3_store.url("raw")], max_documents=0))
-    assert len(kept) == 36 and all(doc.source.startswith("s3://") for doc, _, _ in kept)
+def test_shards_written_while_streaming_equal_packing_everything(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 300, size=rng.integers(1, 90)).astype(np.int32) for _ in range(200)]
+    writer = ShardWriter(tmp_path / "stream", "train", 7, 15, 4, 3, np.dtype(np.uint16))
+    for ids in docs:
+        writer.add(ids)
+    streamed = writer.close()
+    whole = write_shards(pack(docs, 7, 15, np.dtype(np.uint16)), tmp_path / "whole", "train", 4, 3)
+    assert streamed == whole and len(streamed) > 3
+
+
+def test_max_documents_stops_early(tmp_path):
+    root = write_corpus(tmp_path / "c", {f"d{i}.txt": text for i, text in enumerate(distinct_docs(40))})
+    ref = prepare_dataset(tiny_data(sources=[str(root)], max_documents=25), tiny_tokenizer(), open_store(str(tmp_path / "s")))
+    assert ref.stats["documents_kept"] == 25
+
+
+def test_given_tokenizer_is_reused(tmp_path):
+    root, _ = mixed_corpus(tmp_path / "corpus")
+    store = open_store(str(tmp_path / "s"))
+    first = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0), tiny_tokenizer(), store)
+    key = f"{first.prefix}/tokenizer.json"
+    again = prepare_dataset(
+        tiny_data(sources=[str(root)], max_documents=0), tiny_tokenizer(vocab_size=300), store, tokenizer_key=key
+    )
+    manifest = load_manifest(store, again)
+    assert manifest["tokenizer"]["sha256"] == load_manifest(store, first)["tokenizer"]["sha256"]
+    assert manifest["config"]["tokenizer_from"] == store.url(key) and again.stats["tokenizer_sample_bytes"] == 0
 
 
 def test_missing_source_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        collect_documents(tiny_data(sources=[str(tmp_path / "nope")]))
+        prepare_dataset(tiny_data(sources=[str(tmp_path / "nope")]), tiny_tokenizer(), open_store(str(tmp_path / "s")))
+
+
+def test_bad_setting_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="data.normalization"):
+        prepare_dataset(DataConfig(normalization="NFX"), tiny_tokenizer(), open_store(str(tmp_path / "s")))
 
 
 def test_corpus_without_usable_text_fails_and_writes_nothing(tmp_path):
     root = write_corpus(tmp_path / "junk", {"a.txt": "", "b.txt": b"\x00\x00", "c.txt": "hi"})
     store = open_store(str(tmp_path / "store"))
-    with pytest.raises(DataError, match="no usable text.*empty=1"):
+    with pytest.raises(DataError, match="no usable text.*binary=1, empty=1, too_short=1"):
         prepare_dataset(tiny_data(sources=[str(root)]), tiny_tokenizer(), store)
     assert store.list("datasets") == []

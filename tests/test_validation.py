@@ -8,6 +8,7 @@ from data_prep.prepare import DOC_STATS, DatasetRef, prepare_dataset
 from data_prep.validation import ValidationConfig, ValidationFailed, check_dataset
 from storage import open_store
 from tests.conftest import tiny_data, tiny_tokenizer, write_corpus
+from tests.data_utils import distinct_docs
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_all_empty_documents(dataset):
 
 
 def test_duplicate_flood(tmp_path):
-    unique = {f"u{i}.txt": f"Unique document {i}. " + "words that differ per file " * (5 + i) for i in range(12)}
+    unique = {f"u{i}.txt": text for i, text in enumerate(distinct_docs(12))}
     flood = {f"copy{i}.txt": "The same boilerplate licence text, copied everywhere. " * 10 for i in range(30)}
     store = open_store(str(tmp_path / "store"))
     ref = prepare_dataset(tiny_data(sources=[str(write_corpus(tmp_path / "c", unique | flood))]), tiny_tokenizer(), store)
@@ -104,7 +105,7 @@ def test_duplicate_flood(tmp_path):
 
 
 def test_mostly_skipped_corpus(tmp_path):
-    docs = {f"d{i}.txt": f"Document number {i} with enough words to be kept. " * 8 for i in range(8)}
+    docs = {f"d{i}.txt": text for i, text in enumerate(distinct_docs(8))}
     docs |= {f"empty{i}.txt": "" for i in range(20)}
     store = open_store(str(tmp_path / "store"))
     ref = prepare_dataset(tiny_data(sources=[str(write_corpus(tmp_path / "c", docs))]), tiny_tokenizer(), store)

@@ -1,0 +1,82 @@
+"""The dataset manifest: what a dataset holds, and the version that is its content hash."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from data_prep.config import DataConfig, TokenizerConfig
+from data_prep.shards import token_dtype
+from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN
+
+FORMAT = "pretrain-wds-v1"
+MANIFEST = "manifest.json"
+TOKENIZER = "tokenizer.json"
+DOC_STATS = "doc_stats.csv"
+RUNTIME_ONLY = {"workers"}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build(
+    *,
+    data: DataConfig,
+    tokenizer_config: TokenizerConfig,
+    tokenizer: Tokenizer,
+    tokenizer_from: str,
+    staging: Path,
+    splits: dict[str, dict],
+    stats: dict[str, int],
+    sources: dict,
+    sources_sha256: str,
+) -> dict:
+    """The manifest of a dataset staged in ``staging`` (tokenizer and doc stats written there)."""
+    vocab_size = tokenizer.get_vocab_size()
+    return {
+        "format": FORMAT,
+        "seq_len": data.seq_len,
+        "token_dtype": token_dtype(vocab_size).name,
+        "vocab_size": vocab_size,
+        "eod_id": tokenizer.token_to_id(EOD_TOKEN),
+        "pad_id": tokenizer.token_to_id(PAD_TOKEN),
+        "tokenizer": {"file": TOKENIZER, "sha256": file_sha256(staging / TOKENIZER)},
+        "doc_stats": {"file": DOC_STATS, "sha256": file_sha256(staging / DOC_STATS)},
+        # Names of the kept documents, in order; `sources` describes the listing they came from.
+        "sources_sha256": sources_sha256,
+        "sources": sources,
+        "config": {
+            # Everything that shapes the content; the worker count does not.
+            "data": {k: v for k, v in dataclasses.asdict(data).items() if k not in RUNTIME_ONLY},
+            "tokenizer": dataclasses.asdict(tokenizer_config),
+            "tokenizer_from": tokenizer_from,
+        },
+        "splits": splits,
+        "stats": stats,
+        "summary": summary(stats),
+    }
+
+
+def summary(stats: dict[str, int]) -> dict[str, float]:
+    """Rates for people and the validation report."""
+    read = max(stats["documents_read"], 1)
+    return {
+        "duplicate_rate": round(stats["duplicates_total"] / read, 6),
+        "skipped_rate": round(stats["skipped_total"] / read, 6),
+        "bytes_per_token": round(stats["source_bytes"] / max(stats["train_tokens"] + stats["val_tokens"], 1), 4),
+    }
+
+
+def version_of(manifest: dict) -> tuple[str, bytes]:
+    """The dataset version (hash of the manifest's canonical bytes) and those bytes."""
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()[:16], data

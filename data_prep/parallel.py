@@ -1,0 +1,84 @@
+"""An ordered map over a forked process pool with a bounded number of batches in flight.
+
+``Pool.imap`` would pull the whole input iterator into its task queue as fast as it can,
+which for a corpus bigger than memory is the whole corpus; here at most ``2 × workers``
+batches are queued or running at any time, and results come back in input order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def worker_count(workers: int) -> int:
+    return workers or len(os.sched_getaffinity(0)) or 1
+
+
+@contextmanager
+def single_threaded_env():
+    """Processes are the parallelism: each worker keeps to one thread, and saying so before
+    the fork keeps tokenizers from warning about a fork after its thread pool was used."""
+    saved = {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")}
+    os.environ.update(TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class WorkerPool:
+    """``workers`` forked processes, or the calling process itself when ``workers`` is 1.
+
+    Fork, not spawn: a spawned worker re-imports the parent's ``__main__`` (pyflyte, a test
+    runner), which costs seconds; forked workers also inherit tables built before the fork.
+    """
+
+    def __init__(self, workers: int, initializer: Callable[..., None] | None = None, initargs: tuple = ()) -> None:
+        self.workers = worker_count(workers)
+        self._pool = None
+        if self.workers == 1:
+            if initializer:
+                initializer(*initargs)
+            return
+        with single_threaded_env():
+            self._pool = mp.get_context("fork").Pool(self.workers, initializer=initializer, initargs=initargs)
+
+    def map_ordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[T, R]]:
+        """``(item, fn(item))`` in input order, at most ``2 × workers`` items in flight."""
+        if self._pool is None:
+            for item in items:
+                yield item, fn(item)
+            return
+        window: deque[tuple[T, Any]] = deque()
+        for item in items:
+            window.append((item, self._pool.apply_async(fn, (item,))))
+            if len(window) >= 2 * self.workers:
+                done, result = window.popleft()
+                yield done, result.get()
+        while window:
+            done, result = window.popleft()
+            yield done, result.get()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,231 @@
+"""Stream documents out of listed files: plain text, JSONL and Parquet, compressed or not.
+
+Nothing here holds more than one document (capped by ``max_doc_bytes``) or one Parquet
+batch in memory: a file or JSONL line that outgrows the cap is abandoned while streaming
+and counted as ``too_long``. Every input that does not become a document is counted in
+``Skips`` by reason, with the first few names kept as examples and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import chain
+
+import zstandard
+
+from data_prep.formats import compression_of, decompressed, kind_of
+from data_prep.sources import Document, RawFile
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+SNIFF = 8192
+EXAMPLES_PER_REASON = 3
+PARQUET_BATCH_ROWS = 1024
+
+# What a broken compressed stream raises while being read.
+_GZIP_ERRORS = (OSError, EOFError, zlib.error)
+_ZSTD_ERRORS = (zstandard.ZstdError, OSError, EOFError)
+
+
+class Skips:
+    """Counts of skipped inputs by reason, with a few example names per reason."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.counts: Counter = Counter()
+        self.examples: dict[str, list[str]] = {}
+        self.quiet = quiet
+
+    def add(self, reason: str, name: str, n: int = 1, problem: bool = True) -> None:
+        """Count ``n`` skips; the first few of a reason are logged, as warnings if they are
+        ``problem`` inputs (not mere filtering)."""
+        self.counts[reason] += n
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < EXAMPLES_PER_REASON:
+            examples.append(name)
+            if not self.quiet:
+                log.log(logging.WARNING if problem else logging.INFO, "skipped %s: %s", name, reason)
+
+
+class _Broken(Exception):
+    """The stream under a reader failed; ``reason`` says how."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _chunks(stream, compression: str) -> Iterator[bytes]:
+    errors = _GZIP_ERRORS if compression == "gzip" else _ZSTD_ERRORS if compression == "zstd" else OSError
+    reason = {"gzip": "bad_gzip", "zstd": "bad_zstd"}.get(compression, "unreadable")
+    while True:
+        try:
+            chunk = stream.read(CHUNK)
+        except errors as e:
+            raise _Broken(reason) from e
+        if not chunk:
+            return
+        yield chunk
+
+
+def _bounded_lines(chunks: Iterable[bytes], cap: int) -> Iterator[bytes | None]:
+    """Lines without their newline; ``None`` for a line longer than ``cap`` bytes, which is
+    dropped while it streams past rather than held."""
+    parts: list[bytes] = []
+    size, over = 0, False
+    for chunk in chunks:
+        pos = 0
+        while True:
+            nl = chunk.find(b"\n", pos)
+            end = len(chunk) if nl < 0 else nl
+            if not over:
+                size += end - pos
+                if size > cap:
+                    over, parts = True, []
+                else:
+                    parts.append(chunk[pos:end])
+            if nl < 0:
+                break
+            yield None if over else b"".join(parts)
+            parts, size, over = [], 0, False
+            pos = nl + 1
+    if over or size:
+        yield None if over else b"".join(parts)
+
+
+def _text_document(raw: RawFile, chunks: Iterator[bytes], cap: int, skips: Skips) -> Iterator[Document]:
+    parts, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > cap:
+            skips.add("too_long", raw.name)
+            return
+        parts.append(chunk)
+    try:
+        text = b"".join(parts).decode("utf-8")
+    except UnicodeDecodeError:
+        skips.add("not_utf8", raw.name)
+        return
+    yield Document(raw.name, text.removeprefix("\ufeff"))
+
+
+def _jsonl_documents(raw: RawFile, chunks: Iterator[bytes], text_field: str, cap: int, skips: Skips) -> Iterator[Document]:
+    # JSON escapes inflate text up to 6 bytes a character (\uXXXX): allow for them in the cap.
+    for lineno, line in enumerate(_bounded_lines(chunks, 6 * cap + 65536), start=1):
+        where = f"{raw.name}:{lineno}"
+        if line is None:
+            skips.add("too_long", where)
+            continue
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            skips.add("bad_jsonl_record", where)
+            continue
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            skips.add("jsonl_missing_text_field", where)
+            continue
+        yield Document(where, text)
+
+
+@contextmanager
+def _seekable_path(raw: RawFile):
+    """A local path for ``raw``: remote Parquet is spooled to a temporary file (its footer
+    is at the end, so it cannot be streamed front to back)."""
+    if raw.local_path:
+        yield raw.local_path
+        return
+    with tempfile.NamedTemporaryFile(prefix="pretrain-parquet-", suffix=".parquet") as tmp:
+        with raw.open() as src:
+            shutil.copyfileobj(src, tmp, CHUNK)
+        tmp.flush()
+        yield tmp.name
+
+
+def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) -> Iterator[Document]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with _seekable_path(raw) as path:
+        try:
+            parquet = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError):
+            skips.add("bad_parquet", raw.name)
+            return
+        schema = parquet.schema_arrow
+        if text_field not in schema.names:
+            log.warning("%s has no column %r (columns: %s): set data.text_field", raw.name, text_field, schema.names)
+            skips.add("parquet_missing_text_field", raw.name)
+            return
+        if not (pa.types.is_string(schema.field(text_field).type) or pa.types.is_large_string(schema.field(text_field).type)):
+            skips.add("parquet_text_not_string", raw.name)
+            return
+        row = 0
+        try:
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]):
+                for text in batch.column(0).to_pylist():
+                    row += 1
+                    where = f"{raw.name}:{row}"
+                    if text is None:
+                        skips.add("parquet_null_text", where)
+                    elif len(text) > cap:
+                        skips.add("too_long", where)
+                    else:
+                        yield Document(where, text)
+        except (pa.ArrowException, OSError):
+            skips.add("bad_parquet", f"{raw.name}:{row + 1}")
+
+
+def read_file(raw: RawFile, text_field: str, max_doc_bytes: int, skips: Skips) -> Iterator[Document]:
+    """The documents of one file; problems become counted skips, never exceptions."""
+    if raw.problem:
+        skips.add(raw.problem, raw.name)
+        return
+    kind = kind_of(raw.name, explicit=True)
+    if not kind:
+        skips.add("unsupported_format", raw.name)
+        return
+    if kind == "parquet":
+        try:
+            yield from _parquet_documents(raw, text_field, max_doc_bytes, skips)
+        except OSError:
+            skips.add("unreadable", raw.name)
+        return
+    compression = compression_of(raw.name)
+    try:
+        stream = decompressed(raw.open(), compression)
+    except OSError:
+        skips.add("unreadable", raw.name)
+        return
+    try:
+        chunks = _chunks(stream, compression)
+        first = next(chunks, b"")
+        if b"\x00" in first[:SNIFF]:
+            skips.add("binary", raw.name)
+            return
+        chunks = chain([first], chunks)
+        if kind == "jsonl":
+            yield from _jsonl_documents(raw, chunks, text_field, max_doc_bytes, skips)
+        else:
+            yield from _text_document(raw, chunks, max_doc_bytes, skips)
+    except _Broken as broken:
+        skips.add(broken.reason, raw.name)
+    except OSError:
+        skips.add("unreadable", raw.name)
+    finally:
+        stream.close()
+
+
+def iter_documents(files: Iterable[RawFile], text_field: str, max_doc_bytes: int, skips: Skips) -> Iterator[Document]:
+    """Documents of every file, in listing order."""
+    for raw in files:
+        yield from read_file(raw, text_field, max_doc_bytes, skips)
