@@ -1,25 +1,39 @@
 """Checkpoints: megatron dist-checkpointing, staged locally, committed to the store.
 
-``<store>/runs/<run>/checkpoints/step-NNNNNNN/`` holds the model (torch DCP format, which
-megatron reshards on load), each rank's optimizer state and ``meta.json``. The directory
-counts only once rank 0 has written ``_COMMITTED`` after every rank's files are uploaded,
-so a crash at any point leaves nothing that a resume would pick up.
+``<store>/runs/<run>/checkpoints/step-NNNNNNN/`` holds
+
+- ``model/``: the weights *and* the AdamW moments, in torch DCP format. The moments are
+  sharded exactly like their parameters (megatron's optimizer-sharding helpers), so both
+  reshard on load: a checkpoint written at TP=2 resumes at TP=1 or DP=2 with its optimizer
+  state intact;
+- ``rng/rank-NNNNN.pt``: each rank's random-number generator states, restored when the
+  layout (world size, TP) is unchanged;
+- ``meta.json``: step, layout, configs, the loader state and the optimizer's step count.
+
+The directory counts only once rank 0 has written ``_COMMITTED`` after every rank's files
+are uploaded, so a crash at any point, or a store that goes away mid-upload, leaves nothing
+that a resume would pick up.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from storage import Store
+from training.model import checkpoint_group
 
 CHECKPOINTS = "checkpoints"
+OPTIMIZER_PREFIX = "optimizer.state"
 
 
 def step_prefix(run_prefix: str, step: int) -> str:
@@ -34,40 +48,119 @@ def committed_steps(store: Store, run_prefix: str) -> list[int]:
     return sorted(steps)
 
 
-def _staging_dir(run_prefix: str, step: int) -> Path:
-    # The same path on every rank of a node: dist-checkpointing writes one directory.
-    return Path(tempfile.gettempdir()) / "pretrain-staging" / run_prefix.replace("/", "_") / f"step-{step:07d}"
+def _staging_dir(store: Store, key: str) -> Path:
+    # The same path on every rank of a node (dist-checkpointing writes one directory), and a
+    # different one per store: two stores can hold runs with the same id (tests, copies).
+    where = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / "pretrain-staging" / where / key.replace("/", "_")
 
 
 def _local_leader() -> bool:
     return int(os.environ.get("LOCAL_RANK", "0")) == 0
 
 
+def _barrier() -> None:
+    dist.barrier(group=checkpoint_group())
+
+
+# -- optimizer state, sharded like the model ------------------------------------------
+def _optimizer_params(optimizer) -> list[torch.nn.Parameter]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _init_adam_state(optimizer) -> None:
+    """Give every parameter an (empty) AdamW state, as a loaded checkpoint will fill it."""
+    for p in _optimizer_params(optimizer):
+        state = optimizer.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _optimizer_sharded_state(model_state: dict, optimizer) -> dict:
+    """``{key: ShardedTensor}`` of every per-parameter optimizer tensor, sharded like its parameter."""
+    from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map, make_sharded_optimizer_tensor
+
+    params = _optimizer_params(optimizer)
+    by_id = get_param_id_to_sharded_param_map(model_state, params)
+    sharded = {}
+    for i, p in enumerate(params):
+        if i not in by_id:
+            raise RuntimeError(f"optimizer parameter {i} {tuple(p.shape)} has no counterpart in the model's sharded state")
+        for name, value in optimizer.state[p].items():
+            if name == "step":  # one scalar shared by all parameters: kept in meta.json
+                continue
+            # Keyed by parameter index: the layers of a stack share one checkpoint key (the layer
+            # is an offset along a prepended axis), so the checkpoint key cannot name the entry.
+            sharded[f"{OPTIMIZER_PREFIX}.{i}.{name}"] = make_sharded_optimizer_tensor(
+                by_id[i], value, prefix=f"{OPTIMIZER_PREFIX}.{name}"
+            )
+    return sharded
+
+
+def _optimizer_step(optimizer) -> float:
+    steps = {float(optimizer.state[p]["step"]) for p in _optimizer_params(optimizer) if "step" in optimizer.state[p]}
+    if len(steps) > 1:
+        raise RuntimeError(f"optimizer parameters are at different steps {sorted(steps)}")
+    return steps.pop() if steps else 0.0
+
+
+# -- random-number generators ------------------------------------------------------
+def _rng_state() -> dict:
+    from megatron.core import tensor_parallel
+
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "megatron": tensor_parallel.get_cuda_rng_tracker().get_states(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core import tensor_parallel
+
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["megatron"]:
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+# -- save and load ----------------------------------------------------------------
 def save(store: Store, run_prefix: str, step: int, model, optimizer, meta: dict, keep: int) -> str:
     """Save on every rank (collective); returns the committed checkpoint's key prefix."""
     from megatron.core import dist_checkpointing
 
     rank = dist.get_rank()
-    staging = _staging_dir(run_prefix, step)
+    prefix = step_prefix(run_prefix, step)
+    staging = _staging_dir(store, prefix)
     if _local_leader():
         shutil.rmtree(staging, ignore_errors=True)
         (staging / "model").mkdir(parents=True)
-        (staging / "optim").mkdir()
-    dist.barrier()
-    dist_checkpointing.save(model.sharded_state_dict(), str(staging / "model"))
-    torch.save(optimizer.state_dict(), staging / "optim" / f"rank-{rank:05d}.pt")
+        (staging / "rng").mkdir()
+    _barrier()
+    model_state = model.sharded_state_dict()
+    dist_checkpointing.save({**model_state, **_optimizer_sharded_state(model_state, optimizer)}, str(staging / "model"))
+    torch.save(_rng_state(), staging / "rng" / f"rank-{rank:05d}.pt")
     if rank == 0:
+        meta = {**meta, "optimizer_step": _optimizer_step(optimizer)}
         (staging / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-    dist.barrier()
-    prefix = step_prefix(run_prefix, step)
+        if not store.is_committed(prefix):  # leftovers of an upload that never committed
+            store.delete_prefix(prefix)
+    _barrier()
     if _local_leader():
         store.upload_dir(staging, prefix)
-    dist.barrier()
+    _barrier()
     if rank == 0:
         store.commit(prefix, {"step": step})
         for old in committed_steps(store, run_prefix)[:-keep] if keep > 0 else []:
             store.delete_prefix(step_prefix(run_prefix, old))
-    dist.barrier()
+    _barrier()
     if _local_leader():
         shutil.rmtree(staging, ignore_errors=True)
     return prefix
@@ -92,30 +185,44 @@ def load_model(model, local_dir: Path) -> None:
 
 def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:
     """Initialise ``model`` on every rank (collective) from a checkpoint's weights alone."""
-    staging = _staging_dir(prefix, 0).parent / "weights"
+    staging = _staging_dir(store, prefix) / "weights"
     if _local_leader():
         fetch(store, prefix, staging, committed_at=committed_at)
-    dist.barrier()
+    _barrier()
     load_model(model, staging)
-    dist.barrier()
+    _barrier()
     if _local_leader():
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
-    """Resume on every rank (collective): weights, the meta, and this rank's optimizer
-    state when the checkpoint was written with the same parallel ``layout`` (optimizer
-    shards follow the rank layout; the weights reshard to any layout)."""
-    staging = _staging_dir(prefix, 0).parent / "resume"
+    """Resume on every rank (collective) at any layout: weights and optimizer moments reshard;
+    the RNG states are restored when ``layout`` matches the checkpoint's (otherwise the
+    generators keep their seeded state). Returns the checkpoint's meta."""
+    from megatron.core import dist_checkpointing
+
+    staging = _staging_dir(store, prefix) / "resume"
     if _local_leader():
         fetch(store, prefix, staging)
-    dist.barrier()
-    load_model(model, staging)
+    _barrier()
     meta = json.loads((staging / "meta.json").read_text())
-    optim_file = staging / "optim" / f"rank-{dist.get_rank():05d}.pt"
-    if meta.get("layout") == layout and optim_file.exists():
-        optimizer.load_state_dict(torch.load(optim_file, weights_only=False))
-    dist.barrier()
+    _init_adam_state(optimizer)
+    model_state = model.sharded_state_dict()
+    optim_state = _optimizer_sharded_state(model_state, optimizer)
+    loaded = dist_checkpointing.load({**model_state, **optim_state}, str(staging / "model"))
+    model.load_state_dict({k: v for k, v in loaded.items() if k not in optim_state})
+    step = torch.tensor(float(meta["optimizer_step"]))
+    for p in _optimizer_params(optimizer):
+        optimizer.state[p]["step"] = step.clone()
+    for key, sharded in optim_state.items():
+        value = loaded[key]
+        if value.untyped_storage().data_ptr() == sharded.data.untyped_storage().data_ptr():
+            value = value.clone()  # loaded in place, possibly as a view: copy_ refuses overlaps
+        sharded.data.copy_(value)
+    rng_file = staging / "rng" / f"rank-{dist.get_rank():05d}.pt"
+    if meta.get("layout") == layout and rng_file.exists():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    _barrier()
     if _local_leader():
         shutil.rmtree(staging, ignore_errors=True)
     return meta

@@ -42,6 +42,13 @@ class ParallelConfig:
     """Pipeline-parallel size (1 in this release)."""
     sequence_parallel: bool = False
     """Split the sequence across tensor-parallel ranks outside attention and MLP (needs tensor_parallel ≥ 2)."""
+    collective_timeout_s: int = 90
+    """Seconds a collective waits for a dead or stuck rank before training fails with an error saying so."""
+    checkpoint_timeout_s: int = 1800
+    """Seconds ranks wait for each other while a checkpoint is uploaded or downloaded (large ones take long)."""
+    stall_timeout_s: int = 600
+    """Seconds one training step may take before the watchdog declares the rank stuck, prints its stacks
+    and ends it (0 = no watchdog); checkpoint saves and loads get checkpoint_timeout_s instead."""
 
 
 @documented
@@ -71,6 +78,9 @@ class TrainConfig:
     """Save a checkpoint every N steps (the last step is always saved)."""
     keep_checkpoints: int = 2
     """Committed checkpoints kept per run (older ones are deleted)."""
+    shuffle_window_shards: int = 4
+    """Shards whose rows are shuffled together each epoch (shard order is shuffled too); the loader
+    holds about twice this many shards in memory."""
     init_from: str = ""
     """Continue pretraining from a registered model: NAME, NAME:VERSION or NAME:ALIAS
     ('' = from scratch). Its tokenizer is reused and the model section must match it."""

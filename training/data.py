@@ -1,51 +1,258 @@
-"""Training batches from a dataset's WebDataset shards.
+"""Training batches streamed from a dataset's WebDataset shards (local or S3).
 
-The global sample order is a function of (dataset, seed, step) alone: every epoch is a
-seeded permutation of all rows, the optimizer step ``s`` consumes global positions
-``[s·G, (s+1)·G)`` and a data-parallel rank takes its contiguous slice of them. The
-same step therefore sees the same sequences whatever the data-parallel size, and the
-loader's whole state is the step number kept in the checkpoint.
+The global sample order is a pure function of (dataset version, seed, position):
+
+- epoch ``e`` visits the shards in a seeded permutation, cut into *windows* of
+  ``window_shards`` consecutive shards;
+- inside a window the rows are shuffled by a permutation seeded with (seed, epoch, window);
+- global position ``p`` lies in epoch ``p // rows``; optimizer step ``s`` consumes positions
+  ``[s·G, (s+1)·G)`` and a data-parallel rank takes its contiguous slice of them.
+
+The manifest's per-shard ``sequences`` counts locate a position without reading anything,
+so a rank loads only the windows its slice touches, and the same step sees the same rows
+whatever the data-parallel size. Memory holds the current window and the prefetched ones
+(``(1 + prefetch_windows) × window_shards`` shards); a background thread reads ahead in
+consumption order so that a step rarely waits. The loader's state is the number of samples
+consumed (step × G), saved in checkpoints; a resume continues the exact sequence.
 """
 
 from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from data_prep.prepare import DatasetRef, load_manifest, shard_urls
-from data_prep.shards import read_rows
+from data_prep.shards import iter_shard_arrays, read_rows
 from storage import open_store
+
+LOADER_FORMAT = "shard-window-v1"
+
+
+class LoaderStateError(ValueError):
+    """A checkpoint's loader state that this loader cannot continue."""
 
 
 def load_split(ref: DatasetRef, split: str) -> tuple[np.ndarray, dict]:
-    """All rows of a split (``[rows, seq_len + 1]``) and the dataset manifest."""
+    """All rows of a split (``[rows, seq_len + 1]``) and the manifest: for the small validation split."""
     store = open_store(ref.store)
     manifest = load_manifest(store, ref)
     return read_rows(shard_urls(store, ref, manifest, split)), manifest
 
 
-class GlobalBatchSampler:
-    def __init__(self, rows: np.ndarray, global_batch_size: int, seed: int) -> None:
-        self.rows = rows
+@dataclass(frozen=True)
+class Shard:
+    url: str
+    sequences: int
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor
+    """This rank's rows of the step, ``[rows, seq_len + 1]``, int64."""
+    wait_s: float
+    """Seconds spent blocked on shard reads for this batch (0 when prefetch kept up)."""
+
+
+WindowKey = tuple[int, int]  # (epoch, window index)
+
+
+class ShardOrder:
+    """Where each global position lies: (epoch, window) and the row inside the window's shuffled rows."""
+
+    def __init__(self, counts: list[int], seed: int, version: str, window_shards: int) -> None:
+        if not counts or min(counts) <= 0:
+            raise ValueError(f"every shard needs at least one sequence, got counts {counts}")
+        if window_shards < 1:
+            raise ValueError(f"window_shards must be ≥ 1, got {window_shards}")
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.rows = int(self.counts.sum())
+        self.window_shards = window_shards
+        # The version is hex: mixing it in gives two datasets of the same shape different orders.
+        self._entropy = [seed, int(version, 16) if version else 0]
+        self._plans: OrderedDict[int, tuple[list[np.ndarray], np.ndarray]] = OrderedDict()
+
+    def _plan(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """The epoch's windows (shard indices, in reading order) and their cumulative row starts."""
+        if epoch not in self._plans:
+            shard_order = np.random.default_rng([*self._entropy, epoch, 0]).permutation(len(self.counts))
+            windows = [shard_order[i : i + self.window_shards] for i in range(0, len(shard_order), self.window_shards)]
+            starts = np.concatenate([[0], np.cumsum([self.counts[w].sum() for w in windows])])
+            self._plans[epoch] = (windows, starts)
+            while len(self._plans) > 2:  # positions only move forward: keep this epoch and the next
+                self._plans.popitem(last=False)
+        return self._plans[epoch]
+
+    def windows(self, epoch: int) -> int:
+        return len(self._plan(epoch)[0])
+
+    def shards_of(self, key: WindowKey) -> np.ndarray:
+        return self._plan(key[0])[0][key[1]]
+
+    def row_permutation(self, key: WindowKey) -> np.ndarray:
+        size = int(self.counts[self.shards_of(key)].sum())
+        return np.random.default_rng([*self._entropy, key[0], 1, key[1]]).permutation(size)
+
+    def locate(self, positions: np.ndarray) -> list[tuple[WindowKey, np.ndarray]]:
+        """Group consecutive ``positions`` by window: ``[(key, rows inside the window), …]``."""
+        groups: list[tuple[WindowKey, list[int]]] = []
+        for p in positions.tolist():
+            epoch, offset = divmod(p, self.rows)
+            _, starts = self._plan(epoch)
+            w = int(np.searchsorted(starts, offset, side="right") - 1)
+            key = (epoch, w)
+            if not groups or groups[-1][0] != key:
+                groups.append((key, []))
+            groups[-1][1].append(offset - int(starts[w]))
+        return [(key, np.asarray(rows, dtype=np.int64)) for key, rows in groups]
+
+    def next_key(self, key: WindowKey) -> WindowKey:
+        epoch, w = key
+        return (epoch, w + 1) if w + 1 < self.windows(epoch) else (epoch + 1, 0)
+
+
+class StreamingLoader:
+    """This rank's share of each step's global batch, streamed window by window from the shards."""
+
+    def __init__(
+        self,
+        shards: list[Shard],
+        global_batch_size: int,
+        seed: int,
+        version: str = "",
+        window_shards: int = 4,
+        prefetch_windows: int = 1,
+    ) -> None:
+        self.shards = shards
         self.global_batch_size = global_batch_size
         self.seed = seed
-        self._epoch = -1
-        self._order = np.empty(0, dtype=np.int64)
+        self.version = version
+        self.window_shards = window_shards
+        self.prefetch_windows = prefetch_windows
+        self.order = ShardOrder([s.sequences for s in shards], seed, version, window_shards)
+        self._windows: dict[WindowKey, Future[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[WindowKey, Future] | None] = queue.SimpleQueue()
+        # A daemon: a read stuck on a dead store must never keep a failed rank from exiting.
+        self._reader = threading.Thread(target=self._read_loop, name="shard-prefetch", daemon=True)
+        self._reader.start()
 
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._epoch:
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
-            self._epoch = epoch
-        return self._order
+    @classmethod
+    def for_split(cls, ref: DatasetRef, split: str, global_batch_size: int, seed: int, **kwargs) -> tuple[StreamingLoader, dict]:
+        """The loader of a split and the dataset manifest."""
+        store = open_store(ref.store)
+        manifest = load_manifest(store, ref)
+        counts = [int(s["sequences"]) for s in manifest["splits"][split]["shards"]]
+        shards = [Shard(url, n) for url, n in zip(shard_urls(store, ref, manifest, split), counts, strict=True)]
+        return cls(shards, global_batch_size, seed, ref.version, **kwargs), manifest
 
-    def global_indices(self, step: int) -> np.ndarray:
-        n = len(self.rows)
-        positions = np.arange(step * self.global_batch_size, (step + 1) * self.global_batch_size)
-        return np.array([self._permutation(int(p // n))[p % n] for p in positions], dtype=np.int64)
-
-    def rank_batch(self, step: int, dp_rank: int, dp_size: int) -> torch.Tensor:
-        """This data-parallel rank's share of step ``step``'s global batch."""
-        indices = self.global_indices(step)
+    # -- order ------------------------------------------------------------------------
+    def positions(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> np.ndarray:
+        """Global positions of this rank's slice of step ``step``."""
+        if self.global_batch_size % dp_size:
+            raise ValueError(f"global batch {self.global_batch_size} does not split over {dp_size} data-parallel ranks")
         per_rank = self.global_batch_size // dp_size
-        mine = indices[dp_rank * per_rank : (dp_rank + 1) * per_rank]
-        return torch.from_numpy(self.rows[mine].astype(np.int64))
+        first = step * self.global_batch_size + dp_rank * per_rank
+        return np.arange(first, first + per_rank, dtype=np.int64)
+
+    def batch(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> Batch:
+        """This data-parallel rank's contiguous slice of step ``step``'s global batch."""
+        return self.rows_at(self.positions(step, dp_rank, dp_size))
+
+    def rows_at(self, positions: np.ndarray) -> Batch:
+        """The rows at increasing global ``positions``; reads ahead of the last one."""
+        groups = self.order.locate(positions)
+        waited = 0.0
+        parts = []
+        for key, rows in groups:
+            future = self._request(key)
+            t0 = time.perf_counter()
+            window = future.result()
+            waited += time.perf_counter() - t0
+            parts.append(window[rows])
+        self._forget_before(groups[0][0])
+        key = groups[-1][0]
+        for _ in range(self.prefetch_windows):
+            key = self.order.next_key(key)
+            self._request(key)
+        return Batch(tokens=torch.from_numpy(np.concatenate(parts).astype(np.int64)), wait_s=waited)
+
+    # -- state ------------------------------------------------------------------------
+    def state_dict(self, step: int) -> dict:
+        """What a checkpoint records: enough to check that a resume continues the same sequence."""
+        return {
+            "format": LOADER_FORMAT,
+            "dataset": self.version,
+            "seed": self.seed,
+            "window_shards": self.window_shards,
+            "global_batch_size": self.global_batch_size,
+            "consumed_samples": step * self.global_batch_size,
+        }
+
+    def check_resume(self, state: dict, step: int) -> None:
+        """Raise unless ``state`` (from a checkpoint at ``step``) continues this loader's sequence."""
+        expected = self.state_dict(step)
+        diff = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
+        if diff:
+            details = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+            raise LoaderStateError(f"the checkpoint's data order cannot be continued ({details})")
+
+    # -- reading ----------------------------------------------------------------------
+    def _request(self, key: WindowKey) -> Future[np.ndarray]:
+        with self._lock:
+            if key not in self._windows:
+                self._windows[key] = Future()
+                self._queue.put((key, self._windows[key]))
+            return self._windows[key]
+
+    def _forget_before(self, key: WindowKey) -> None:
+        with self._lock:
+            for old in [k for k in self._windows if k < key]:
+                self._windows.pop(old).cancel()  # no-op once read
+
+    def _read_loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            key, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._read_window(key))
+            except BaseException as e:  # noqa: BLE001 - handed to the step that needs the window
+                future.set_exception(e)
+
+    def _read_window(self, key: WindowKey) -> np.ndarray:
+        arrays = [self._read_shard(self.shards[i]) for i in self.order.shards_of(key)]
+        return np.concatenate(arrays)[self.order.row_permutation(key)]
+
+    @staticmethod
+    def _read_shard(shard: Shard) -> np.ndarray:
+        rows = np.concatenate(list(iter_shard_arrays([shard.url])))
+        if len(rows) != shard.sequences:
+            raise ValueError(f"shard {shard.url} holds {len(rows)} sequences, the manifest says {shard.sequences}")
+        return rows
+
+    def wait_idle(self) -> None:
+        """Let in-flight reads finish (before something forks, e.g. a checkpoint's writer processes)."""
+        with self._lock:
+            pending = list(self._windows.values())
+        for future in pending:
+            future.exception()  # waits; an error is raised later, by the batch that needs it
+
+    def close(self) -> None:
+        with self._lock:
+            for future in self._windows.values():
+                future.cancel()
+            self._windows.clear()
+        self._queue.put(None)
+
+    def __enter__(self) -> StreamingLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig
 
-# How long a collective may wait for a dead or stuck peer before it becomes an error.
-COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("PRETRAIN_COLLECTIVE_TIMEOUT_S", "90")))
+# A gloo group with its own, longer timeout for waits around checkpoint uploads (see checkpoint_group).
+_checkpoint_group = None
 
 
 class ConfigError(ValueError):
@@ -27,6 +27,7 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
     ``standalone`` process (evaluation, a notebook) gets a world of one on an in-memory
     store, ignoring any RANK/MASTER_PORT left in its environment by an earlier launch.
     """
+    global _checkpoint_group
     cpu_compat.apply()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -36,10 +37,13 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
         local_rank = 0 if standalone else int(os.environ.get("LOCAL_RANK", "0"))
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank)
+        # Every collective gives up after this long: a dead or stuck peer becomes an error, not a hang.
+        timeout = timedelta(seconds=parallel.collective_timeout_s)
         if standalone or "RANK" not in os.environ:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
-            dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+            dist.init_process_group(backend=backend, timeout=timeout)
+        _checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=parallel.checkpoint_timeout_s))
     world = dist.get_world_size()
     tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
     if pp != 1:
@@ -54,13 +58,21 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
 
 
+def checkpoint_group():
+    """All ranks, on gloo, with ``parallel.checkpoint_timeout_s``: for the waits while one rank
+    uploads or downloads a checkpoint, which may outlast the collective timeout."""
+    return _checkpoint_group
+
+
 def shutdown_distributed() -> None:
+    global _checkpoint_group
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+    _checkpoint_group = None
 
 
 def ffn_size(config: ModelConfig) -> int:

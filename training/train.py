@@ -25,10 +25,11 @@ from pipeline.versioning import config_hash, source_hash
 from storage import open_store
 from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
-from training.data import GlobalBatchSampler, load_split
+from training.data import StreamingLoader
 from training.metrics import StepMetrics
 from training.model import ConfigError, build_gpt, init_distributed, mean_loss, shutdown_distributed
 from training.records import CheckpointRef
+from training.watchdog import Progress, Watchdog, explain
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -82,12 +83,19 @@ def train(
     weights start the run (continued pretraining); empty means a fresh initialisation.
     """
     rank = int(os.environ.get("RANK", "0"))
+    progress = Progress()
+    watchdog = Watchdog(progress, rank).start()
     try:
-        return _train(dataset, model_cfg, parallel, cfg, base_model)
-    except Exception:
+        return _train(dataset, model_cfg, parallel, cfg, base_model, progress)
+    except Exception as e:
         print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        raise
+        failure = explain(e, rank, progress, parallel.collective_timeout_s)
+        if failure is None:
+            raise
+        print(f"[rank {rank}] {failure}", file=sys.stderr, flush=True)
+        raise failure from e
     finally:
+        watchdog.stop()
         shutdown_distributed()
 
 
@@ -101,7 +109,7 @@ def _check_base_model(store, base_model: str, model_cfg: ModelConfig) -> None:
 
 
 def _train(
-    dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, base_model: str
+    dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, base_model: str, progress: Progress
 ) -> CheckpointRef:
     from megatron.core import parallel_state as ps
 
@@ -116,9 +124,10 @@ def _train(
         )
     accumulation = cfg.global_batch_size // (cfg.micro_batch_size * dp_size)
 
-    rows, manifest = load_split(dataset, "train")
+    loader, manifest = StreamingLoader.for_split(
+        dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards
+    )
     seq_len = manifest["seq_len"]
-    sampler = GlobalBatchSampler(rows, cfg.global_batch_size, cfg.seed)
     if parallel.sequence_parallel and parallel.tensor_parallel < 2:
         raise ConfigError("parallel.sequence_parallel needs parallel.tensor_parallel ≥ 2")
     model = build_gpt(model_cfg, manifest["vocab_size"], seq_len, parallel.tensor_parallel, parallel.sequence_parallel)
@@ -139,7 +148,9 @@ def _train(
     done = checkpoint.committed_steps(store, run_prefix)
     if done:
         start = done[-1]
-        checkpoint.load(store, checkpoint.step_prefix(run_prefix, start), model, optimizer, layout)
+        progress.enter(f"resume from step {start}", parallel.checkpoint_timeout_s)
+        resumed = checkpoint.load(store, checkpoint.step_prefix(run_prefix, start), model, optimizer, layout)
+        loader.check_resume(resumed["loader"], start)
         if store.exists(f"{run_prefix}/metrics.jsonl"):
             lines = store.get_bytes(f"{run_prefix}/metrics.jsonl").decode().splitlines()
             metrics = [m for m in map(json.loads, lines) if m["step"] <= start]
@@ -159,7 +170,16 @@ def _train(
     model.train()
 
     def save(step: int) -> str:
-        meta = {"step": step, "layout": layout, "model": asdict(model_cfg), "train": asdict(cfg), "dataset": dataset.version}
+        meta = {
+            "step": step,
+            "layout": layout,
+            "model": asdict(model_cfg),
+            "train": asdict(cfg),
+            "dataset": dataset.version,
+            "loader": loader.state_dict(step),
+        }
+        progress.enter(f"checkpoint save at step {step}", parallel.checkpoint_timeout_s)
+        loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
         prefix = checkpoint.save(store, run_prefix, step, model, optimizer, meta, cfg.keep_checkpoints)
         if rank == 0:
             store.put_bytes(f"{run_prefix}/metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics).encode())
@@ -168,15 +188,16 @@ def _train(
 
     prefix = checkpoint.step_prefix(run_prefix, start) if done else ""
     for step in range(start, cfg.steps):
+        progress.enter(f"step {step + 1}", parallel.stall_timeout_s)
         t0 = time.perf_counter()
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
         t_data = time.perf_counter()
-        batch = sampler.rank_batch(step, dp_rank, dp_size)
+        batch = loader.batch(step, dp_rank, dp_size)
         data_s = time.perf_counter() - t_data
         loss_sum = torch.zeros((), device=params[0].device)
-        for micro in batch.split(cfg.micro_batch_size):
+        for micro in batch.tokens.split(cfg.micro_batch_size):
             loss = mean_loss(model, micro) / accumulation
             loss.backward()
             loss_sum += loss.detach()

@@ -1,0 +1,146 @@
+"""Exact resume: real two-rank training SIGKILLed mid-run, resumed, and resharded on resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from storage import open_store
+from training import checkpoint
+from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.launch import launch
+from training.train import run_id, train
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)
+# Checkpoints at 3, 6 and 8, all kept; a seed of its own, so no other test shares the run id.
+STEPS = TrainConfig(
+    steps=8, micro_batch_size=2, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=3, keep_checkpoints=3, seed=4321
+)
+TP2 = ParallelConfig(tensor_parallel=2)
+
+# Runs launch() in a child process, so that a test can SIGKILL the whole job (agent and ranks).
+CHILD = "import pickle, sys\nfrom training.launch import launch\nlaunch(*pickle.load(open(sys.argv[1], 'rb')))\n"
+
+
+def start_training(tmp_path: Path, nproc: int, *args, env: dict | None = None, log_name: str = "train.log") -> subprocess.Popen:
+    """``launch(train, nproc, *args)`` in its own process group; stdout and stderr go to ``log_name``."""
+    spec = tmp_path / f"{log_name}.pickle"
+    spec.write_bytes(pickle.dumps((train, nproc, *args)))
+    log = open(tmp_path / log_name, "wb")
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(spec)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def fresh_copy(dataset, root: Path):
+    """The dataset alone in a new local store."""
+    shutil.copytree(Path(dataset.store) / dataset.prefix, root / dataset.prefix)
+    return dataclasses.replace(dataset, store=str(root))
+
+
+def losses(ref) -> list[float]:
+    lines = open_store(ref.store).get_bytes(f"{ref.run}/metrics.jsonl").decode().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
+
+
+def checkpoint_state(store_root: str, prefix: str, tmp_path: Path) -> dict:
+    """Every tensor of a committed checkpoint (weights and optimizer moments, unsharded) and its meta."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    folder = Path(store_root) / prefix
+    out = tmp_path / f"{prefix.replace('/', '_')}.pt"
+    dcp_to_torch_save(folder / "model", out)
+    state = torch.load(out, weights_only=False)
+    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return {"tensors": state, "meta": json.loads((folder / "meta.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dataset, tmp_path_factory):
+    """The uninterrupted run at TP=2."""
+    return launch(train, 2, fresh_copy(tiny_dataset, tmp_path_factory.mktemp("reference")), MODEL, TP2, STEPS)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_training_then_resume_ends_bitwise_identical(tiny_dataset, reference, tmp_path):
+    dataset = fresh_copy(tiny_dataset, tmp_path / "store")
+    store = open_store(dataset.store)
+    run = f"runs/{run_id(dataset, MODEL, STEPS)}"
+    assert run == reference.run
+    job = start_training(tmp_path, 2, dataset, MODEL, TP2, STEPS)
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint.committed_steps(store, run) and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert checkpoint.committed_steps(store, run), (tmp_path / "train.log").read_text()[-3000:]
+    finally:
+        kill_group(job)
+    killed_at = checkpoint.committed_steps(store, run)
+    assert STEPS.steps not in killed_at, "the job finished before the kill: nothing was interrupted"
+
+    resumed = launch(train, 2, dataset, MODEL, TP2, STEPS)
+    assert resumed.prefix == reference.prefix
+    assert losses(resumed) == losses(reference)
+    mine = checkpoint_state(dataset.store, resumed.prefix, tmp_path)
+    theirs = checkpoint_state(reference.store, reference.prefix, tmp_path)
+    assert mine["meta"]["loader"] == theirs["meta"]["loader"]
+    assert mine["meta"]["optimizer_step"] == theirs["meta"]["optimizer_step"] == STEPS.steps
+    assert mine["tensors"].keys() == theirs["tensors"].keys()
+    assert any(k.startswith("optimizer.state.exp_avg_sq.") for k in mine["tensors"])
+    diff = max((mine["tensors"][k] - theirs["tensors"][k]).abs().max().item() for k in mine["tensors"])
+    print(f"killed after committed steps {killed_at}; max abs diff of weights and moments: {diff}")
+    for key, tensor in mine["tensors"].items():
+        assert torch.equal(tensor, theirs["tensors"][key]), key
+
+
+def checkpoint_only(reference, step: int, root: Path):
+    """A store holding the dataset and the reference run as if it had stopped after ``step``."""
+    dataset = fresh_copy(reference.dataset, root)
+    shutil.copytree(Path(reference.store) / reference.run, root / reference.run)
+    store = open_store(dataset.store)
+    for later in checkpoint.committed_steps(store, reference.run):
+        if later > step:
+            store.delete_prefix(checkpoint.step_prefix(reference.run, later))
+    return dataset
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2], ids=["tp1", "tp1-dp2"])
+def test_tensor_parallel_checkpoint_resumes_resharded(reference, tmp_path, nproc):
+    saved = checkpoint_state(reference.store, checkpoint.step_prefix(reference.run, 3), tmp_path)
+    # The moments are stored whole (not per rank), shaped like their parameters: they reshard too.
+    for key, tensor in saved["tensors"].items():
+        if key.startswith("optimizer.state.exp_avg."):
+            assert tensor.shape == saved["tensors"][key.removeprefix("optimizer.state.exp_avg.")].shape
+    assert saved["meta"]["layout"] == {"world_size": 2, "tensor_parallel": 2}
+
+    dataset = checkpoint_only(reference, 3, tmp_path / "store")
+    resumed = launch(train, nproc, dataset, MODEL, ParallelConfig(tensor_parallel=1), STEPS)
+    # Steps 4-8 continue the TP=2 curve: same weights, moments, step count and data order.
+    assert losses(resumed)[3:] == pytest.approx(losses(reference)[3:], abs=1e-5)
+    assert open_store(dataset.store).get_json(f"{resumed.prefix}/meta.json")["layout"]["world_size"] == nproc
