@@ -46,8 +46,85 @@ def decompressed(stream: BinaryIO, compression: str) -> BinaryIO:
     if compression == "gzip":
         return _Closing(gzip.GzipFile(fileobj=stream, mode="rb"), stream)
     if compression == "zstd":
-        return zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True, closefd=True)
+        return zstandard.ZstdDecompressor().stream_reader(ZstdFrames(stream), read_across_frames=True, closefd=True)
     return stream
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_COLLECT = {"magic": 4, "descriptor": 1, "skippable_size": 4, "block_header": 3}
+
+
+class ZstdFrames:
+    """Passes a zstd stream through unchanged while walking its frame and block headers, so
+    that a stream cut short raises ``ZstdError``: zstandard's reader takes a truncated frame
+    for a clean end and would drop the rest of the file silently."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._state, self._need, self._field = "magic", 4, b""
+        self._checksum = self._last = False
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        if data:
+            self._walk(data)
+        elif size != 0 and (self._state != "magic" or self._field):
+            raise zstandard.ZstdError("the zstd stream ends inside a frame (truncated file)")
+        return data
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def _walk(self, data: bytes) -> None:
+        pos = 0
+        while pos < len(data):
+            take = min(self._need - len(self._field) if self._state in _COLLECT else self._need, len(data) - pos)
+            if self._state in _COLLECT:
+                self._field += data[pos : pos + take]
+                done = len(self._field) == self._need
+            else:
+                self._need -= take
+                done = self._need == 0
+            pos += take
+            if done:
+                field, self._field = self._field, b""
+                self._advance(field)
+
+    def _goto(self, state: str, need: int) -> None:
+        self._state, self._need = state, need
+        if need == 0 and state not in _COLLECT:
+            self._advance(b"")
+
+    def _advance(self, field: bytes) -> None:
+        state, value = self._state, int.from_bytes(field, "little")
+        if state == "magic":
+            if value == _ZSTD_MAGIC:
+                self._goto("descriptor", 1)
+            elif value & 0xFFFFFFF0 == 0x184D2A50:
+                self._goto("skippable_size", 4)
+            else:
+                raise zstandard.ZstdError("not a zstd frame")
+        elif state == "descriptor":
+            single = bool(value & 0x20)
+            self._checksum = bool(value & 0x04)
+            header = (0 if single else 1) + (0, 1, 2, 4)[value & 3] + ((1 if single else 0), 2, 4, 8)[value >> 6]
+            self._goto("header", header)
+        elif state == "skippable_size":
+            self._goto("skippable", value)
+        elif state == "block_header":
+            kind, size = (value >> 1) & 3, value >> 3
+            if kind == 3:
+                raise zstandard.ZstdError("reserved zstd block type")
+            self._last = bool(value & 1)
+            self._goto("block", 1 if kind == 1 else size)
+        elif state == "block" and not self._last:
+            self._goto("block_header", 3)
+        elif state == "block" and self._checksum:
+            self._goto("checksum", 4)
+        elif state == "header":
+            self._goto("block_header", 3)
+        else:  # end of a frame (its last block or checksum) or of a skippable frame
+            self._goto("magic", 4)
 
 
 class _Closing:

@@ -1,0 +1,190 @@
+"""Sources and readers: every format, local and S3, and a folder of hostile files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from data_prep.prepare import load_manifest, prepare_dataset
+from data_prep.readers import Skips, iter_documents, read_file
+from data_prep.sources import DataError, content_fingerprint, list_files
+from storage import open_store
+from tests.conftest import tiny_data, tiny_tokenizer, write_corpus
+from tests.data_utils import distinct_docs
+
+CAP = 4 * 2_000_000 + 4  # max_doc_bytes of the default max_chars
+
+
+def read_all(sources: list[str], text_field: str = "text", cap: int = CAP) -> tuple[list, Skips, Counter]:
+    ignored: Counter = Counter()
+    skips = Skips()
+    docs = list(iter_documents(list_files(sources, ignored), text_field, cap, skips))
+    return docs, skips, ignored
+
+
+def parquet_bytes(table: pa.Table, tmp_path: Path) -> bytes:
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=2)
+    return path.read_bytes()
+
+
+def format_corpus(tmp_path: Path) -> tuple[Path, list[str]]:
+    texts = distinct_docs(9)
+    jsonl = "\n".join(json.dumps({"body": t, "id": i}) for i, t in enumerate(texts[2:5]))
+    files = {
+        "a.txt": texts[0],
+        "b.md.zst": zstandard.ZstdCompressor().compress(texts[1].encode()),
+        "c.jsonl": jsonl,
+        "d.jsonl.gz": gzip.compress(json.dumps({"body": texts[5]}).encode()),
+        "e.parquet": parquet_bytes(pa.table({"body": texts[6:9], "n": [1, 2, 3]}), tmp_path),
+        "notes.bin": b"not a supported format",
+    }
+    return write_corpus(tmp_path / "corpus", files), texts
+
+
+def test_every_format_local_with_configured_text_field(tmp_path):
+    root, texts = format_corpus(tmp_path)
+    docs, skips, ignored = read_all([str(root)], text_field="body")
+    assert sorted(d.text for d in docs) == sorted(texts)
+    assert not skips.counts and ignored == {".bin": 1}  # counted, not read
+    assert {d.source.rsplit("/", 1)[1] for d in docs} >= {"c.jsonl:1", "e.parquet:3", "b.md.zst"}
+
+
+def test_every_format_from_an_s3_prefix(s3_store, tmp_path):
+    root, texts = format_corpus(tmp_path)
+    s3_store.upload_dir(root, "raw")
+    docs, skips, ignored = read_all([s3_store.url("raw")], text_field="body")
+    assert sorted(d.text for d in docs) == sorted(texts) and all(d.source.startswith("s3://") for d in docs)
+    assert not skips.counts and ignored == {".bin": 1}
+    # The content fingerprint does not depend on where the corpus lives.
+    assert content_fingerprint([s3_store.url("raw")]) == content_fingerprint([str(root)])
+
+
+def test_globs_and_explicit_files(tmp_path):
+    root, texts = format_corpus(tmp_path)
+    docs, _, _ = read_all([str(root / "*.jsonl*"), str(root / "a.txt")], text_field="body")
+    assert [d.text for d in docs] == [*texts[2:6], texts[0]]
+    with pytest.raises(DataError, match="matches no files"):
+        read_all([str(root / "*.nothing")])
+
+
+def test_s3_prefix_without_objects_is_a_clear_error(s3_store):
+    with pytest.raises(DataError, match="holds no objects"):
+        list_files([s3_store.url("empty")])
+
+
+def hostile_folder(root: Path) -> Path:
+    good = distinct_docs(3)
+    root.mkdir(parents=True)
+    write_corpus(
+        root,
+        {
+            "good.txt": good[0],
+            "empty.txt": b"",
+            "latin1.txt": "caf\xe9 ".encode("latin-1") * 40,
+            "nul.txt": b"text\x00with\x00nul\x00bytes" * 100,
+            "truncated.txt.gz": gzip.compress(good[1].encode() * 50)[:200],
+            "truncated.jsonl.zst": zstandard.ZstdCompressor().compress(json.dumps({"text": good[1]}).encode() * 50)[:100],
+            "records.jsonl": "\n".join(
+                [
+                    "{not json",
+                    json.dumps([1, 2]),
+                    json.dumps({"text": 5}),
+                    "[" * 100_000 + "]" * 100_000,  # deep enough to blow a recursive parser
+                    json.dumps({"text": "\ud800 lone surrogate kept apart"}),
+                ]
+            ).encode()
+            + b"\n\xff\xfe bad utf-8 line\n",
+            "no_text_column.parquet": _parquet_without_text(root.parent / "p.parquet"),
+            "corrupt.parquet": b"PAR1 not really parquet PAR1",
+            "dir.jsonl/inner.txt": good[2],  # a folder named like a file is walked
+        },
+    )
+    # One 200 MB line, followed by a good record: streamed past, never held.
+    with open(root / "huge.jsonl", "wb") as f:
+        f.write(b'{"text": "')
+        block = b"x" * (1 << 20)
+        for _ in range(200):
+            f.write(block)
+        f.write(b'"}\n' + json.dumps({"text": "after the huge line " * 5}).encode() + b"\n")
+    os.symlink("loop", root / "loop")  # a symlink to itself
+    os.symlink("..", root / "dir.jsonl" / "up")  # leads back to an ancestor
+    os.symlink("missing-target", root / "dangling.txt")
+    os.mkfifo(root / "pipe.txt")
+    return root
+
+
+def _parquet_without_text(path: Path) -> bytes:
+    pq.write_table(pa.table({"body": ["a document in the wrong column"]}), path)
+    return path.read_bytes()
+
+
+HOSTILE_SKIPS = {
+    "empty": 1,  # at filtering, not reading: an empty file is read as an empty document
+    "not_utf8": 1,
+    "binary": 1,
+    "bad_gzip": 1,
+    "bad_zstd": 1,
+    "bad_jsonl_record": 3,  # not JSON, nested too deep, invalid UTF-8
+    "jsonl_missing_text_field": 2,  # a list, a number as text
+    "parquet_missing_text_field": 1,
+    "bad_parquet": 1,
+    "too_long": 1,
+    "symlink_loop": 2,
+    "broken_link": 1,
+    "not_a_regular_file": 1,
+}
+
+
+def test_hostile_folder_every_file_skipped_by_reason_in_bounded_memory(tmp_path):
+    root = hostile_folder(tmp_path / "hostile")
+    tracemalloc.start()
+    try:
+        docs, skips, _ = read_all([str(root)])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, f"reading held {peak / 2**20:.0f} MiB"
+    texts = {d.source.rsplit("/", 1)[1]: d.text for d in docs}
+    assert set(texts) == {"good.txt", "inner.txt", "records.jsonl:5", "huge.jsonl:2", "empty.txt"}
+    assert dict(skips.counts) == {k: v for k, v in HOSTILE_SKIPS.items() if k != "empty"}
+    assert any(name.endswith("no_text_column.parquet") for name in skips.examples["parquet_missing_text_field"])
+
+
+def test_hostile_folder_through_prepare_fails_nothing_and_counts_everything(tmp_path):
+    root = hostile_folder(tmp_path / "hostile")
+    store = open_store(str(tmp_path / "store"))
+    ref = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0, min_chars=20, seq_len=8), tiny_tokenizer(), store)
+    manifest = load_manifest(store, ref)
+    assert ref.stats["documents_kept"] == 4  # good, inner, the lone-surrogate record (cleaned), after-huge
+    skipped = {k.removeprefix("skipped_"): v for k, v in ref.stats.items() if k.startswith("skipped_") and k != "skipped_total"}
+    assert sum(skipped.values()) == ref.stats["skipped_total"] == sum(HOSTILE_SKIPS.values())
+    assert {k for k in skipped} == set(HOSTILE_SKIPS)
+    assert manifest["sources"]["skipped_examples"]["symlink_loop"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads mode-000 files, so a permission failure cannot be staged as root")
+def test_unreadable_file_is_skipped(tmp_path):
+    root = write_corpus(tmp_path / "c", {"ok.txt": distinct_docs(1)[0], "secret.txt": "hidden"})
+    (root / "secret.txt").chmod(0)
+    docs, skips, _ = read_all([str(root)])
+    assert len(docs) == 1 and skips.counts == {"unreadable": 1}
+
+
+def test_file_gone_between_listing_and_reading_is_skipped(tmp_path):
+    # The same path as an unreadable file (open raises OSError), reachable as root too.
+    root = write_corpus(tmp_path / "c", {"ok.txt": distinct_docs(1)[0], "gone.txt": "soon deleted"})
+    files = list_files([str(root)])
+    (root / "gone.txt").unlink()
+    skips = Skips()
+    docs = [d for f in files for d in read_file(f, "text", CAP, skips)]
+    assert len(docs) == 1 and skips.counts == {"unreadable": 1} and skips.examples["unreadable"][0].endswith("gone.txt")
