@@ -28,7 +28,9 @@ WEIGHTS = "model.safetensors"
 RMS_NORM_EPS = 1e-5  # megatron's TransformerConfig.layernorm_epsilon default, which build_gpt keeps
 
 
-def llama_config(model_cfg: ModelConfig, vocab_size: int, seq_len: int, eod_id: int, pad_id: int) -> dict:
+def llama_config(
+    model_cfg: ModelConfig, vocab_size: int, seq_len: int, eod_id: int, pad_id: int, dtype: torch.dtype = torch.float32
+) -> dict:
     """``config.json`` for ``LlamaForCausalLM``; ``vocab_size`` is the padded embedding size."""
     heads = model_cfg.num_attention_heads
     return {
@@ -52,7 +54,7 @@ def llama_config(model_cfg: ModelConfig, vocab_size: int, seq_len: int, eod_id: 
         "bos_token_id": eod_id,  # documents are separated, not opened: generation starts after an end-of-document
         "eos_token_id": eod_id,
         "pad_token_id": pad_id,
-        "dtype": "float32",
+        "dtype": str(dtype).removeprefix("torch."),  # as trained: float32 on CPU, bfloat16 on GPU
     }
 
 
@@ -116,10 +118,10 @@ def export_llama(model, model_cfg: ModelConfig, tokenizer_json: str, seq_len: in
     tokenizer = Tokenizer.from_str(tokenizer_json)
     eod_id, pad_id = tokenizer.token_to_id(EOD_TOKEN), tokenizer.token_to_id(PAD_TOKEN)
     megatron = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    vocab_size = megatron["embedding.word_embeddings.weight"].shape[0]
+    embedding = megatron["embedding.word_embeddings.weight"]
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(llama_state_dict(megatron, model_cfg), str(out_dir / WEIGHTS), metadata={"format": "pt"})
-    config = llama_config(model_cfg, vocab_size, seq_len, eod_id, pad_id)
+    config = llama_config(model_cfg, embedding.shape[0], seq_len, eod_id, pad_id, embedding.dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     generation = {"bos_token_id": eod_id, "eos_token_id": eod_id, "pad_token_id": pad_id, "do_sample": False}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))
