@@ -20,7 +20,7 @@ import functools
 import json
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 
 import numpy as np
@@ -33,6 +33,7 @@ _WHITESPACE_SET = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u20
 }
 MAX_PIECES = 1_000_000
 MAX_SEGMENTS = 200_000
+SEGMENT_HIT_RATE = 0.3
 
 
 def _ranges(members: np.ndarray) -> str:
@@ -47,17 +48,16 @@ def _ranges(members: np.ndarray) -> str:
 
 
 @functools.cache
-def _classes() -> tuple[str, str, str]:
-    """Letters (\\p{L}), numbers (\\p{N}) and unassigned code points, as class bodies."""
-    categories = [unicodedata.category(chr(c)) for c in range(0x110000)]
-    major = np.array([c[0] for c in categories])
-    return _ranges(major == "L"), _ranges(major == "N"), _ranges(np.array([c == "Cn" for c in categories]))
+def _classes() -> tuple[str, str]:
+    """Letters (\\p{L}) and numbers (\\p{N}), as class bodies."""
+    major = np.array([unicodedata.category(chr(c))[0] for c in range(0x110000)])
+    return _ranges(major == "L"), _ranges(major == "N")
 
 
 @functools.cache
 def pretokenizer() -> re.Pattern:
     """GPT-2's pattern, as HF's ByteLevel pre-tokenizer runs it (same alternatives, same order)."""
-    letters, numbers, _ = _classes()
+    letters, numbers = _classes()
     ws = _WHITESPACE
     return re.compile(
         rf"'(?:[stmd]|re|ve|ll)| ?[{letters}]+| ?[{numbers}]+| ?[^{ws}{letters}{numbers}]+|[{ws}]+(?![^{ws}])|[{ws}]+"
@@ -65,8 +65,14 @@ def pretokenizer() -> re.Pattern:
 
 
 @functools.cache
-def _unassigned() -> re.Pattern:
-    return re.compile(f"[{_classes()[2]}]")
+def ascii_pretokenizer() -> re.Pattern:
+    """The same pattern for ASCII-only text, where its classes are small (and faster)."""
+    return re.compile(r"'(?:[stmd]|re|ve|ll)| ?[A-Za-z]+| ?[0-9]+| ?[^\t\n\x0b\x0c\r A-Za-z0-9]+|\s+(?!\S)|\s+", re.ASCII)
+
+
+def _unknown_to_python(text: str) -> bool:
+    """Whether the text holds a code point Python's Unicode database has not assigned."""
+    return any(c > "\x7f" and unicodedata.category(c) == "Cn" for c in set(text))
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -102,6 +108,23 @@ def unsupported_reason(spec: dict) -> str:
     return next((f"the tokenizer has {what}" for what, ok in checks.items() if not ok), "")
 
 
+class _Memo(dict):
+    """A bounded memo: a missing key is computed and kept; cleared when full (only speed
+    depends on what it holds, so memory stays bounded on any corpus)."""
+
+    def __init__(self, compute: Callable, limit: int) -> None:
+        super().__init__()
+        self._compute, self._limit = compute, limit
+        self.misses = 0
+
+    def __missing__(self, key):
+        self.misses += 1
+        if len(self) >= self._limit:
+            self.clear()
+        value = self[key] = self._compute(key)
+        return value
+
+
 class FastBPE:
     """Encodes like ``Tokenizer.encode(text).ids`` for the supported configuration."""
 
@@ -124,9 +147,10 @@ class FastBPE:
             re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")") if added else None
         )
         self._pattern = pretokenizer()
-        self._unassigned = _unassigned()
-        self._pieces: dict[str, tuple[int, ...]] = {}
-        self._segments: dict[str, list[int]] = {}
+        self._ascii_pattern = ascii_pretokenizer()
+        self._pieces = _Memo(self._bpe, MAX_PIECES)
+        self._segments = _Memo(self._segment_ids, MAX_SEGMENTS)
+        self._segment_mode, self._segment_hits, self._documents = True, 1.0, 0
 
     def _bpe(self, piece: str) -> tuple[int, ...]:
         ids = [self._byte_ids[b] for b in piece.encode("utf-8")]
@@ -143,49 +167,52 @@ class FastBPE:
         return tuple(ids)
 
     def _segment_ids(self, segment: str) -> list[int]:
-        cached = self._segments.get(segment)
-        if cached is not None:
-            return cached
-        pieces, get = self._pieces, self._pieces.get
-        if len(pieces) > MAX_PIECES:
-            pieces.clear()  # bounded memory; only speed depends on the cache
-        ids: list[int] = []
-        for piece in self._pattern.findall(segment):
-            piece_ids = get(piece)
-            if piece_ids is None:
-                piece_ids = pieces[piece] = self._bpe(piece)
-            ids.extend(piece_ids)
-        if len(self._segments) > MAX_SEGMENTS:
-            self._segments.clear()
-        self._segments[segment] = ids
-        return ids
+        pattern = self._ascii_pattern if segment.isascii() else self._pattern
+        # map/chain over the memo's __getitem__: the per-piece loop stays in C unless a piece is new.
+        return list(chain.from_iterable(map(self._pieces.__getitem__, pattern.findall(segment))))
 
-    def _plain_ids(self, text: str) -> list[list[int]]:
+    def _segments_of(self, text: str) -> list[str]:
         lines = text.split("\n")
         out, current, ws = [], lines[0], _WHITESPACE_SET
         for line in lines[1:]:
             # A newline after a non-space character always starts a new pre-token.
             if current and current[-1] not in ws:
-                out.append(self._segment_ids(current))
+                out.append(current)
                 current = "\n" + line
             else:
                 current = f"{current}\n{line}"
-        out.append(self._segment_ids(current))
+        out.append(current)
         return out
 
+    def _plain_ids(self, text: str) -> Iterable[int]:
+        # Segment memo where segments repeat (code, boilerplate); else one regex pass over
+        # the whole text, which skips building per-segment lists. Every 32nd document
+        # samples the segment hit rate. Either way the ids are the same.
+        self._documents += 1
+        if self._segment_mode or self._documents % 32 == 0:
+            segments = self._segments_of(text)
+            misses = self._segments.misses
+            ids = list(chain.from_iterable(map(self._segments.__getitem__, segments)))
+            self._segment_hits = 0.8 * self._segment_hits + 0.2 * (1 - (self._segments.misses - misses) / len(segments))
+            self._segment_mode = self._segment_hits >= SEGMENT_HIT_RATE
+            return ids
+        pattern = self._ascii_pattern if text.isascii() else self._pattern
+        return chain.from_iterable(map(self._pieces.__getitem__, pattern.findall(text)))
+
     def encode(self, text: str) -> np.ndarray:
-        if not text.isascii() and self._unassigned.search(text):
+        if not text:
+            return np.zeros(0, dtype=np.int32)
+        if not text.isascii() and _unknown_to_python(text):
             return np.asarray(self._hf.encode(text).ids, dtype=np.int32)
         if self._added_split is not None and any(token in text for token in self._added):
-            parts: list[list[int]] = []
+            parts: list[Iterable[int]] = []
             for i, part in enumerate(self._added_split.split(text)):
                 if i % 2:
                     parts.append([self._added[part]])
                 elif part:
-                    parts.extend(self._plain_ids(part))
-        else:
-            parts = self._plain_ids(text) if text else []
-        return np.fromiter(chain.from_iterable(parts), dtype=np.int32)
+                    parts.append(self._plain_ids(part))
+            return np.fromiter(chain.from_iterable(parts), dtype=np.int32)
+        return np.fromiter(self._plain_ids(text), dtype=np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self.encode(t) for t in texts]

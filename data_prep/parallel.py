@@ -38,6 +38,19 @@ def single_threaded_env():
                 os.environ[key] = value
 
 
+@contextmanager
+def trainer_threads(n: int):
+    """HF's trainer uses rayon threads: as many as our workers, unless the user chose."""
+    if "RAYON_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["RAYON_NUM_THREADS"] = str(n)
+    try:
+        yield
+    finally:
+        os.environ.pop("RAYON_NUM_THREADS", None)
+
+
 class WorkerPool:
     """``workers`` forked processes, or the calling process itself when ``workers`` is 1.
 

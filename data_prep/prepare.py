@@ -35,7 +35,7 @@ from data_prep import manifest as manifests
 from data_prep.clean import check_normalization, clean_text, content_hash, length_problem
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.dedup import Deduplicator, band_keys, digest_key, shingle_hashes, signature
-from data_prep.parallel import WorkerPool, single_threaded_env
+from data_prep.parallel import WorkerPool, trainer_threads
 from data_prep.readers import Skips, iter_documents
 from data_prep.shards import ShardInfo, ShardWriter, token_dtype
 from data_prep.sources import DataError, Document, RawFile, list_files, listing_hash
@@ -313,7 +313,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
     store.check()
     given = _load_tokenizer(store, tokenizer_key) if tokenizer_key else None
     _set_worker_state(data)
-    with single_threaded_env(), WorkerPool(data.workers) as pool:
+    with WorkerPool(data.workers) as pool, trainer_threads(pool.workers):
         scan, trained = scan_corpus(data, pool, None if given else tokenizer_config)
     tokenizer = given or trained
     assert tokenizer is not None
