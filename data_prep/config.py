@@ -61,7 +61,7 @@ class DataConfig:
     sequences, ``(seq_len + 1) × 2`` bytes each with a vocabulary up to 65,536."""
 
     workers: int = 0
-    """Tokenizer processes (0 = one per CPU core)."""
+    """Processes that clean, hash and tokenize (0 = one per CPU core); the output does not depend on it."""
 
 
 @documented
@@ -75,6 +75,10 @@ class TokenizerConfig:
     min_frequency: int = 2
     """Minimum pair frequency for a merge."""
 
-    train_bytes: int = 64_000_000
+    file: str = ""
+    """An existing tokenizer.json to use instead of training one (local path or ``s3://`` URI);
+    it needs the ``<|endoftext|>`` token. A registered base model's tokenizer takes precedence."""
+
+    train_bytes: int = 32_000_000
     """Training sample: the first this many bytes of kept training documents (bounds the
     trainer's time and memory whatever the corpus size)."""

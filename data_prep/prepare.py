@@ -40,7 +40,7 @@ from data_prep.readers import Skips, iter_documents
 from data_prep.shards import ShardInfo, ShardWriter, token_dtype
 from data_prep.sources import DataError, Document, RawFile, list_files, listing_hash
 from data_prep.tokenizer import EOD_TOKEN, byte_fallback_ids, set_encoder, train_tokenizer, worker_encoder
-from storage import AlreadyCommitted, Store
+from storage import AlreadyCommitted, Store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +296,20 @@ def _load_tokenizer(store: Store, tokenizer_key: str) -> Tokenizer:
     return tokenizer
 
 
+def _given_tokenizer(store: Store, tokenizer_key: str, config: TokenizerConfig) -> tuple[Tokenizer | None, str]:
+    """The tokenizer to reuse, if any, and where it came from."""
+    if tokenizer_key:
+        return _load_tokenizer(store, tokenizer_key), store.url(tokenizer_key)
+    if config.file:
+        location = config.file if config.file.startswith("s3://") else str(Path(config.file).expanduser().resolve())
+        folder, _, name = location.rpartition("/")
+        try:
+            return _load_tokenizer(open_store(folder), name), location
+        except Exception as e:  # a missing file, bad JSON (tokenizers raises plain Exception), no EOD token
+            raise DataError(f"tokenizer.file {config.file!r} cannot be loaded ({e}): give a tokenizer.json") from e
+    return None, ""
+
+
 def _set_worker_state(data: DataConfig, tokenizer: Tokenizer | None = None) -> None:
     global _data, _fallback_lut
     _data = data
@@ -311,7 +325,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
     reuse (continued pretraining must keep its model's vocabulary); otherwise one is trained."""
     check_normalization(data.normalization)
     store.check()
-    given = _load_tokenizer(store, tokenizer_key) if tokenizer_key else None
+    given, given_from = _given_tokenizer(store, tokenizer_key, tokenizer_config)
     _set_worker_state(data)
     with WorkerPool(data.workers) as pool, trainer_threads(pool.workers):
         scan, trained = scan_corpus(data, pool, None if given else tokenizer_config)
@@ -322,7 +336,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
         scan.documents,
         scan.kept,
         dict(scan.skips.counts),
-        store.url(tokenizer_key) if given else f"trained on {scan.sample_bytes:,} bytes",
+        given_from or f"trained on {scan.sample_bytes:,} bytes",
     )
     eod_id = tokenizer.token_to_id(EOD_TOKEN)
     dtype = token_dtype(tokenizer.get_vocab_size())
@@ -337,7 +351,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
             data=data,
             tokenizer_config=tokenizer_config,
             tokenizer=tokenizer,
-            tokenizer_from=store.url(tokenizer_key) if tokenizer_key else "",
+            tokenizer_from=given_from,
             staging=staging,
             splits={split: _split_entry(w) for split, w in encoded.writers.items()},
             stats=stats,

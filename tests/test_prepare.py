@@ -102,3 +102,16 @@ def test_corpus_without_usable_text_fails_and_writes_nothing(tmp_path):
     with pytest.raises(DataError, match="no usable text.*binary=1, empty=1, too_short=1"):
         prepare_dataset(tiny_data(sources=[str(root)]), tiny_tokenizer(), store)
     assert store.list("datasets") == []
+
+
+def test_tokenizer_file_is_used_instead_of_training(tmp_path):
+    root, _ = mixed_corpus(tmp_path / "corpus")
+    store = open_store(str(tmp_path / "s"))
+    first = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0), tiny_tokenizer(), store)
+    path = tmp_path / "tok" / "tokenizer.json"
+    store.download(f"{first.prefix}/tokenizer.json", path)
+    again = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0), tiny_tokenizer(file=str(path)), store)
+    assert load_manifest(store, again)["config"]["tokenizer_from"] == str(path)
+    assert again.stats["tokenizer_sample_bytes"] == 0 and again.stats["train_tokens"] == first.stats["train_tokens"]
+    with pytest.raises(DataError, match="tokenizer.file"):
+        prepare_dataset(tiny_data(sources=[str(root)]), tiny_tokenizer(file=str(tmp_path / "none.json")), store)
