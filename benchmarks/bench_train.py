@@ -11,8 +11,9 @@ data loader against what training consumes, measured in the same run.
     device's data-sheet peak (``training/metrics.py``).
 
 Prints human-readable lines, then one JSON object as the last line:
-  ours / plain                 tokens_per_s, step_ms, parameters, model_tflops_per_s, mfu
-  ratio_ours_vs_plain          goal ≥ 0.9
+  ours / plain                 tokens_per_s (median step), step_ms, best_tokens_per_s (fastest step),
+                               parameters, model_tflops_per_s, mfu
+  ratio_ours_vs_plain          goal ≥ 0.9 (and ratio_ours_vs_plain_best, of the fastest steps)
   loader                       tokens_per_s, seconds, rows (or "skipped" with the reason)
   ratio_loader_vs_consumption  loader tokens/s over ours: goal ≥ 10
 
@@ -180,6 +181,8 @@ def measure_models(
         results[name] = {
             "tokens_per_s": round(tokens_per_s, 1),
             "step_ms": round(1000 * median, 2),
+            # The fastest step: on a shared machine the least disturbed by other processes.
+            "best_tokens_per_s": round(shape["batch"] * shape["seq"] / min(step_s[name]), 1),
             "parameters": sum(p.numel() for p in model.parameters()),
             "model_tflops_per_s": round(per_token * tokens_per_s / 1e12, 4),
             "mfu": round(per_token * tokens_per_s / peak, 4) if peak else None,
@@ -266,6 +269,7 @@ def main() -> None:
         "plain": plain,
         "peak": models["peak"],
         "ratio_ours_vs_plain": round(ours["tokens_per_s"] / plain["tokens_per_s"], 3),
+        "ratio_ours_vs_plain_best": round(ours["best_tokens_per_s"] / plain["best_tokens_per_s"], 3),
     }
     if args.no_loader:
         result["loader"] = {"skipped": "--no-loader"}
@@ -278,7 +282,8 @@ def main() -> None:
     print(f"{result['device']}, {size} {shape}, {result['dtype']}, {steps} timed steps after {warmup} warm-up")
     for name in ("ours", "plain"):
         print(f"  {name:<6} {json.dumps(result[name])}")
-    print(f"  ours/plain {result['ratio_ours_vs_plain']}   loader {json.dumps(result['loader'])}")
+    print(f"  ours/plain {result['ratio_ours_vs_plain']} (fastest steps {result['ratio_ours_vs_plain_best']})")
+    print(f"  loader {json.dumps(result['loader'])}")
     if "ratio_loader_vs_consumption" in result:
         print(f"  loader/consumption {result['ratio_loader_vs_consumption']}")
     print(json.dumps(result))
