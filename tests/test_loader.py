@@ -1,5 +1,6 @@
 """The streaming loader on real WebDataset shards, from a local folder and from SeaweedFS S3."""
 
+import time
 from collections import Counter
 
 import numpy as np
@@ -68,6 +69,14 @@ def test_memory_is_bounded_and_waits_are_measured(many_shards):
             held.append(len(one._windows))
         # A step may straddle two windows, plus the one read ahead.
         assert max(held) <= 3
+
+
+def test_prefetch_hides_reads_behind_compute(many_shards):
+    with loader(many_shards, batch=32, window_shards=1) as one:  # one shard per step, a new window each step
+        assert one.batch(0).wait_s > 0
+        for step in range(1, 4):
+            time.sleep(0.3)  # the step's compute, while the next shard is read
+            assert one.batch(step).wait_s < 0.05
 
 
 def test_loader_state_checks_the_sequence_on_resume(many_shards):

@@ -105,7 +105,6 @@ def test_sigkill_mid_training_then_resume_ends_bitwise_identical(tiny_dataset, r
 
     resumed = launch(train, 2, dataset, MODEL, TP2, STEPS)
     assert resumed.prefix == reference.prefix
-    assert losses(resumed) == losses(reference)
     mine = checkpoint_state(dataset.store, resumed.prefix, tmp_path)
     theirs = checkpoint_state(reference.store, reference.prefix, tmp_path)
     assert mine["meta"]["loader"] == theirs["meta"]["loader"]
@@ -116,6 +115,7 @@ def test_sigkill_mid_training_then_resume_ends_bitwise_identical(tiny_dataset, r
     print(f"killed after committed steps {killed_at}; max abs diff of weights and moments: {diff}")
     for key, tensor in mine["tensors"].items():
         assert torch.equal(tensor, theirs["tensors"][key]), key
+    assert losses(resumed) == losses(reference)  # the metrics up to the checkpoint came back with it
 
 
 def checkpoint_only(reference, step: int, root: Path):

@@ -132,8 +132,12 @@ def _set_rng_state(state: dict) -> None:
 
 
 # -- save and load ----------------------------------------------------------------
-def save(store: Store, run_prefix: str, step: int, model, optimizer, meta: dict, keep: int) -> str:
-    """Save on every rank (collective); returns the committed checkpoint's key prefix."""
+def save(
+    store: Store, run_prefix: str, step: int, model, optimizer, meta: dict, keep: int, files: dict[str, bytes] | None = None
+) -> str:
+    """Save on every rank (collective); returns the committed checkpoint's key prefix. ``files``
+    (rank 0's) are committed with the checkpoint, e.g. the metrics up to this step, so that a
+    resume finds them consistent with the weights whenever the crash came."""
     from megatron.core import dist_checkpointing
 
     rank = dist.get_rank()
@@ -150,6 +154,8 @@ def save(store: Store, run_prefix: str, step: int, model, optimizer, meta: dict,
     if rank == 0:
         meta = {**meta, "optimizer_step": _optimizer_step(optimizer)}
         (staging / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        for name, data in (files or {}).items():
+            (staging / name).write_bytes(data)
         if not store.is_committed(prefix):  # leftovers of an upload that never committed
             store.delete_prefix(prefix)
     _barrier()

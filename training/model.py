@@ -52,7 +52,12 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
         raise ConfigError(f"world size {world} is not divisible by tensor_parallel×pipeline_parallel = {tp * pp}")
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    # megatron's own groups (TP, DP, …) carry the same timeout; its default is 30 minutes.
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        distributed_timeout_minutes=parallel.collective_timeout_s / 60,
+    )
     torch.manual_seed(seed)
     # On CPU the no-op tracker stands in for CUDA RNG streams (dropout is off anyway).
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())

@@ -151,8 +151,10 @@ def _train(
         progress.enter(f"resume from step {start}", parallel.checkpoint_timeout_s)
         resumed = checkpoint.load(store, checkpoint.step_prefix(run_prefix, start), model, optimizer, layout)
         loader.check_resume(resumed["loader"], start)
-        if store.exists(f"{run_prefix}/metrics.jsonl"):
-            lines = store.get_bytes(f"{run_prefix}/metrics.jsonl").decode().splitlines()
+        # The checkpoint's own copy: the run's metrics.jsonl may predate a crash right after the commit.
+        saved_metrics = f"{checkpoint.step_prefix(run_prefix, start)}/metrics.jsonl"
+        if store.exists(saved_metrics):
+            lines = store.get_bytes(saved_metrics).decode().splitlines()
             metrics = [m for m in map(json.loads, lines) if m["step"] <= start]
         if rank == 0:
             print(f"resumed {run_prefix} from step {start}", flush=True)
@@ -180,9 +182,10 @@ def _train(
         }
         progress.enter(f"checkpoint save at step {step}", parallel.checkpoint_timeout_s)
         loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
-        prefix = checkpoint.save(store, run_prefix, step, model, optimizer, meta, cfg.keep_checkpoints)
+        jsonl = "".join(json.dumps(m) + "\n" for m in metrics).encode()
+        prefix = checkpoint.save(store, run_prefix, step, model, optimizer, meta, cfg.keep_checkpoints, {"metrics.jsonl": jsonl})
         if rank == 0:
-            store.put_bytes(f"{run_prefix}/metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics).encode())
+            store.put_bytes(f"{run_prefix}/metrics.jsonl", jsonl)
             meter.upload()
         return prefix
 
