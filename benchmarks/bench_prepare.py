@@ -6,6 +6,9 @@ Prints human-readable lines, then one JSON object as the last line:
   prepare_mb_s             the whole prepare step (read, clean, dedup, BPE training,
                            tokenize, pack, shard, upload to a local store), 2 processes
   ratio_*                  against the baseline / 1-process figure
+
+``benchmarks/bench_tokenize.py`` is the fuller benchmark (generated corpus, fresh
+processes, peak RSS, a multi-GB corpus).
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ import os
 import sys
 import tempfile
 import time
+from itertools import islice
 
 os.environ["RAYON_NUM_THREADS"] = "1"  # before tokenizers starts its thread pool: a per-core baseline
 
+from data_prep.clean import clean_text  # noqa: E402
 from data_prep.config import DataConfig, TokenizerConfig  # noqa: E402
-from data_prep.prepare import collect_documents, prepare_dataset  # noqa: E402
+from data_prep.prepare import prepare_dataset  # noqa: E402
+from data_prep.readers import Skips, iter_documents  # noqa: E402
+from data_prep.sources import list_files  # noqa: E402
 from data_prep.tokenizer import encode_parallel, train_tokenizer  # noqa: E402
 from storage import open_store  # noqa: E402
 
@@ -33,8 +40,9 @@ def timed(fn):
 def main() -> None:
     max_documents = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     data = DataConfig(max_documents=max_documents)
-    kept, _, _ = collect_documents(data)
-    texts = [doc.text for doc, _, _ in kept]
+    docs = iter_documents(list_files(data.sources), data.text_field, 4 * data.max_chars, Skips(quiet=True))
+    texts = [t for t in (clean_text(d.text) for d in docs) if len(t) >= data.min_chars]
+    texts = list(islice(texts, max_documents))
     mb = sum(len(t.encode()) for t in texts) / 1e6
     tokenizer = train_tokenizer(texts, TokenizerConfig())
 

@@ -31,8 +31,8 @@ _WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205
 _WHITESPACE_SET = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000") | {
     chr(c) for c in range(0x2000, 0x200B)
 }
-MAX_PIECES = 1_000_000
-MAX_SEGMENTS = 200_000
+MAX_PIECES = 500_000
+MAX_SEGMENTS = 50_000
 SEGMENT_HIT_RATE = 0.3
 
 
