@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from datetime import timedelta
@@ -127,7 +128,7 @@ def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_paralle
         bf16=on_gpu,
         params_dtype=torch.bfloat16 if on_gpu else torch.float32,
         bias_activation_fusion=False,
-        masked_softmax_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu and _fused_softmax_built(),
         persist_layer_norm=False,
         init_method_std=0.02,
     )
@@ -146,6 +147,11 @@ def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_paralle
     if on_gpu:
         model.cuda()
     return model
+
+
+def _fused_softmax_built() -> bool:
+    """megatron's fused masked softmax needs its compiled CUDA extensions, absent from plain torch images."""
+    return all(importlib.util.find_spec(m) for m in ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda"))
 
 
 def _padded_vocab(vocab_size: int, tensor_parallel: int, multiple: int = 64) -> int:
