@@ -320,10 +320,36 @@ def _set_worker_state(data: DataConfig, tokenizer: Tokenizer | None = None) -> N
         _fallback_lut = lut
 
 
+def check_settings(data: DataConfig, tokenizer: TokenizerConfig) -> None:
+    """Fail before any work on a setting that cannot work, naming it."""
+    check_normalization(data.normalization)
+    positive = {
+        "data.seq_len": data.seq_len,
+        "data.sequences_per_sample": data.sequences_per_sample,
+        "data.samples_per_shard": data.samples_per_shard,
+        "data.shingle_words": data.shingle_words,
+        "data.minhash_bands": data.minhash_bands,
+        "data.minhash_rows": data.minhash_rows,
+        "data.max_chars": data.max_chars,
+        "tokenizer.train_bytes": tokenizer.train_bytes,
+    }
+    problems = [f"{name} is {value}: it must be at least 1" for name, value in positive.items() if value < 1]
+    if data.min_chars > data.max_chars:
+        problems.append(f"data.min_chars ({data.min_chars}) is above data.max_chars ({data.max_chars})")
+    if not 0 <= data.val_fraction < 1:
+        problems.append(f"data.val_fraction is {data.val_fraction}: it must be in [0, 1)")
+    if data.workers < 0 or data.max_documents < 0:
+        problems.append("data.workers and data.max_documents must not be negative")
+    if tokenizer.vocab_size < 258:
+        problems.append(f"tokenizer.vocab_size is {tokenizer.vocab_size}: at least 258 (256 bytes + 2 special) needed")
+    if problems:
+        raise DataError("; ".join(problems))
+
+
 def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: Store, tokenizer_key: str = "") -> DatasetRef:
     """Build and commit the dataset. ``tokenizer_key`` names a tokenizer.json in the store to
     reuse (continued pretraining must keep its model's vocabulary); otherwise one is trained."""
-    check_normalization(data.normalization)
+    check_settings(data, tokenizer_config)
     store.check()
     given, given_from = _given_tokenizer(store, tokenizer_key, tokenizer_config)
     _set_worker_state(data)

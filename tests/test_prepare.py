@@ -91,9 +91,21 @@ def test_missing_source_is_a_clear_error(tmp_path):
         prepare_dataset(tiny_data(sources=[str(tmp_path / "nope")]), tiny_tokenizer(), open_store(str(tmp_path / "s")))
 
 
-def test_bad_setting_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="data.normalization"):
-        prepare_dataset(DataConfig(normalization="NFX"), tiny_tokenizer(), open_store(str(tmp_path / "s")))
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"normalization": "NFX"}, "data.normalization is 'NFX'"),
+        ({"seq_len": 0}, "data.seq_len is 0"),
+        ({"min_chars": 10, "max_chars": 5}, "data.min_chars"),
+        ({"val_fraction": 1.0}, "data.val_fraction"),
+    ],
+)
+def test_bad_setting_is_a_clear_error(tmp_path, overrides, message):
+    store = open_store(str(tmp_path / "s"))
+    with pytest.raises(DataError, match=message):
+        prepare_dataset(DataConfig(**overrides), tiny_tokenizer(), store)
+    with pytest.raises(DataError, match="tokenizer.vocab_size"):
+        prepare_dataset(DataConfig(), tiny_tokenizer(vocab_size=100), store)
 
 
 def test_corpus_without_usable_text_fails_and_writes_nothing(tmp_path):
