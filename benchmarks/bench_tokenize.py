@@ -20,6 +20,7 @@ the raw HF figure or the 1-process figure of the same run.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -31,7 +32,11 @@ import time
 from pathlib import Path
 
 import psutil
-import zstandard
+
+try:
+    import zstandard
+except ImportError:  # an image without it: gzip instead
+    zstandard = None
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE_BYTES = 4 << 20
@@ -51,14 +56,14 @@ def generate(root: Path, total_bytes: int, seed: int = 0) -> int:
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
     written, index = 0, 0
-    compressor = zstandard.ZstdCompressor(level=3)
+    compress, suffix = (zstandard.ZstdCompressor(level=3).compress, "zst") if zstandard else (lambda b: gzip.compress(b, 6), "gz")
     while written < total_bytes:
         records, size = [], 0
         while size < FILE_BYTES and written + size < total_bytes:
             text = "\n".join(rng.choices(lines, k=rng.randint(20, 200)))
             records.append(json.dumps({"text": text}))
             size += len(text.encode())
-        (root / f"part-{index:05d}.jsonl.zst").write_bytes(compressor.compress(("\n".join(records) + "\n").encode()))
+        (root / f"part-{index:05d}.jsonl.{suffix}").write_bytes(compress(("\n".join(records) + "\n").encode()))
         written += size
         index += 1
     return written

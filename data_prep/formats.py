@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 from typing import BinaryIO
 
-import zstandard
-
 TEXT_SUFFIXES = (".txt", ".text", ".py", ".md", ".rst", ".json")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -46,8 +44,14 @@ def decompressed(stream: BinaryIO, compression: str) -> BinaryIO:
     if compression == "gzip":
         return _Closing(gzip.GzipFile(fileobj=stream, mode="rb"), stream)
     if compression == "zstd":
+        import zstandard  # only for .zst files
+
         return zstandard.ZstdDecompressor().stream_reader(ZstdFrames(stream), read_across_frames=True, closefd=True)
     return stream
+
+
+class BrokenZstd(OSError):
+    """A zstd stream that is cut short or is not zstd."""
 
 
 _ZSTD_MAGIC = 0xFD2FB528
@@ -56,7 +60,7 @@ _COLLECT = {"magic": 4, "descriptor": 1, "skippable_size": 4, "block_header": 3}
 
 class ZstdFrames:
     """Passes a zstd stream through unchanged while walking its frame and block headers, so
-    that a stream cut short raises ``ZstdError``: zstandard's reader takes a truncated frame
+    that a stream cut short raises ``BrokenZstd``: zstandard's reader takes a truncated frame
     for a clean end and would drop the rest of the file silently."""
 
     def __init__(self, raw: BinaryIO) -> None:
@@ -69,7 +73,7 @@ class ZstdFrames:
         if data:
             self._walk(data)
         elif size != 0 and (self._state != "magic" or self._field):
-            raise zstandard.ZstdError("the zstd stream ends inside a frame (truncated file)")
+            raise BrokenZstd("the zstd stream ends inside a frame (truncated file)")
         return data
 
     def close(self) -> None:
@@ -103,7 +107,7 @@ class ZstdFrames:
             elif value & 0xFFFFFFF0 == 0x184D2A50:
                 self._goto("skippable_size", 4)
             else:
-                raise zstandard.ZstdError("not a zstd frame")
+                raise BrokenZstd("not a zstd frame")
         elif state == "descriptor":
             single = bool(value & 0x20)
             self._checksum = bool(value & 0x04)
@@ -114,7 +118,7 @@ class ZstdFrames:
         elif state == "block_header":
             kind, size = (value >> 1) & 3, value >> 3
             if kind == 3:
-                raise zstandard.ZstdError("reserved zstd block type")
+                raise BrokenZstd("reserved zstd block type")
             self._last = bool(value & 1)
             self._goto("block", 1 if kind == 1 else size)
         elif state == "block" and not self._last:

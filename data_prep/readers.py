@@ -18,8 +18,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import chain
 
-import zstandard
-
 from data_prep.formats import compression_of, decompressed, kind_of
 from data_prep.sources import Document, RawFile
 
@@ -32,7 +30,12 @@ PARQUET_BATCH_ROWS = 1024
 
 # What a broken compressed stream raises while being read.
 _GZIP_ERRORS = (OSError, EOFError, zlib.error)
-_ZSTD_ERRORS = (zstandard.ZstdError, OSError, EOFError)
+
+
+def _zstd_errors() -> tuple[type[BaseException], ...]:
+    import zstandard  # only for .zst files
+
+    return (zstandard.ZstdError, OSError, EOFError)
 
 
 class Skips:
@@ -63,7 +66,7 @@ class _Broken(Exception):
 
 
 def _chunks(stream, compression: str) -> Iterator[bytes]:
-    errors = _GZIP_ERRORS if compression == "gzip" else _ZSTD_ERRORS if compression == "zstd" else OSError
+    errors = _GZIP_ERRORS if compression == "gzip" else _zstd_errors() if compression == "zstd" else (OSError,)
     reason = {"gzip": "bad_gzip", "zstd": "bad_zstd"}.get(compression, "unreadable")
     while True:
         try:
