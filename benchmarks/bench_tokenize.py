@@ -71,7 +71,7 @@ def generate(root: Path, total_bytes: int, seed: int = 0) -> int:
 
 def run_child(args: list[str]) -> tuple[dict, float, float, float]:
     """Run this script in ``--child`` mode; returns its JSON, wall seconds, peak RSS sum and max (MiB)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE, env=env, text=True)
     peak_sum = peak_max = 0.0
