@@ -18,6 +18,7 @@ consumed (step × G), saved in checkpoints; a resume continues the exact sequenc
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 import time
@@ -74,20 +75,23 @@ class ShardOrder:
         self.counts = np.asarray(counts, dtype=np.int64)
         self.rows = int(self.counts.sum())
         self.window_shards = window_shards
-        # The version is hex: mixing it in gives two datasets of the same shape different orders.
-        self._entropy = [seed, int(version, 16) if version else 0]
+        # The dataset version in the seed: two datasets of the same shape get different orders.
+        self._entropy = [seed, int(hashlib.sha256(version.encode()).hexdigest()[:16], 16)]
         self._plans: OrderedDict[int, tuple[list[np.ndarray], np.ndarray]] = OrderedDict()
+        self._plans_lock = threading.Lock()  # the training thread and the reader both ask for plans
 
     def _plan(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
         """The epoch's windows (shard indices, in reading order) and their cumulative row starts."""
-        if epoch not in self._plans:
-            shard_order = np.random.default_rng([*self._entropy, epoch, 0]).permutation(len(self.counts))
-            windows = [shard_order[i : i + self.window_shards] for i in range(0, len(shard_order), self.window_shards)]
-            starts = np.concatenate([[0], np.cumsum([self.counts[w].sum() for w in windows])])
-            self._plans[epoch] = (windows, starts)
-            while len(self._plans) > 2:  # positions only move forward: keep this epoch and the next
-                self._plans.popitem(last=False)
-        return self._plans[epoch]
+        with self._plans_lock:
+            plan = self._plans.get(epoch)
+            if plan is None:
+                shard_order = np.random.default_rng([*self._entropy, epoch, 0]).permutation(len(self.counts))
+                windows = [shard_order[i : i + self.window_shards] for i in range(0, len(shard_order), self.window_shards)]
+                starts = np.concatenate([[0], np.cumsum([self.counts[w].sum() for w in windows])])
+                plan = self._plans[epoch] = (windows, starts)
+                while len(self._plans) > 2:  # positions only move forward: keep this epoch and the next
+                    self._plans.popitem(last=False)
+            return plan
 
     def windows(self, epoch: int) -> int:
         return len(self._plan(epoch)[0])
