@@ -1,8 +1,7 @@
-"""Held-out evaluation, with the training curves and results as Decks."""
+"""Held-out evaluation, with its results as a Deck (the training curves are the train task's)."""
 
 from __future__ import annotations
 
-import json
 from html import escape
 
 from flytekit import Deck, task
@@ -32,15 +31,6 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
     ``baseline`` registry entry's bits per byte on the same rows (for the quality gate)."""
     report = evaluate(checkpoint, model, eval_cfg, baseline)
     store = open_store(checkpoint.store)
-    lines = store.get_bytes(f"{checkpoint.run}/metrics.jsonl").decode().splitlines()
-    metrics = [json.loads(line) for line in lines]
-    Deck(
-        "Training curves",
-        decks.line_chart([m["loss"] for m in metrics], "training loss")
-        + decks.line_chart([m["grad_norm"] for m in metrics], "gradient norm")
-        + decks.line_chart([m["lr"] for m in metrics], "learning rate")
-        + decks.line_chart([m["tokens_per_s"] for m in metrics], "tokens/s"),
-    )
     summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}
     summary["tokens"] = report.tokens_evaluated
     summary["results and Hugging Face export"] = store.url(report.outputs)
