@@ -55,6 +55,19 @@ def _staging_dir(store: Store, key: str) -> Path:
     return Path(tempfile.gettempdir()) / "pretrain-staging" / where / key.replace("/", "_")
 
 
+def _remove_staging(path: Path) -> None:
+    """Delete a staging folder and the parents it leaves empty (one per store otherwise piles up)."""
+    shutil.rmtree(path, ignore_errors=True)
+    root = Path(tempfile.gettempdir()) / "pretrain-staging"
+    for parent in path.parents:
+        if parent == root or root not in parent.parents:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break  # not empty: another step or run still stages there
+
+
 def _local_leader() -> bool:
     return int(os.environ.get("LOCAL_RANK", "0")) == 0
 
@@ -168,7 +181,7 @@ def save(
             store.delete_prefix(step_prefix(run_prefix, old))
     _barrier()
     if _local_leader():
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_staging(staging)
     return prefix
 
 
@@ -198,7 +211,7 @@ def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:
     load_model(model, staging)
     _barrier()
     if _local_leader():
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_staging(staging)
 
 
 def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
@@ -230,5 +243,5 @@ def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
         _set_rng_state(torch.load(rng_file, weights_only=False))
     _barrier()
     if _local_leader():
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_staging(staging)
     return meta
