@@ -55,7 +55,7 @@ def explain(error: BaseException, rank: int, progress: Progress, timeout_s: floa
     first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     return PeerFailure(
         f"rank {rank}: a collective with the other ranks failed during {progress.phase} "
-        f"after {time.monotonic() - progress.since:.0f} s: another rank died or is stuck "
+        f"({time.monotonic() - progress.since:.0f} s into it): another rank died or is stuck "
         f"(each collective waits at most parallel.collective_timeout_s={timeout_s:g} s). "
         f"The failed rank's own log holds the cause. Backend said: {first_line}"
     )
