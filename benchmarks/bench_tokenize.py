@@ -106,9 +106,20 @@ def child_prepare(corpus: str, store: str, workers: int) -> dict:
     from data_prep.prepare import prepare_dataset
     from storage import open_store
 
+    import resource
+
     start = time.perf_counter()
     ref = prepare_dataset(DataConfig(sources=[corpus], workers=workers), TokenizerConfig(), open_store(store))
-    return {"seconds": time.perf_counter() - start, "version": ref.version, "stats": ref.stats}
+    seconds = time.perf_counter() - start
+    own, workers_usage = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "seconds": seconds,
+        "version": ref.version,
+        "stats": ref.stats,
+        # CPU seconds: on a machine shared with other jobs, wall time understates scaling.
+        "parent_cpu": own.ru_utime + own.ru_stime,
+        "workers_cpu": workers_usage.ru_utime + workers_usage.ru_stime,
+    }
 
 
 def _kept_texts(dataset: Path, corpus: str, limit: int) -> list[str]:
@@ -194,6 +205,8 @@ def throughput(args: argparse.Namespace) -> dict:
             result[f"prepare_mb_s_per_core_{workers}"] = round(mb / out["seconds"] / workers, 2)
             result[f"prepare_peak_rss_mib_{workers}"] = round(rss_sum)
             result[f"prepare_peak_rss_max_process_mib_{workers}"] = round(rss_max)
+            result[f"prepare_cpu_s_parent_{workers}"] = round(out["parent_cpu"], 1)
+            result[f"prepare_cpu_s_workers_{workers}"] = round(out["workers_cpu"], 1)
         assert runs[1]["version"] == runs[args.workers]["version"], "worker count changed the dataset"
         stats = runs[1]["stats"]
         result["documents_kept"] = stats["documents_kept"]
@@ -201,6 +214,11 @@ def throughput(args: argparse.Namespace) -> dict:
         result["tokens"] = stats["train_tokens"] + stats["val_tokens"]
         parallel = result[f"prepare_mb_s_{args.workers}"]
         result["ratio_prepare_scaling"] = round(parallel / (args.workers * result["prepare_mb_s_1"]), 3)
+        # What the wall-clock ratio would be on idle cores: the parent's work and the workers'
+        # share of theirs run side by side, so the slower of the two bounds the parallel run.
+        serial = runs[1]["parent_cpu"] + runs[1]["workers_cpu"]
+        critical = max(runs[args.workers]["parent_cpu"], runs[args.workers]["workers_cpu"] / args.workers)
+        result["ratio_prepare_scaling_cpu_bound"] = round(serial / (args.workers * critical), 3)
 
         dataset = next((Path(tmp) / "store-1" / "datasets").iterdir())
         for threads in (1, 2):
