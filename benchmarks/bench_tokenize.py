@@ -102,11 +102,11 @@ def run_child(args: list[str]) -> tuple[dict, float, float, float]:
 
 # --- child modes ------------------------------------------------------------------------
 def child_prepare(corpus: str, store: str, workers: int) -> dict:
+    import resource
+
     from data_prep.config import DataConfig, TokenizerConfig
     from data_prep.prepare import prepare_dataset
     from storage import open_store
-
-    import resource
 
     start = time.perf_counter()
     ref = prepare_dataset(DataConfig(sources=[corpus], workers=workers), TokenizerConfig(), open_store(store))
