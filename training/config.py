@@ -42,7 +42,7 @@ class ParallelConfig:
     """Pipeline-parallel size (1 in this release)."""
     sequence_parallel: bool = False
     """Split the sequence across tensor-parallel ranks outside attention and MLP (needs tensor_parallel ≥ 2)."""
-    collective_timeout_s: int = 90
+    collective_timeout_s: int = 60
     """Seconds a collective waits for a dead or stuck rank before training fails with an error saying so."""
     checkpoint_timeout_s: int = 1800
     """Seconds ranks wait for each other while a checkpoint is uploaded or downloaded (large ones take long)."""
