@@ -10,6 +10,10 @@
   layout (world size, TP) is unchanged;
 - ``meta.json``: step, layout, configs, the loader state and the optimizer's step count.
 
+A megatron optimizer (pipeline parallelism, the distributed optimizer: ``training.step``) saves
+its own sharded state into ``model/`` instead of the moments above; it resumes on the same
+layout only (``training.optimizer_state``).
+
 The directory counts only once rank 0 has written ``_COMMITTED`` after every rank's files
 are uploaded, so a crash at any point, or a store that goes away mid-upload, leaves nothing
 that a resume would pick up.
@@ -30,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from storage import Store
+from training import optimizer_state
 from training.model import checkpoint_group
 
 CHECKPOINTS = "checkpoints"
@@ -162,10 +167,15 @@ def save(
         (staging / "rng").mkdir()
     _barrier()
     model_state = model.sharded_state_dict()
-    dist_checkpointing.save({**model_state, **_optimizer_sharded_state(model_state, optimizer)}, str(staging / "model"))
+    if optimizer_state.is_megatron(optimizer):
+        model_state[optimizer_state.KEY] = optimizer_state.sharded(optimizer, model, is_loading=False)
+        meta = {**meta, **optimizer_state.checkpoint_meta(optimizer)}
+    else:
+        meta = {**meta, "optimizer_step": _optimizer_step(optimizer)}
+        model_state |= _optimizer_sharded_state(model_state, optimizer)
+    dist_checkpointing.save(model_state, str(staging / "model"))
     torch.save(_rng_state(), staging / "rng" / f"rank-{rank:05d}.pt")
     if rank == 0:
-        meta = {**meta, "optimizer_step": _optimizer_step(optimizer)}
         (staging / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
         for name, data in (files or {}).items():
             (staging / name).write_bytes(data)
@@ -195,10 +205,11 @@ def fetch(store: Store, prefix: str, dest: Path, committed_at: str | None = None
 
 
 def load_model(model, local_dir: Path) -> None:
-    """Load model weights saved at any TP size into this rank's shard of ``model``."""
+    """Load model weights saved at any TP or PP size into this rank's shard of ``model``."""
     from megatron.core import dist_checkpointing
 
     state = dist_checkpointing.load(model.sharded_state_dict(), str(local_dir / "model"))
+    state.pop(optimizer_state.KEY, None)  # the common (unsharded) part of a megatron optimizer comes back too
     model.load_state_dict(state)
 
 
@@ -215,16 +226,48 @@ def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:
 
 
 def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
-    """Resume on every rank (collective) at any layout: weights and optimizer moments reshard;
+    """Resume on every rank (collective) at any layout: weights and optimizer moments reshard
+    (a megatron optimizer's state only comes back on the same layout, see ``optimizer_state``);
     the RNG states are restored when ``layout`` matches the checkpoint's (otherwise the
     generators keep their seeded state). Returns the checkpoint's meta."""
-    from megatron.core import dist_checkpointing
-
     staging = _staging_dir(store, prefix) / "resume"
     if _local_leader():
         fetch(store, prefix, staging)
     _barrier()
     meta = json.loads((staging / "meta.json").read_text())
+    if optimizer_state.is_megatron(optimizer) or optimizer_state.readable(meta):
+        _load_megatron_optimizer(staging, model, optimizer, meta, same_layout=meta.get("layout") == layout)
+    else:
+        _load_torch_optimizer(staging, model, optimizer, meta)
+    rng_file = staging / "rng" / f"rank-{dist.get_rank():05d}.pt"
+    if meta.get("layout") == layout and rng_file.exists():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    _barrier()
+    if _local_leader():
+        _remove_staging(staging)
+    return meta
+
+
+def _load_megatron_optimizer(staging: Path, model, optimizer, meta: dict, same_layout: bool) -> None:
+    """Weights, and a megatron optimizer's state when it was saved by one on this layout; a torch
+    optimizer, or another layout, starts from fresh moments."""
+    from megatron.core import dist_checkpointing
+
+    if not (optimizer_state.is_megatron(optimizer) and optimizer_state.readable(meta) and same_layout):
+        load_model(model, staging)
+        return
+    request = model.sharded_state_dict()
+    request[optimizer_state.KEY] = optimizer_state.sharded(optimizer, model, is_loading=True)
+    state = dist_checkpointing.load(request, str(staging / "model"))
+    loaded = state.pop(optimizer_state.KEY)
+    model.load_state_dict(state)
+    optimizer_state.restore(optimizer, loaded, meta)
+
+
+def _load_torch_optimizer(staging: Path, model, optimizer, meta: dict) -> None:
+    """Weights and torch AdamW moments, both resharded to this layout."""
+    from megatron.core import dist_checkpointing
+
     _init_adam_state(optimizer)
     model_state = model.sharded_state_dict()
     optim_state = _optimizer_sharded_state(model_state, optimizer)
@@ -238,10 +281,3 @@ def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
         if value.untyped_storage().data_ptr() == sharded.data.untyped_storage().data_ptr():
             value = value.clone()  # loaded in place, possibly as a view: copy_ refuses overlaps
         sharded.data.copy_(value)
-    rng_file = staging / "rng" / f"rank-{dist.get_rank():05d}.pt"
-    if meta.get("layout") == layout and rng_file.exists():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
-    _barrier()
-    if _local_leader():
-        _remove_staging(staging)
-    return meta

@@ -39,7 +39,8 @@ class ParallelConfig:
     tensor_parallel: int = 2
     """Tensor-parallel size (splits attention heads and MLP columns across ranks)."""
     pipeline_parallel: int = 1
-    """Pipeline-parallel size (1 in this release)."""
+    """Pipeline-parallel size: consecutive layers split into this many stages (must divide model.num_layers),
+    run with megatron's 1F1B schedule over the step's micro-batches (global ÷ (micro × data-parallel) of them)."""
     sequence_parallel: bool = False
     """Split the sequence across tensor-parallel ranks outside attention and MLP (needs tensor_parallel ≥ 2)."""
     collective_timeout_s: int = 60
@@ -49,6 +50,9 @@ class ParallelConfig:
     stall_timeout_s: int = 600
     """Seconds one training step may take before the watchdog declares the rank stuck, prints its stacks
     and ends it (0 = no watchdog); checkpoint saves and loads get checkpoint_timeout_s instead."""
+    distributed_optimizer: bool = False
+    """Shard the optimizer state (fp32 main weights, Adam moments) over data-parallel ranks: megatron's DDP with
+    reduce-scatter of gradients and all-gather of weights, and its distributed optimizer. Same maths as off."""
 
 
 @documented

@@ -9,16 +9,28 @@ this module redirects exactly those calls to the CPU:
 - megatron's CUDA RNG state get/set (activation recompute) → the CPU generator;
 - ``Tensor.cuda()`` (pipeline stages with tied embeddings) → identity;
 - ``torch.cuda.manual_seed`` → no-op (the CPU generator is seeded separately);
-- the default causal attention mask, built with ``device="cuda"`` → built on the CPU.
+- the default causal attention mask, built with ``device="cuda"`` → built on the CPU;
+- tensors created with a hard-coded ``device="cuda"`` in the pipeline schedules, the
+  optimizer, gradient clipping and ``utils.local_multi_tensor_l2_norm`` → created on the CPU
+  (those modules see a ``torch`` whose factory functions map a CUDA device to the CPU);
+- the optimizers' dtype checks ``param.type() == "torch.cuda.FloatTensor"`` (mixed-precision
+  and distributed optimizer construction, ``clip_grad_by_total_norm_fp32``) → accepted for
+  CPU tensors, but only inside ``cuda_type_names()``, which the trainer wraps around
+  megatron-optimizer calls.
 
-Configuration-level fixes live with the model code (``use_cpu_initialization=True``, the
-no-op inference RNG tracker). On a CUDA machine ``apply()`` does nothing and megatron runs
-exactly as shipped.
+gloo implements every collective megatron's DDP and distributed optimizer use here
+(``all_gather_into_tensor`` and ``reduce_scatter_tensor`` included, torch 2.13), so none is
+shimmed. Configuration-level fixes live with the model code (``use_cpu_initialization=True``,
+the no-op inference RNG tracker, ``batch_p2p_sync=False``). On a CUDA machine ``apply()``
+and ``cuda_type_names()`` do nothing and megatron runs exactly as shipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -53,5 +65,61 @@ def apply() -> bool:
     fused_softmax.get_default_causal_mask = causal_mask
     mp_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mp_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+    import megatron.core.utils as megatron_utils
+    from megatron.core.optimizer import clip_grads, optimizer
+    from megatron.core.pipeline_parallel import schedules
+
+    for module in (schedules, optimizer, clip_grads, megatron_utils):
+        module.torch = TorchOnCpu()
     _applied = True
     return True
+
+
+# Tensor factories megatron calls with a literal device="cuda".
+_FACTORIES = frozenset({"tensor", "zeros", "ones", "empty", "full", "arange"})
+
+
+def _is_cuda(device: Any) -> bool:
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def _on_cpu(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(factory)
+    def make(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        return factory(*args, **kwargs)
+
+    return make
+
+
+class TorchOnCpu:
+    """``torch`` as a megatron module sees it on a CPU machine: the same module, except that
+    tensor factories asked for a CUDA device build on the CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(torch, name)
+        return _on_cpu(value) if name in _FACTORIES else value
+
+
+@contextlib.contextmanager
+def cuda_type_names() -> Iterator[None]:
+    """Inside, ``tensor.type()`` of a CPU tensor names its CUDA twin (``torch.cuda.FloatTensor``),
+    the only types megatron's optimizers accept. Scoped, not global: nothing else is told a
+    CPU tensor lives on a GPU. A no-op where CUDA is present."""
+    if cuda_available():
+        yield
+        return
+    original = torch.Tensor.type
+
+    def type_name(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        if dtype is None and not kwargs and self.device.type == "cpu":
+            return original(self).replace("torch.", "torch.cuda.", 1)
+        return original(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_name  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original  # type: ignore[method-assign]

@@ -21,6 +21,7 @@ always runs the references. Either way the modules and checkpoints are the same.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -76,6 +77,38 @@ class SwiGLU(_megatron_module()):
         return swiglu(x, impl=self.impl)
 
 
+INIT_SEED_ATTR = "pretrain_init_seed"  # set on megatron's TransformerConfig by build_gpt
+
+
+@functools.lru_cache(maxsize=1)
+def _seeded_layer_class():
+    from megatron.core import parallel_state
+    from megatron.core.transformer.transformer_layer import TransformerLayer, get_transformer_layer_offset
+
+    class SeededTransformerLayer(TransformerLayer):
+        """A transformer layer whose CPU initialisation depends on its global layer number alone.
+
+        With ``use_cpu_initialization`` megatron draws every weight from the default generator in
+        build order, so a pipeline stage that builds layers k… from a fresh seed would get other
+        weights than a single stage does for the same layers. Re-seeding (not forking: what is
+        built after the last layer, an untied output layer, must follow it the same way on every
+        layout) from (seed, global layer number) makes the initial model identical whatever the
+        pipeline split, as tensor-parallel splits already are. On a GPU megatron's own RNG
+        tracker initialises and the layout-dependence is megatron's as shipped.
+        """
+
+        def __init__(self, config, submodules, layer_number: int = 1, *args, **kwargs) -> None:
+            seed = getattr(config, INIT_SEED_ATTR, None)
+            if config.use_cpu_initialization and seed is not None:
+                pg = kwargs.get("pg_collection")
+                pp_rank = pg.pp.rank() if pg is not None else parallel_state.get_pipeline_model_parallel_rank()
+                offset = get_transformer_layer_offset(config, kwargs.get("vp_stage"), pp_rank)
+                torch.manual_seed(seed * 100_003 + layer_number + offset)
+            super().__init__(config, submodules, layer_number, *args, **kwargs)
+
+    return SeededTransformerLayer
+
+
 def _dot_product_attention():
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
@@ -116,11 +149,16 @@ class SDPAttention(_dot_product_attention()):
 
 
 def gpt_block_spec(num_layers: int):
-    """megatron's local GPT layer spec with our norm, activation and SDPA attention, plus our final norm."""
+    """megatron's local GPT layer spec with our norm, activation and SDPA attention, plus our final norm.
+
+    ``num_layers`` is this pipeline stage's share: megatron numbers the layers globally
+    (stage offset + local index), so checkpoints do not depend on the pipeline split.
+    """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer.module = _seeded_layer_class()
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
     layer.submodules.mlp.submodules.activation_func = SwiGLU

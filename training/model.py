@@ -47,8 +47,7 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
         _checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=parallel.checkpoint_timeout_s))
     world = dist.get_world_size()
     tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
-    if pp != 1:
-        raise ConfigError(f"parallel.pipeline_parallel={pp}: only 1 is supported in this release")
+    check_parallel(parallel)
     if world % (tp * pp):
         raise ConfigError(f"world size {world} is not divisible by tensor_parallel×pipeline_parallel = {tp * pp}")
     if parallel_state.model_parallel_is_initialized():
@@ -70,6 +69,20 @@ def checkpoint_group():
     return _checkpoint_group
 
 
+def check_parallel(parallel: ParallelConfig, model: ModelConfig | None = None) -> None:
+    """Raise ConfigError for a parallel layout that cannot work, before anything is built."""
+    tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+    if tp < 1 or pp < 1:
+        raise ConfigError(f"parallel.tensor_parallel={tp} and parallel.pipeline_parallel={pp} must be ≥ 1")
+    if parallel.sequence_parallel and tp < 2:
+        raise ConfigError("parallel.sequence_parallel needs parallel.tensor_parallel ≥ 2")
+    if model is not None and model.num_layers % pp:
+        raise ConfigError(
+            f"model.num_layers={model.num_layers} is not divisible by parallel.pipeline_parallel={pp}: "
+            "every pipeline stage holds the same number of layers"
+        )
+
+
 def shutdown_distributed() -> None:
     global _checkpoint_group
     from megatron.core import parallel_state
@@ -87,12 +100,34 @@ def ffn_size(config: ModelConfig) -> int:
     return int(math.ceil(8 * config.hidden_size / 3 / 64) * 64)
 
 
-def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_parallel: int, sequence_parallel: bool = False):
-    """A megatron-core GPTModel for this rank (megatron's groups must be initialised)."""
+def build_gpt(
+    config: ModelConfig,
+    vocab_size: int,
+    seq_len: int,
+    tensor_parallel: int,
+    sequence_parallel: bool = False,
+    pipeline_parallel: int = 1,
+    init_seed: int | None = None,
+):
+    """A megatron-core GPTModel for this rank: with ``pipeline_parallel`` > 1, this rank's stage
+    (its layers; the embedding on the first stage, the final norm and output on the last).
+    megatron's groups must be initialised with the same sizes. With ``init_seed`` the CPU
+    initialisation is the same whatever the parallel layout (see ``layers.py``)."""
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
 
-    from training.layers import IMPL_ATTR, gpt_block_spec, install_rotary, resolve_impl
+    from training.layers import IMPL_ATTR, INIT_SEED_ATTR, gpt_block_spec, install_rotary, resolve_impl
+
+    parallel = ParallelConfig(
+        tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel
+    )
+    check_parallel(parallel, config)
+    if parallel_state.get_pipeline_model_parallel_world_size() != pipeline_parallel:
+        raise ConfigError(
+            f"pipeline_parallel={pipeline_parallel} but the process groups were set up for "
+            f"{parallel_state.get_pipeline_model_parallel_world_size()} stages"
+        )
 
     if config.hidden_size % config.num_attention_heads:
         raise ConfigError(
@@ -124,6 +159,11 @@ def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_paralle
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
         sequence_parallel=sequence_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        # Activations sent between stages travel in the compute dtype.
+        pipeline_dtype=torch.bfloat16 if on_gpu else torch.float32,
+        # The post-exchange device synchronisation is a CUDA workaround (older NCCL).
+        batch_p2p_sync=on_gpu,
         use_cpu_initialization=not on_gpu,
         bf16=on_gpu,
         params_dtype=torch.bfloat16 if on_gpu else torch.float32,
@@ -133,11 +173,15 @@ def build_gpt(config: ModelConfig, vocab_size: int, seq_len: int, tensor_paralle
         init_method_std=0.02,
     )
     setattr(transformer, IMPL_ATTR, resolve_impl(config.kernels))
+    if init_seed is not None:
+        setattr(transformer, INIT_SEED_ATTR, init_seed)
     install_rotary()
     vocab = _padded_vocab(vocab_size, tensor_parallel)
     model = GPTModel(
         config=transformer,
-        transformer_layer_spec=gpt_block_spec(config.num_layers),
+        transformer_layer_spec=gpt_block_spec(config.num_layers // pipeline_parallel),
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
         vocab_size=vocab,
         max_sequence_length=seq_len,
         share_embeddings_and_output_weights=config.tied_embeddings,

@@ -27,8 +27,9 @@ from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import StreamingLoader
 from training.metrics import StepMetrics
-from training.model import ConfigError, build_gpt, init_distributed, mean_loss, shutdown_distributed
+from training.model import ConfigError, init_distributed, shutdown_distributed
 from training.records import CheckpointRef
+from training.step import build_step, micro_batches
 from training.watchdog import Progress, Watchdog, explain
 
 
@@ -41,37 +42,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig, base_model: str = "") -> str:
     return config_hash(dataset.version, model, train_cfg, base_model, source_hash("training"))
-
-
-def _all_reduce_grads(params: list[torch.nn.Parameter], group, average_over: int = 1) -> None:
-    """Sum the gradients over ``group`` in one flat collective, divided by ``average_over``."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads or dist.get_world_size(group) == 1:
-        return
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
-    if average_over > 1:
-        flat /= average_over
-    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
-        g.copy_(synced)
-
-
-def _count_parameters(params: list[torch.nn.Parameter], tp_group, tp_rank: int) -> int:
-    """Model parameters over all TP ranks: sharded ones summed, replicated ones once."""
-    local = sum(p.numel() for p in params if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
-    total = torch.tensor(local, dtype=torch.int64, device=params[0].device)
-    dist.all_reduce(total, group=tp_group)
-    return int(total.item())
-
-
-def _grad_norm(params: list[torch.nn.Parameter], tp_group, tp_rank: int) -> torch.Tensor:
-    """Global L2 norm: TP-sharded params count on every rank, replicated ones once."""
-    total = torch.zeros((), dtype=torch.float32, device=params[0].device)
-    for p in params:
-        if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
-            total += p.grad.detach().float().pow(2).sum()
-    dist.all_reduce(total, group=tp_group)
-    return total.sqrt()
 
 
 def train(
@@ -117,32 +87,24 @@ def _train(
     init_distributed(parallel, cfg.seed)
     rank = dist.get_rank()
     dp_size, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-    if cfg.global_batch_size % (cfg.micro_batch_size * dp_size):
-        raise ConfigError(
-            f"train.global_batch_size={cfg.global_batch_size} is not a multiple of "
-            f"micro_batch_size×data_parallel = {cfg.micro_batch_size}×{dp_size}"
-        )
-    accumulation = cfg.global_batch_size // (cfg.micro_batch_size * dp_size)
+    micro_batches(cfg, dp_size)  # fail on an impossible batch split before loading anything
 
     loader, manifest = StreamingLoader.for_split(
         dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards
     )
     seq_len = manifest["seq_len"]
-    if parallel.sequence_parallel and parallel.tensor_parallel < 2:
-        raise ConfigError("parallel.sequence_parallel needs parallel.tensor_parallel ≥ 2")
-    model = build_gpt(model_cfg, manifest["vocab_size"], seq_len, parallel.tensor_parallel, parallel.sequence_parallel)
+    trainer = build_step(model_cfg, parallel, cfg, manifest["vocab_size"], seq_len)
+    model, optimizer = trainer.model, trainer.optimizer
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
 
     store = open_store(dataset.store)
     run_prefix = f"runs/{run_id(dataset, model_cfg, cfg, base_model)}"
-    layout = {"world_size": dist.get_world_size(), "tensor_parallel": parallel.tensor_parallel}
+    layout = {
+        "world_size": dist.get_world_size(),
+        "tensor_parallel": parallel.tensor_parallel,
+        "pipeline_parallel": parallel.pipeline_parallel,
+        "distributed_optimizer": parallel.distributed_optimizer,
+    }
     metrics: list[dict] = []
     start = 0
     done = checkpoint.committed_steps(store, run_prefix)
@@ -164,12 +126,9 @@ def _train(
         if rank == 0:
             print(f"initialised {run_prefix} from {store.url(base_model)}", flush=True)
 
-    tp_group, tp_rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
-    n_params = _count_parameters(params, tp_group, tp_rank)
-    dp_group = ps.get_data_parallel_group()
+    n_params = trainer.num_parameters()
     tokens_per_step = cfg.global_batch_size * seq_len
     meter = StepMetrics.for_training(model_cfg, cfg, seq_len, dist.get_world_size(), params[0], store, run_prefix, rank == 0)
-    model.train()
 
     def save(step: int) -> str:
         meta = {
@@ -194,33 +153,14 @@ def _train(
         progress.enter(f"step {step + 1}", parallel.stall_timeout_s)
         t0 = time.perf_counter()
         lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         t_data = time.perf_counter()
         batch = loader.batch(step, dp_rank, dp_size)
         data_s = time.perf_counter() - t_data
-        loss_sum = torch.zeros((), device=params[0].device)
-        for micro in batch.tokens.split(cfg.micro_batch_size):
-            loss = mean_loss(model, micro) / accumulation
-            loss.backward()
-            loss_sum += loss.detach()
-        _all_reduce_grads(params, dp_group, average_over=dp_size)
-        if parallel.sequence_parallel:  # norm weights saw only this rank's slice of the sequence
-            _all_reduce_grads([p for p in params if getattr(p, "sequence_parallel", False)], tp_group)
-        norm = _grad_norm(params, tp_group, tp_rank)
-        if cfg.grad_clip > 0:
-            scale = torch.clamp(cfg.grad_clip / (norm + 1e-6), max=1.0)
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(loss_sum, group=dp_group)
-        loss_value = loss_sum.item() / dp_size
+        loss_value, norm = trainer.step(batch.tokens, lr)
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss is {loss_value} at step {step + 1}: lower train.lr or check the data")
         dt = time.perf_counter() - t0
-        record = {"step": step + 1, "loss": loss_value, "lr": lr, "grad_norm": norm.item(), "tokens_per_s": tokens_per_step / dt}
+        record = {"step": step + 1, "loss": loss_value, "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_step / dt}
         record |= meter.measure(record, dt, data_s)
         metrics.append(record)
         if rank == 0:

@@ -1,0 +1,268 @@
+"""One optimizer step of a parallel layout: build this rank's model and optimizer, then step it.
+
+Two implementations behind one interface (``TrainStep``), chosen by ``build_step``:
+
+- ``LocalStep`` (pipeline_parallel = 1, no distributed optimizer): a plain loop over the
+  micro-batches, gradients summed over data-parallel ranks (and the sequence-parallel norm
+  weights over tensor-parallel ranks) by hand, global-norm clipping, torch AdamW. The optimizer
+  state is a torch ``state_dict`` per parameter.
+- ``MegatronStep`` (pipeline_parallel > 1 or ``distributed_optimizer``): megatron's
+  ``DistributedDataParallel`` (fp32 gradient buffers; with the distributed optimizer a
+  reduce-scatter of gradients and an all-gather of weights), its 1F1B pipeline schedule over
+  the micro-batches (``get_forward_backward_func``), ``finalize_model_grads`` (data-parallel
+  reduction, sequence-parallel norm weights, the tied embedding shared by the first and last
+  stages) and its optimizer (``get_megatron_optimizer``: AdamW, clipping over the
+  model-parallel group; with ``use_distributed_optimizer`` the state sharded over
+  data-parallel ranks). On a GPU this is megatron as shipped, in bf16 with fp32 main weights.
+
+Both compute the same thing: the mean over micro-batches of each micro-batch's mean token
+loss, gradients averaged over data-parallel ranks, clipped to ``grad_clip`` by the global norm,
+AdamW with betas (0.9, 0.95), eps 1e-8, weight decay on matrices only, the learning rate given
+per step. Every rank returns the same loss and gradient norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from training import cpu_compat
+from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.model import ConfigError, build_gpt, mean_loss
+
+BETAS = (0.9, 0.95)
+EPS = 1e-8
+
+
+class TrainStep(Protocol):
+    model: torch.nn.Module
+    """This rank's model (its pipeline stage), unwrapped: what checkpoints save and load."""
+    optimizer: object
+    """torch AdamW, or a megatron optimizer (``sharded_state_dict``) for ``MegatronStep``."""
+
+    def step(self, batch: torch.Tensor, lr: float) -> tuple[float, float]:
+        """One optimizer step on this rank's rows of the global batch: (mean loss, gradient norm)."""
+        ...
+
+    def num_parameters(self) -> int:
+        """Parameters of the whole model, over all tensor- and pipeline-parallel ranks."""
+        ...
+
+
+def micro_batches(cfg: TrainConfig, dp_size: int) -> int:
+    """Micro-batches per rank per step (gradient accumulation / pipeline micro-batches)."""
+    if cfg.global_batch_size % (cfg.micro_batch_size * dp_size):
+        raise ConfigError(
+            f"train.global_batch_size={cfg.global_batch_size} is not a multiple of "
+            f"micro_batch_size×data_parallel = {cfg.micro_batch_size}×{dp_size}"
+        )
+    return cfg.global_batch_size // (cfg.micro_batch_size * dp_size)
+
+
+def build_step(model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, vocab_size: int, seq_len: int) -> TrainStep:
+    """This rank's model and optimizer for ``parallel`` (megatron's groups must be initialised)."""
+    from megatron.core import parallel_state as ps
+
+    accumulation = micro_batches(cfg, ps.get_data_parallel_world_size())
+    model = build_gpt(
+        model_cfg,
+        vocab_size,
+        seq_len,
+        parallel.tensor_parallel,
+        parallel.sequence_parallel,
+        pipeline_parallel=parallel.pipeline_parallel,
+        init_seed=cfg.seed,
+    )
+    if parallel.pipeline_parallel > 1 or parallel.distributed_optimizer:
+        return MegatronStep(model, cfg, accumulation, seq_len, parallel.distributed_optimizer)
+    return LocalStep(model, cfg, accumulation, parallel.sequence_parallel)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Model parameters over all TP and PP ranks: TP-sharded ones summed, TP-replicated ones
+    once, and the output weight a last stage shares with the first stage's embedding once."""
+    from megatron.core import parallel_state as ps
+
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    params = [p for p in model.parameters() if p.requires_grad and not getattr(p, "shared", False)]
+    local = sum(p.numel() for p in params if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
+    total = torch.tensor(local, dtype=torch.int64, device=next(model.parameters()).device)
+    dist.all_reduce(total, group=ps.get_model_parallel_group())
+    return int(total.item())
+
+
+def _mean_over_data_parallel(value: torch.Tensor) -> float:
+    from megatron.core import parallel_state as ps
+
+    dist.all_reduce(value, group=ps.get_data_parallel_group())
+    return value.item() / ps.get_data_parallel_world_size()
+
+
+class LocalStep:
+    """Pipeline-parallel size 1: micro-batch loop, hand-made reductions, torch AdamW."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, accumulation: int, sequence_parallel: bool) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.accumulation = accumulation
+        self.sequence_parallel = sequence_parallel
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in self.params if p.ndim >= 2]
+        no_decay = [p for p in self.params if p.ndim < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr,
+            betas=BETAS,
+            eps=EPS,
+        )
+        model.train()
+
+    def num_parameters(self) -> int:
+        return count_parameters(self.model)
+
+    def step(self, batch: torch.Tensor, lr: float) -> tuple[float, float]:
+        from megatron.core import parallel_state as ps
+
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=self.params[0].device)
+        for micro in batch.split(self.cfg.micro_batch_size):
+            loss = mean_loss(self.model, micro) / self.accumulation
+            loss.backward()
+            loss_sum += loss.detach()
+        tp_group = ps.get_tensor_model_parallel_group()
+        _all_reduce_grads(self.params, ps.get_data_parallel_group(), average_over=ps.get_data_parallel_world_size())
+        if self.sequence_parallel:  # norm weights saw only this rank's slice of the sequence
+            _all_reduce_grads([p for p in self.params if getattr(p, "sequence_parallel", False)], tp_group)
+        norm = _grad_norm(self.params, tp_group, ps.get_tensor_model_parallel_rank())
+        if self.cfg.grad_clip > 0:
+            scale = torch.clamp(self.cfg.grad_clip / (norm + 1e-6), max=1.0)
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return _mean_over_data_parallel(loss_sum), norm.item()
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], group, average_over: int = 1) -> None:
+    """Sum the gradients over ``group`` in one flat collective, divided by ``average_over``."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or dist.get_world_size(group) == 1:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    if average_over > 1:
+        flat /= average_over
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+        g.copy_(synced)
+
+
+def _grad_norm(params: list[torch.nn.Parameter], tp_group, tp_rank: int) -> torch.Tensor:
+    """Global L2 norm: TP-sharded params count on every rank, replicated ones once."""
+    total = torch.zeros((), dtype=torch.float32, device=params[0].device)
+    for p in params:
+        if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
+            total += p.grad.detach().float().pow(2).sum()
+    dist.all_reduce(total, group=tp_group)
+    return total.sqrt()
+
+
+class MegatronStep:
+    """megatron's DDP, pipeline schedule and optimizer (distributed or not)."""
+
+    def __init__(
+        self, model: torch.nn.Module, cfg: TrainConfig, accumulation: int, seq_len: int, distributed_optimizer: bool
+    ) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.model = model
+        self.cfg = cfg
+        self.accumulation = accumulation
+        self.seq_len = seq_len
+        self.last_stage = ps.is_pipeline_last_stage()
+        config = model.config
+        ddp_config = DistributedDataParallelConfig(
+            use_distributed_optimizer=distributed_optimizer,
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+        )
+        self.ddp = DistributedDataParallel(config, ddp_config, model)
+        # The schedule calls this after the last backward: DP reduction, tied embedding, SP norms.
+        config.finalize_model_grads_func = finalize_model_grads
+        optimizer_config = OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.lr,
+            min_lr=cfg.min_lr,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=BETAS[0],
+            adam_beta2=BETAS[1],
+            adam_eps=EPS,
+            clip_grad=cfg.grad_clip,
+            bf16=config.bf16,
+            params_dtype=config.params_dtype,
+            use_distributed_optimizer=distributed_optimizer,
+        )
+        with cpu_compat.cuda_type_names():
+            # megatron's default groups: no weight decay on biases and 1-D tensors (wd_mult 0).
+            self.optimizer = get_megatron_optimizer(optimizer_config, [self.ddp])
+        self.ddp.train()
+
+    def num_parameters(self) -> int:
+        return count_parameters(self.model)
+
+    def _forward_step(self, data: Iterator[torch.Tensor], model: torch.nn.Module):
+        from training.layers import mean_token_loss
+
+        device = next(self.model.parameters()).device
+        tokens = next(data).to(device=device, dtype=torch.long)
+        inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        positions = torch.arange(inputs.shape[1], device=device).unsqueeze(0).expand_as(inputs)
+        # The DDP wrapper only adds gradient hooks to the parameters: run the model itself.
+        if self.last_stage:
+            output = mean_token_loss(self.model, inputs, positions, labels)
+        else:  # hidden states for the next stage (this stage's input came via set_input_tensor)
+            output = self.model(inputs, positions, None)
+        return output, _report_loss
+
+    def step(self, batch: torch.Tensor, lr: float) -> tuple[float, float]:
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = self.cfg.weight_decay * group.get("wd_mult", 1.0)
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        losses = get_forward_backward_func()(
+            forward_step_func=self._forward_step,
+            data_iterator=iter(batch.split(self.cfg.micro_batch_size)),
+            model=[self.ddp],
+            num_microbatches=self.accumulation,
+            seq_length=self.seq_len,
+            micro_batch_size=self.cfg.micro_batch_size,
+            forward_only=False,
+        )
+        with cpu_compat.cuda_type_names():
+            _, norm, _ = self.optimizer.step()
+            if norm is None:  # clipping off: the optimizer did not compute it
+                norm = self.optimizer.get_grad_norm()
+        # Only the last stage computed the loss: it tells the other stages.
+        loss = torch.zeros((), dtype=torch.float32, device=next(self.model.parameters()).device)
+        if self.last_stage:
+            loss += torch.stack([m["loss"] for m in losses]).float().mean()
+        pp_group = ps.get_pipeline_model_parallel_group()
+        if dist.get_world_size(pp_group) > 1:
+            dist.broadcast(loss, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
+        return _mean_over_data_parallel(loss), float(norm)
+
+
+def _report_loss(loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    # The schedule divides the returned tensor in place by the micro-batch count: log a copy.
+    return loss, {"loss": loss.detach().clone()}
