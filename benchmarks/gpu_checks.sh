@@ -35,3 +35,4 @@ step kernel_tests 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_ker
 step bench_kernels 300 python3 benchmarks/bench_kernels.py --iters 10
 step bench_train 300 python3 benchmarks/bench_train.py --device cuda
 step train_smoke 240 python3 benchmarks/gpu_train_smoke.py
+step step_check 240 python3 benchmarks/gpu_step_check.py
