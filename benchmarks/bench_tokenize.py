@@ -214,10 +214,11 @@ def throughput(args: argparse.Namespace) -> dict:
         result["tokens"] = stats["train_tokens"] + stats["val_tokens"]
         parallel = result[f"prepare_mb_s_{args.workers}"]
         result["ratio_prepare_scaling"] = round(parallel / (args.workers * result["prepare_mb_s_1"]), 3)
-        # What the wall-clock ratio would be on idle cores: the parent's work and the workers'
-        # share of theirs run side by side, so the slower of the two bounds the parallel run.
+        # The ratio idle cores would give, from CPU seconds: on N cores the parallel run takes
+        # at least its parent's time, each worker's share, and all its CPU time over N.
         serial = runs[1]["parent_cpu"] + runs[1]["workers_cpu"]
-        critical = max(runs[args.workers]["parent_cpu"], runs[args.workers]["workers_cpu"] / args.workers)
+        parent, workers = runs[args.workers]["parent_cpu"], runs[args.workers]["workers_cpu"]
+        critical = max(parent, workers / args.workers, (parent + workers) / args.workers)
         result["ratio_prepare_scaling_cpu_bound"] = round(serial / (args.workers * critical), 3)
 
         dataset = next((Path(tmp) / "store-1" / "datasets").iterdir())
