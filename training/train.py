@@ -184,6 +184,9 @@ def _train(
         "tokens_trained": float(cfg.steps * tokens_per_step),
         "world_size": float(dist.get_world_size()),
     }
+    mfus = sorted(m["mfu"] for m in metrics if m.get("mfu") is not None)
+    if mfus:  # unknown GPUs have no peak to compare with
+        summary["mfu"] = mfus[len(mfus) // 2]
     return CheckpointRef(
         store=store.uri, run=run_prefix, prefix=prefix, step=cfg.steps, dataset=dataset, base_model=base_model, summary=summary
     )
