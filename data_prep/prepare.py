@@ -437,6 +437,8 @@ def _stats(scan: Scan, encoded: Encoded) -> dict[str, int]:
         "val_doc_tokens": encoded.val_doc_tokens,
         "byte_fallback_tokens": encoded.byte_fallback_tokens,
         "tokenizer_sample_bytes": scan.sample_bytes,
+        # The one part of memory that grows with the corpus (hash-set slots per document).
+        "dedup_state_bytes": scan.dedup_bytes,
     }
 
 
