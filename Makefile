@@ -30,7 +30,8 @@ test-fast: venv
 	$(BIN)/python -m pytest -m "not slow"
 
 bench: venv
-	$(BIN)/python benchmarks/bench_prepare.py
+	$(BIN)/python benchmarks/bench_tokenize.py
+	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_kernels.py
 
 clean:
