@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -66,7 +67,7 @@ class WorkerPool:
                 initializer(*initargs)
             return
         with single_threaded_env():
-            self._pool = mp.get_context("fork").Pool(self.workers, initializer=initializer, initargs=initargs)
+            self._pool = mp.get_context("fork").Pool(self.workers, initializer=_start_worker, initargs=(initializer, initargs))
 
     def map_ordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[T, R]]:
         """``(item, fn(item))`` in input order, at most ``2 × workers`` items in flight."""
@@ -84,14 +85,27 @@ class WorkerPool:
             done, result = window.popleft()
             yield done, result.get()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Let the workers finish and exit; after a failure, stop them at once."""
         if self._pool is not None:
-            self._pool.terminate()
+            if failed:
+                self._pool.terminate()
+            else:
+                self._pool.close()
             self._pool.join()
             self._pool = None
 
     def __enter__(self) -> WorkerPool:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
+
+
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    # A fork inherits the parent's Python signal handlers (a launcher's, a test runner's). One
+    # that catches SIGTERM without exiting made Pool.terminate() wait forever for its worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if initializer:
+        initializer(*initargs)
