@@ -13,6 +13,7 @@ from training import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
 from training.evaluate import evaluate
 from training.launch import launch
+from training.model import ConfigError, build_gpt
 from training.train import train
 
 MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)
@@ -59,6 +60,19 @@ def test_parallel_layouts_match_the_tensor_parallel_curve(tiny_dataset, tp2_run,
     # Same initial weights and global batches whatever the layout: only float noise differs.
     ref = launch(train, nproc, fresh_copy(tiny_dataset, tmp_path), MODEL, parallel, STEPS)
     assert losses(ref) == pytest.approx(losses(tp2_run), abs=1e-5)
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_activation_recompute_keeps_the_curve(tiny_dataset, tp2_run, tmp_path, recompute):
+    # Recomputed activations are the same numbers: the curve must not move.
+    steps = dataclasses.replace(STEPS, recompute=recompute)
+    ref = launch(train, 2, fresh_copy(tiny_dataset, tmp_path), MODEL, ParallelConfig(tensor_parallel=2), steps)
+    assert losses(ref) == pytest.approx(losses(tp2_run), abs=1e-5)
+
+
+def test_recompute_setting_is_checked():
+    with pytest.raises(ConfigError, match="train.recompute must be one of"):
+        build_gpt(MODEL, 128, 16, tensor_parallel=1, recompute="everything")
 
 
 def test_rerun_with_same_inputs_resumes_from_latest_checkpoint(tiny_dataset, tp2_run, tmp_path):

@@ -76,6 +76,10 @@ class TrainConfig:
     """AdamW weight decay."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 = off)."""
+    recompute: str = "none"
+    """Activation recompute: 'none'; 'selective' (attention recomputed in backward: its
+    activations grow with the square of the sequence, its FLOPs do not dominate); 'full' (each
+    layer's forward recomputed: least memory, about a third more compute)."""
     seed: int = 1234
     """Seed of initialisation and data order."""
     checkpoint_every: int = 150

@@ -100,6 +100,15 @@ def ffn_size(config: ModelConfig) -> int:
     return int(math.ceil(8 * config.hidden_size / 3 / 64) * 64)
 
 
+# megatron's settings per TrainConfig.recompute. Selective recomputes the core attention
+# (scores, softmax, weighted sum) in backward; full recomputes every layer from its input.
+RECOMPUTE: dict[str, dict] = {
+    "none": {},
+    "selective": {"recompute_granularity": "selective"},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+}
+
+
 def build_gpt(
     config: ModelConfig,
     vocab_size: int,
@@ -108,17 +117,21 @@ def build_gpt(
     sequence_parallel: bool = False,
     pipeline_parallel: int = 1,
     init_seed: int | None = None,
+    recompute: str = "none",
 ):
     """A megatron-core GPTModel for this rank: with ``pipeline_parallel`` > 1, this rank's stage
     (its layers; the embedding on the first stage, the final norm and output on the last).
     megatron's groups must be initialised with the same sizes. With ``init_seed`` the CPU
-    initialisation is the same whatever the parallel layout (see ``layers.py``)."""
+    initialisation is the same whatever the parallel layout (see ``layers.py``). ``recompute``
+    is ``TrainConfig.recompute``."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
 
     from training.layers import IMPL_ATTR, INIT_SEED_ATTR, gpt_block_spec, install_rotary, resolve_impl
 
+    if recompute not in RECOMPUTE:
+        raise ConfigError(f"train.recompute must be one of {sorted(RECOMPUTE)}, got {recompute!r}")
     parallel = ParallelConfig(
         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel
     )
@@ -143,6 +156,7 @@ def build_gpt(
         raise ConfigError(f"model.num_query_groups={groups} must divide the heads and be divisible by tensor_parallel")
     on_gpu = torch.cuda.is_available()
     transformer = TransformerConfig(
+        **RECOMPUTE[recompute],
         num_layers=config.num_layers,
         hidden_size=config.hidden_size,
         ffn_hidden_size=ffn_size(config),

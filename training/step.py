@@ -75,6 +75,7 @@ def build_step(model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfi
         parallel.sequence_parallel,
         pipeline_parallel=parallel.pipeline_parallel,
         init_seed=cfg.seed,
+        recompute=cfg.recompute,
     )
     if parallel.pipeline_parallel > 1 or parallel.distributed_optimizer:
         return MegatronStep(model, cfg, accumulation, seq_len, parallel.distributed_optimizer)
