@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from storage import open_store
+from tests.data_utils import distinct_docs
 from tests.test_workflow_e2e import BIN, run, write_config
 
 pytestmark = pytest.mark.slow
@@ -32,9 +33,10 @@ def cache_outcomes(output: str) -> dict[str, str]:
 
 
 def write_corpus(root: Path) -> Path:
+    # Distinct documents: near-duplicate de-duplication would keep only one of a templated set.
     root.mkdir(parents=True)
-    for i in range(40):
-        (root / f"doc{i}.txt").write_text(f"Document {i} about pipelines. " + "Tokens flow into shards and models. " * (20 + i))
+    for i, text in enumerate(distinct_docs(40, words_per_doc=150)):
+        (root / f"doc{i}.txt").write_text(text)
     return root
 
 
