@@ -89,14 +89,23 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(card, indent=2))
         return 0
-    print(f"{card['name']}:{card['version']}  registered {card['registered_at']}  commit {card['code']['commit']}")
+    dirty = " (dirty tree)" if card["code"].get("dirty") else ""
+    aliases = f" ({', '.join(card['aliases'])})" if card.get("aliases") else ""
+    commit = f"commit {card['code']['commit']}{dirty}"
+    print(f"{card['name']}:{card['version']}{aliases}  registered {card['registered_at']}  {commit}")
     for key, value in sorted(card.get("metrics", {}).items()):
         print(f"  {key:<22} {value:.4f}" if isinstance(value, float) else f"  {key:<22} {value}")
+    if "gate" in card:
+        print(f"quality gate: {card['gate']['reason']}")
     print("lineage:")
     for key, value in sorted(card.get("lineage", {}).items()):
         print(f"  {key:<22} {value}")
-    print("sample:")
-    print("  " + str(card.get("sample", "")).replace("\n", "\n  "))
+    for label, key in (("greedy", "sample"), ("sampled", "sampled")):
+        if card.get(key):
+            print(f"sample ({label}):")
+            print("  " + str(card[key]).rstrip().replace("\n", "\n  "))
+    if card.get("hf_export"):
+        print(f"hugging face: {card['uri']}/{card['hf_export']}/ (transformers' from_pretrained loads it, once downloaded)")
     print("files:")
     for uri in card["files"]:
         print(f"  {uri}")

@@ -187,6 +187,8 @@ def show(store: Store, spec: str) -> dict[str, Any]:
     name, version = resolve(store, spec)
     prefix = f"models/{name}/{version}"
     card = store.get_json(f"{prefix}/card.json")
+    card["aliases"] = sorted(a for a, v in _aliases(store, name).items() if v == version)  # now, not at registration
+    card["uri"] = store.url(prefix)
     card["files"] = [store.url(k) for k in store.list(prefix)]
     return card
 
