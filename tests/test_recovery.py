@@ -58,9 +58,7 @@ def test_s3_server_stopped_mid_upload_leaves_no_checkpoint_to_resume(tiny_datase
             kill_group(job)
         server.stop()
 
-    restarted = S3Server(
-        data_dir=tmp_path / "s3", bucket="ckpt", access_key=server.access_key, secret_key=server.secret_key, port=server.port
-    ).start()
+    restarted = server.start()  # the same data, port and credentials
     try:
         store = open_store(dataset.store)
         partial = store.list(second)

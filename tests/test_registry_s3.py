@@ -102,9 +102,7 @@ def test_server_stopped_mid_registration_leaves_no_visible_entry(tmp_path, monke
         assert failure and isinstance(failure[0], StoreError), failure
     finally:
         server.stop()
-    restarted = S3Server(
-        data_dir=tmp_path / "s3", bucket="midway", access_key=server.access_key, secret_key=server.secret_key, port=server.port
-    ).start()
+    restarted = server.start()  # the same data, port and credentials
     try:
         store = open_store("s3://midway/reg")
         assert list_models(store) == []
