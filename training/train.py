@@ -153,15 +153,13 @@ def _train(
         progress.enter(f"step {step + 1}", parallel.stall_timeout_s)
         t0 = time.perf_counter()
         lr = lr_at(step, cfg)
-        t_data = time.perf_counter()
         batch = loader.batch(step, dp_rank, dp_size)
-        data_s = time.perf_counter() - t_data
         loss_value, norm = trainer.step(batch.tokens, lr)
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss is {loss_value} at step {step + 1}: lower train.lr or check the data")
         dt = time.perf_counter() - t0
         record = {"step": step + 1, "loss": loss_value, "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_step / dt}
-        record |= meter.measure(record, dt, data_s)
+        record |= meter.measure(record, dt, batch.wait_s)
         metrics.append(record)
         if rank == 0:
             print(
