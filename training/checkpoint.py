@@ -27,6 +27,8 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -213,16 +215,24 @@ def load_model(model, local_dir: Path) -> None:
     model.load_state_dict(state)
 
 
-def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:
-    """Initialise ``model`` on every rank (collective) from a checkpoint's weights alone."""
-    staging = _staging_dir(store, prefix) / "weights"
+@contextmanager
+def _fetched(store: Store, prefix: str, purpose: str, committed_at: str | None = None) -> Iterator[Path]:
+    """The checkpoint downloaded once per node, readable by every local rank inside the block
+    (collective); removed after all of them are done. Left in place if the block raises."""
+    staging = _staging_dir(store, prefix) / purpose
     if _local_leader():
         fetch(store, prefix, staging, committed_at=committed_at)
     _barrier()
-    load_model(model, staging)
+    yield staging
     _barrier()
     if _local_leader():
         _remove_staging(staging)
+
+
+def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:
+    """Initialise ``model`` on every rank (collective) from a checkpoint's weights alone."""
+    with _fetched(store, prefix, "weights", committed_at) as staging:
+        load_model(model, staging)
 
 
 def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
@@ -230,21 +240,15 @@ def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
     (a megatron optimizer's state only comes back on the same layout, see ``optimizer_state``);
     the RNG states are restored when ``layout`` matches the checkpoint's (otherwise the
     generators keep their seeded state). Returns the checkpoint's meta."""
-    staging = _staging_dir(store, prefix) / "resume"
-    if _local_leader():
-        fetch(store, prefix, staging)
-    _barrier()
-    meta = json.loads((staging / "meta.json").read_text())
-    if optimizer_state.is_megatron(optimizer) or optimizer_state.readable(meta):
-        _load_megatron_optimizer(staging, model, optimizer, meta, same_layout=meta.get("layout") == layout)
-    else:
-        _load_torch_optimizer(staging, model, optimizer, meta)
-    rng_file = staging / "rng" / f"rank-{dist.get_rank():05d}.pt"
-    if meta.get("layout") == layout and rng_file.exists():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
-    _barrier()
-    if _local_leader():
-        _remove_staging(staging)
+    with _fetched(store, prefix, "resume") as staging:
+        meta = json.loads((staging / "meta.json").read_text())
+        if optimizer_state.is_megatron(optimizer) or optimizer_state.readable(meta):
+            _load_megatron_optimizer(staging, model, optimizer, meta, same_layout=meta.get("layout") == layout)
+        else:
+            _load_torch_optimizer(staging, model, optimizer, meta)
+        rng_file = staging / "rng" / f"rank-{dist.get_rank():05d}.pt"
+        if meta.get("layout") == layout and rng_file.exists():
+            _set_rng_state(torch.load(rng_file, weights_only=False))
     return meta
 
 
