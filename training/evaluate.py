@@ -37,6 +37,14 @@ def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, basel
         shutdown_distributed()
 
 
+def _load_tp1(store, prefix: str, model_cfg: ModelConfig, manifest: dict, committed_at: str | None = None):
+    """The model of a committed checkpoint (saved at any layout), whole on this one process."""
+    model = build_gpt(model_cfg, manifest["vocab_size"], manifest["seq_len"], tensor_parallel=1)
+    with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
+        checkpoint.load_model(model, checkpoint.fetch(store, prefix, Path(tmp), committed_at=committed_at))
+    return model
+
+
 def _mean_loss(model, rows, cfg: EvalConfig) -> tuple[float, int]:
     batches = torch.from_numpy(rows.astype("int64")).split(cfg.batch_size)
     if cfg.max_batches:
@@ -57,9 +65,7 @@ def _baseline_bits_per_byte(store, baseline: str, model_cfg: ModelConfig, manife
     card = store.get_json(f"{baseline}/card.json")
     if card["lineage"].get("tokenizer_sha256") != manifest["tokenizer"]["sha256"] or card["config"]["model"] != asdict(model_cfg):
         return -1.0
-    model = build_gpt(model_cfg, manifest["vocab_size"], manifest["seq_len"], tensor_parallel=1)
-    with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
-        checkpoint.load_model(model, checkpoint.fetch(store, f"{baseline}/checkpoint", Path(tmp), committed_at=baseline))
+    model = _load_tp1(store, f"{baseline}/checkpoint", model_cfg, manifest, committed_at=baseline)
     loss, _ = _mean_loss(model, rows, cfg)
     return bits_per_byte(loss, manifest["stats"])
 
@@ -74,9 +80,7 @@ def bits_per_byte(loss: float, stats: dict) -> float:
 def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, baseline: str) -> EvalReport:
     store = open_store(ckpt.store)
     rows, manifest = load_split(ckpt.dataset, "val")
-    model = build_gpt(model_cfg, manifest["vocab_size"], manifest["seq_len"], tensor_parallel=1)
-    with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
-        checkpoint.load_model(model, checkpoint.fetch(store, ckpt.prefix, Path(tmp)))
+    model = _load_tp1(store, ckpt.prefix, model_cfg, manifest)
     val_loss, count = _mean_loss(model, rows, cfg)
     tokenizer_json = store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode()
     tokenizer = Tokenizer.from_str(tokenizer_json)
