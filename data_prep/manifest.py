@@ -9,14 +9,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from common.contracts import DOC_STATS, TOKENIZER
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.shards import token_dtype
 from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN
 
 FORMAT = "pretrain-wds-v1"
-MANIFEST = "manifest.json"
-TOKENIZER = "tokenizer.json"
-DOC_STATS = "doc_stats.csv"
 RUNTIME_ONLY = {"workers"}
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from common.contracts import DOC_STATS, MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
 from data_prep import manifest as manifests
 from data_prep.clean import check_normalization, clean_text, content_hash, length_problem
 from data_prep.config import DataConfig, TokenizerConfig
@@ -44,26 +45,9 @@ from storage import AlreadyCommitted, Store, open_store
 
 log = logging.getLogger(__name__)
 
-MANIFEST = manifests.MANIFEST
-TOKENIZER = manifests.TOKENIZER
-DOC_STATS = manifests.DOC_STATS
 BATCH_BYTES = 1 << 20
 BATCH_DOCS = 4096
 DROP, TRAIN, VAL = 0, 1, 2
-
-
-@dataclass
-class DatasetRef:
-    """A committed dataset in the store: what later stages need to find and trust it."""
-
-    store: str
-    """Store URI the dataset lives in."""
-    version: str
-    """Content hash of the manifest."""
-    prefix: str
-    """Key prefix of the dataset inside the store (``datasets/<version>``)."""
-    stats: dict[str, int] = field(default_factory=dict)
-    """Document, token and skip counts."""
 
 
 def split_of(digest: str, val_fraction: float) -> str:
@@ -391,7 +375,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
             sources_sha256=encoded.sources_digest.hexdigest(),
         )
         version, manifest_bytes = manifests.version_of(manifest)
-        prefix = f"datasets/{version}"
+        prefix = dataset_prefix(version)
         (staging / MANIFEST).write_bytes(manifest_bytes)
         if store.is_committed(prefix):
             log.info("dataset %s already committed in %s", version, store.uri)

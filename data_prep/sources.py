@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from common.errors import UserError
 from data_prep.config import STDLIB_SOURCE
 from data_prep.formats import kind_of
 from storage import open_store
@@ -29,7 +30,7 @@ from storage import open_store
 _STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad input the user must fix: the message names the source and the remedy."""
 
 

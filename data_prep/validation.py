@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from data_prep.prepare import DOC_STATS, DatasetRef, load_manifest
+from common.contracts import DOC_STATS, DatasetRef
+from common.docfields import documented
+from common.errors import UserError
+from data_prep.prepare import load_manifest
 from data_prep.shards import read_rows
-from pipeline.docfields import documented
 from storage import Store
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
@@ -50,7 +52,7 @@ class ValidationConfig:
     """Largest shard file size in bytes."""
 
 
-class ValidationFailed(RuntimeError):
+class ValidationFailed(UserError, RuntimeError):
     """The dataset failed its expectations; the message lists each failure."""
 
 

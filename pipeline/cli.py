@@ -21,14 +21,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-from data_prep.sources import DataError
-from data_prep.validation import ValidationFailed
-from pipeline.config import ConfigFileError, PipelineConfig, load_config
-from registry.registry import RegistryError, download, list_models, promote, show
-from storage import StoreError, default_store_uri, open_store
-from training.model import ConfigError
-
-USER_ERRORS = (DataError, ValidationFailed, ConfigFileError, ConfigError, RegistryError, StoreError, FileNotFoundError)
+from common.errors import UserError
+from pipeline.config import PipelineConfig, load_config
+from registry.registry import download, list_models, promote, show
+from storage import default_store_uri, open_store
 
 
 def _store(args: argparse.Namespace):
@@ -165,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except USER_ERRORS as e:
+    except UserError as e:
         message = str(e).strip()
-        if not isinstance(e, ValidationFailed):  # that one lists one failed expectation per line
+        if "\n  " not in message:  # a list (failed expectations, bad settings) keeps one item per line
             message = " ".join(line.strip() for line in message.splitlines())
         print(f"error: {message}", file=sys.stderr)
         return 2

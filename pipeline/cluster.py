@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.docfields import documented
+from common.docfields import documented
 
 CLUSTER_ENV = "PRETRAIN_CLUSTER"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -14,34 +14,18 @@ from __future__ import annotations
 import datetime as dt
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.prepare import MANIFEST, TOKENIZER
+from common.contracts import EVAL_RESULTS, HF_EXPORT, MANIFEST, TOKENIZER, ModelRef
+from common.errors import UserError
 from storage import AlreadyCommitted, Store, StoreError
 
 CLAIM = "_CLAIMED"
-EVAL_RESULTS = "results.json"  # training.evaluate's names (the registry imports no torch)
-HF_EXPORT = "hf"
 
 
-class RegistryError(LookupError):
+class RegistryError(UserError, LookupError):
     """A model or version that does not exist, or a registration that cannot proceed."""
-
-
-@dataclass
-class ModelRef:
-    """A committed registry entry."""
-
-    store: str
-    """Store URI."""
-    name: str
-    """Model name."""
-    version: int
-    """Version number within the name."""
-    prefix: str
-    """Key prefix of the entry (``models/<name>/<version>``)."""
 
 
 def _versions(store: Store, name: str, committed_only: bool = True) -> list[int]:

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import UserError
+
 COMMIT_MARKER = "_COMMITTED"
 DEFAULT_STORE_ENV = "PRETRAIN_STORE"
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """A storage problem the user can act on (bad URI, rejected credentials, missing key)."""
 
 

@@ -3,7 +3,7 @@ hash of the source it runs (its own module and the libraries it calls)."""
 
 from __future__ import annotations
 
-from pipeline.versioning import source_hash
+from common.hashing import source_hash
 
 
 def cache_version(task_module: str, *libraries: str) -> str:

@@ -8,17 +8,18 @@ from typing import Annotated
 
 from flytekit import Deck, HashMethod, task
 
+from common.contracts import DatasetRef
+from common.hashing import config_hash
 from data_prep.config import DataConfig, TokenizerConfig
-from data_prep.prepare import DatasetRef, prepare_dataset
+from data_prep.prepare import prepare_dataset
 from data_prep.sources import content_fingerprint
 from data_prep.validation import ValidationConfig, check_dataset
-from pipeline.versioning import config_hash
 from storage import Store, open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import data_task
 
-VERSION = cache_version(__name__, "data_prep", "storage")
+VERSION = cache_version(__name__, "data_prep", "storage", "common")
 
 
 def corpus_hash(data: DataConfig) -> str:

@@ -6,15 +6,15 @@ from html import escape
 
 from flytekit import Deck, task
 
+from common.contracts import CheckpointRef, EvalReport
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import evaluate_task
 from training.config import EvalConfig, ModelConfig
 from training.evaluate import evaluate
-from training.records import CheckpointRef, EvalReport
 
-VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.versioning")
+VERSION = cache_version(__name__, "training", "data_prep", "storage", "common")
 
 
 @task(

@@ -6,14 +6,14 @@ import dataclasses
 
 from flytekit import current_context, task
 
+from common.contracts import EvalReport, ModelRef
 from pipeline.config import PipelineConfig, RegistryConfig
-from registry.registry import ModelRef, RegistryError, gate_decision, register, resolve
+from registry.registry import RegistryError, gate_decision, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task
-from training.records import EvalReport
 
-VERSION = cache_version(__name__, "registry", "storage", "pipeline")
+VERSION = cache_version(__name__, "registry", "storage", "pipeline", "common")
 
 
 def _entry(store: str, spec: str) -> str:

@@ -9,16 +9,15 @@ import warnings
 from flytekit import Deck, task
 from flytekitplugins.kfpytorch import Elastic
 
-from data_prep.prepare import DatasetRef
+from common.contracts import CheckpointRef, DatasetRef
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import CLUSTER, train_task
 from training.config import ModelConfig, ParallelConfig, TrainConfig
-from training.records import CheckpointRef
 from training.train import train
 
-VERSION = cache_version(__name__, "training", "data_prep", "storage", "pipeline.versioning")
+VERSION = cache_version(__name__, "training", "data_prep", "storage", "common")
 
 
 @task(

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigFileError, PipelineConfig, load_config
+from common.errors import ConfigError
+from pipeline.config import PipelineConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +32,7 @@ def test_partial_preset_keeps_defaults(tmp_path):
 def test_bad_preset_names_the_setting(tmp_path, text, message):
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    with pytest.raises(ConfigFileError, match=message):
+    with pytest.raises(ConfigError, match=message):
         load_config(path)
 
 

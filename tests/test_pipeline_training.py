@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.errors import ConfigError
 from storage import open_store
 from training import checkpoint, cpu_compat
 from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
 from training.evaluate import evaluate
 from training.launch import launch
-from training.model import ConfigError, check_parallel
+from training.model import check_parallel
 from training.train import train
 
 MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)

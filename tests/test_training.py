@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ConfigError
 from storage import open_store
 from training import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
 from training.evaluate import evaluate
 from training.launch import launch
-from training.model import ConfigError, build_gpt
+from training.model import build_gpt
 from training.train import train
 
 MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)

@@ -4,7 +4,8 @@ import shutil
 
 import pytest
 
-from data_prep.prepare import DOC_STATS, DatasetRef, prepare_dataset
+from common.contracts import DOC_STATS, DatasetRef
+from data_prep.prepare import prepare_dataset
 from data_prep.validation import ValidationConfig, ValidationFailed, check_dataset
 from storage import open_store
 from tests.conftest import tiny_data, tiny_tokenizer, write_corpus

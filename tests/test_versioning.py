@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from pipeline.versioning import config_hash, source_hash
+from common.hashing import config_hash, source_hash
 from training.config import TrainConfig
 
 

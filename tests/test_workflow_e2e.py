@@ -95,7 +95,8 @@ def hf_validation_loss(store, dataset_version: str, hf_dir: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from data_prep.prepare import DatasetRef, load_manifest, shard_urls
+    from common.contracts import DatasetRef
+    from data_prep.prepare import load_manifest, shard_urls
     from data_prep.shards import read_rows
 
     ref = DatasetRef(store=store.uri, version=dataset_version, prefix=f"datasets/{dataset_version}")

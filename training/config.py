@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.docfields import documented
+from common.docfields import documented
 
 
 @documented

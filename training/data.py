@@ -29,14 +29,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data_prep.prepare import DatasetRef, load_manifest, shard_urls
+from common.contracts import DatasetRef
+from common.errors import UserError
+from data_prep.prepare import load_manifest, shard_urls
 from data_prep.shards import iter_shard_arrays, read_rows
 from storage import open_store
 
 LOADER_FORMAT = "shard-window-v1"
 
 
-class LoaderStateError(ValueError):
+class LoaderStateError(UserError, ValueError):
     """A checkpoint's loader state that this loader cannot continue."""
 
 

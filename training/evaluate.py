@@ -16,15 +16,14 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from data_prep.prepare import TOKENIZER
-from pipeline.versioning import config_hash
+from common.contracts import EVAL_RESULTS, HF_EXPORT, TOKENIZER, CheckpointRef, EvalReport
+from common.hashing import config_hash
 from storage import open_store
 from training import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig
 from training.data import load_split
 from training.hf_export import export_llama
 from training.model import build_gpt, init_distributed, mean_loss, shutdown_distributed
-from training.records import CheckpointRef, EvalReport
 
 
 def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, baseline: str = "") -> EvalReport:
@@ -70,9 +69,6 @@ def _baseline_bits_per_byte(store, baseline: str, model_cfg: ModelConfig, manife
     return bits_per_byte(loss, manifest["stats"])
 
 
-RESULTS = "results.json"
-
-
 def bits_per_byte(loss: float, stats: dict) -> float:
     return loss / math.log(2) * stats["val_doc_tokens"] / stats["val_bytes"]
 
@@ -100,8 +96,8 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     if not store.is_committed(outputs):  # a rerun of the same evaluation computes the same files
         with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp:
             staging = Path(tmp)
-            (staging / RESULTS).write_text(json.dumps(results_json(report, store, cfg), indent=2))
-            export_llama(model, model_cfg, tokenizer_json, manifest["seq_len"], staging / "hf")
+            (staging / EVAL_RESULTS).write_text(json.dumps(results_json(report, store, cfg), indent=2))
+            export_llama(model, model_cfg, tokenizer_json, manifest["seq_len"], staging / HF_EXPORT)
             store.upload_dir(staging, outputs)
         store.commit(outputs)
     return dataclasses.replace(report, outputs=outputs)

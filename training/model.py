@@ -10,15 +10,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from common.errors import ConfigError
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig
 
 # A gloo group with its own, longer timeout for waits around checkpoint uploads (see checkpoint_group).
 _checkpoint_group = None
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot work; the message names the setting."""
 
 
 def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = False) -> None:

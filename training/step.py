@@ -29,9 +29,10 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from common.errors import ConfigError
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, TrainConfig
-from training.model import ConfigError, build_gpt, mean_loss
+from training.model import build_gpt, mean_loss
 
 BETAS = (0.9, 0.95)
 EPS = 1e-8

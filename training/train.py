@@ -20,15 +20,15 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-from data_prep.prepare import DatasetRef
-from pipeline.versioning import config_hash, source_hash
+from common.contracts import CheckpointRef, DatasetRef
+from common.errors import ConfigError
+from common.hashing import config_hash, source_hash
 from storage import open_store
 from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import StreamingLoader
 from training.metrics import StepMetrics
-from training.model import ConfigError, init_distributed, shutdown_distributed
-from training.records import CheckpointRef
+from training.model import init_distributed, shutdown_distributed
 from training.step import build_step, micro_batches
 from training.watchdog import Progress, Watchdog, explain
 

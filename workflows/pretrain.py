@@ -15,9 +15,9 @@ from pathlib import Path
 from flytekit import CronSchedule, LaunchPlan, workflow
 from flytekit.models.common import Labels
 
+from common.contracts import ModelRef
 from pipeline.cluster import kueue_labels
 from pipeline.config import PipelineConfig, load_config
-from registry.registry import ModelRef
 from tasks.data import fingerprint_corpus, prepare_data, validate_data
 from tasks.evaluate import evaluate_model
 from tasks.placement import CLUSTER
