@@ -1,10 +1,12 @@
-"""Cache versions: flytekit's cache key ignores code changes, so each task's version is a
-hash of the source it runs (its own module and the libraries it calls)."""
+"""Cache versions: flytekit's cache key ignores code changes, so each task's version is the
+derived code version of its module (``common.codeversion``): the source of every
+first-party module it imports, transitively, and the versions of the libraries that decide
+its results. No hand-written list of packages."""
 
 from __future__ import annotations
 
-from common.hashing import source_hash
+from common.codeversion import code_version
 
 
-def cache_version(task_module: str, *libraries: str) -> str:
-    return source_hash(task_module, *libraries)
+def cache_version(task_module: str) -> str:
+    return code_version(task_module)

@@ -19,7 +19,7 @@ from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import data_task
 
-VERSION = cache_version(__name__, "data_prep", "storage", "common")
+VERSION = cache_version(__name__)
 
 
 def corpus_hash(data: DataConfig) -> str:

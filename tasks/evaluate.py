@@ -14,7 +14,7 @@ from tasks.placement import evaluate_task
 from training.config import EvalConfig, ModelConfig
 from training.evaluate import evaluate
 
-VERSION = cache_version(__name__, "training", "data_prep", "storage", "common")
+VERSION = cache_version(__name__)
 
 
 @task(

@@ -13,7 +13,7 @@ from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task
 
-VERSION = cache_version(__name__, "registry", "storage", "pipeline", "common")
+VERSION = cache_version(__name__)
 
 
 def _entry(store: str, spec: str) -> str:

@@ -17,7 +17,7 @@ from tasks.placement import CLUSTER, train_task
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.train import train
 
-VERSION = cache_version(__name__, "training", "data_prep", "storage", "common")
+VERSION = cache_version(__name__)
 
 
 @task(

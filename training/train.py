@@ -20,9 +20,10 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
+from common.codeversion import code_version
 from common.contracts import CheckpointRef, DatasetRef
 from common.errors import ConfigError
-from common.hashing import config_hash, source_hash
+from common.hashing import config_hash
 from storage import open_store
 from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
@@ -41,7 +42,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig, base_model: str = "") -> str:
-    return config_hash(dataset.version, model, train_cfg, base_model, source_hash("training"))
+    return config_hash(dataset.version, model, train_cfg, base_model, code_version("training.train"))
 
 
 def train(
