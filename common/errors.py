@@ -14,3 +14,18 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A setting, or a combination of settings, that cannot work; the message names the key(s)."""
+
+
+def user_error_in(error: BaseException) -> UserError | None:
+    """The first UserError along ``error``'s chain of causes, outermost first, or None.
+
+    Flyte re-raises a task's exception wrapped, or as a copy whose message it prefixes
+    ("Failed to convert outputs of task …"); the deepest one carries the user's words."""
+    found, seen = None, set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, UserError):
+            found = current
+        current = current.__cause__ or current.__context__
+    return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,10 @@ import numpy as np
 import webdataset as wds
 from webdataset.gopen import gopen_schemes
 
+from data_prep.sources import DataError
 from storage import open_store
+
+TOKENS = "tokens.npy"  # the one member of every sample
 
 
 @dataclass
@@ -51,7 +55,7 @@ def _write_shard(chunk: np.ndarray, out_dir: Path, split: str, shard_idx: int, s
     # mtime=0: deterministic bytes, and no extra header block per member.
     with wds.TarWriter(str(path), mtime=0) as sink:
         for s, lo in enumerate(range(0, len(chunk), sequences_per_sample)):
-            sink.write({"__key__": f"{shard_idx:06d}-{s:06d}", "tokens.npy": chunk[lo : lo + sequences_per_sample]})
+            sink.write({"__key__": f"{shard_idx:06d}-{s:06d}", TOKENS: chunk[lo : lo + sequences_per_sample]})
     digest, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
@@ -143,8 +147,9 @@ def _bucket_store(bucket: str):
     return open_store(f"s3://{bucket}")
 
 
-# WebDataset has no s3:// scheme of its own; stream objects through boto3 instead.
-gopen_schemes["s3"] = _gopen_s3
+def register_s3_scheme() -> None:
+    """Let WebDataset open ``s3://`` URLs: it has no scheme of its own, so stream objects through boto3."""
+    gopen_schemes.setdefault("s3", _gopen_s3)
 
 
 def _every_node(src):
@@ -154,9 +159,20 @@ def _every_node(src):
 
 def iter_shard_arrays(urls: list[str]) -> Iterator[np.ndarray]:
     """The token arrays of the shards at ``urls`` (local paths or s3:// URLs), in order."""
-    dataset = wds.WebDataset(urls, shardshuffle=False, nodesplitter=_every_node, workersplitter=None).decode()
+    register_s3_scheme()
+    # No .decode(): its default decoders unpickle .pyd/.pickle members and torch.load .pth ones.
+    # A shard holds what we wrote, one tokens.npy per sample, loaded without pickle.
+    dataset = wds.WebDataset(urls, shardshuffle=False, nodesplitter=_every_node, workersplitter=None)
     for sample in dataset:
-        yield sample["tokens.npy"]
+        yield _tokens(sample)
+
+
+def _tokens(sample: dict) -> np.ndarray:
+    members = sorted(k for k in sample if not k.startswith("__"))
+    if members != [TOKENS]:
+        where = f"{sample.get('__url__', '?')}, sample {sample.get('__key__', '?')}"
+        raise DataError(f"shard {where} holds {members}, not just {TOKENS}: not written by this pipeline; prepare it again")
+    return np.load(io.BytesIO(sample[TOKENS]), allow_pickle=False)
 
 
 def read_rows(urls: list[str]) -> np.ndarray:

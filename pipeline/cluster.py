@@ -63,7 +63,7 @@ class ClusterConfig:
 
 def load_cluster(path: str | None = None) -> ClusterConfig:
     """The profile at ``path`` or ``$PRETRAIN_CLUSTER``; the local defaults when neither is set."""
-    from pipeline.config import from_dict
+    from common.settings import from_dict
 
     path = path or os.environ.get(CLUSTER_ENV, "")
     if not path:
