@@ -62,7 +62,7 @@ def main() -> None:
         distopt = losses(done)
         again = copy("resume")
         shutil.copytree(Path(done.store) / done.run, Path(again.store) / done.run)
-        open_store(again.store).delete_prefix(checkpoint.step_prefix(done.run, args.steps))
+        open_store(again.store).delete_prefix(checkpoint.checkpoint_prefix(done.run, args.steps))
         resumed = losses(launch(train, 1, again, model, megatron_parallel, steps))
     result = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -6,7 +6,7 @@ Flyte passes these records between tasks and caches on them; each points into th
 whose layout is spelled out once, by the key functions below:
 
     datasets/<version>/                    manifest.json, tokenizer.json, doc_stats.csv, shards/, _COMMITTED
-    datasets/<version>/validation/         result.json, report.html, site/, _COMMITTED
+    datasets/<version>/validation/         result.json, suite.json, report.html, site/, _COMMITTED
     runs/<run>/checkpoints/step-NNNNNNN/   model/, rng/, meta.json, metrics.jsonl, _COMMITTED
     runs/<run>/metrics.jsonl, tensorboard/
     runs/<run>/eval/<key>/                 results.json, hf/, _COMMITTED
@@ -14,22 +14,40 @@ whose layout is spelled out once, by the key functions below:
     models/<name>/aliases/<alias>.json
 
 A prefix counts only once its ``_COMMITTED`` marker exists (``storage``).
+
+The run id leaves the parallel layout out (a retry may reshard), so one run can be trained
+by several layouts: each checkpoint's ``meta.json`` carries the history of which layout
+trained which steps (``LayoutSpan``), the ``CheckpointRef`` carries it on, and the model card
+(``ModelCard``, the end of the line) records it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from common.errors import UserError
 
 # -- file names inside a prefix ---------------------------------------------------------
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 DOC_STATS = "doc_stats.csv"
+VALIDATION_RESULT = "result.json"
+VALIDATION_SUITES = "suite.json"
+VALIDATION_REPORT = "report.html"
+VALIDATION_SITE = "site"
+CHECKPOINT_MODEL = "model"
 CHECKPOINT_META = "meta.json"
 METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
 EVAL_RESULTS = "results.json"
 HF_EXPORT = "hf"
 CARD = "card.json"
 CARD_MARKDOWN = "card.md"
+ENTRY_CHECKPOINT = "checkpoint"
+"""A registry entry's copy of the checkpoint: ``model/`` and ``meta.json``."""
+ENTRY_EVALUATION = "evaluation.json"
+"""A registry entry's copy of the evaluation's ``results.json``."""
 
 
 # -- store keys ---------------------------------------------------------------------------
@@ -65,6 +83,10 @@ def metrics_key(run: str) -> str:
     return f"{run}/{METRICS}"
 
 
+def tensorboard_prefix(run: str) -> str:
+    return f"{run}/{TENSORBOARD}"
+
+
 def eval_prefix(run: str, key: str) -> str:
     return f"{run}/eval/{key}"
 
@@ -78,6 +100,11 @@ def model_root(name: str) -> str:
 
 def model_prefix(name: str, version: int) -> str:
     return f"{model_root(name)}/{version}"
+
+
+def card_key(entry: str) -> str:
+    """The card of the registry entry at key prefix ``entry`` (``models/<name>/<version>``)."""
+    return f"{entry}/{CARD}"
 
 
 def aliases_prefix(name: str) -> str:
@@ -104,6 +131,61 @@ class DatasetRef:
 
 
 @dataclass
+class Layout:
+    """How the ranks of one training session split the model and its optimizer."""
+
+    world_size: int = 1
+    """Ranks in the session."""
+    tensor_parallel: int = 1
+    """Tensor-parallel size."""
+    pipeline_parallel: int = 1
+    """Pipeline stages."""
+    distributed_optimizer: bool = False
+    """Whether the optimizer state was sharded across data-parallel ranks."""
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+
+    def describe(self) -> str:
+        return (
+            f"tensor_parallel={self.tensor_parallel}, pipeline_parallel={self.pipeline_parallel}, "
+            f"data_parallel={self.data_parallel}, distributed_optimizer={str(self.distributed_optimizer).lower()}"
+        )
+
+
+@dataclass
+class LayoutSpan:
+    """Steps ``first_step`` to ``last_step`` (1-based, both included) were trained by ``layout``."""
+
+    first_step: int
+    last_step: int
+    layout: Layout
+
+    def describe(self) -> str:
+        return f"steps {self.first_step}-{self.last_step}: {self.layout.describe()}"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayoutSpan:
+        return cls(first_step=d["first_step"], last_step=d["last_step"], layout=Layout(**d["layout"]))
+
+
+def extend_layouts(history: list[LayoutSpan], first_step: int, last_step: int, layout: Layout) -> list[LayoutSpan]:
+    """``history`` followed by steps ``first_step``..``last_step`` trained by ``layout``; the
+    last span grows instead when it ends right before, with the same layout (a plain resume)."""
+    if last_step < first_step:
+        return list(history)
+    if history and history[-1].layout == layout and history[-1].last_step == first_step - 1:
+        return [*history[:-1], LayoutSpan(history[-1].first_step, last_step, layout)]
+    return [*history, LayoutSpan(first_step, last_step, layout)]
+
+
+def describe_layouts(history: list[LayoutSpan]) -> str:
+    """One line: ``steps 1-30: tensor_parallel=1, …; steps 31-40: …``."""
+    return "; ".join(span.describe() for span in history) or "not recorded"
+
+
+@dataclass
 class CheckpointRef:
     """A committed checkpoint in the store and what produced it."""
 
@@ -120,7 +202,10 @@ class CheckpointRef:
     base_model: str = ""
     """Registry entry whose weights started the run ('' = trained from scratch)."""
     summary: dict[str, float] = field(default_factory=dict)
-    """Final loss, throughput and size figures."""
+    """Final loss, throughput and size figures (of the session that trained the last steps)."""
+    layouts: list[LayoutSpan] = field(default_factory=list)
+    """Which parallel layout trained which steps, oldest first (from the checkpoints' meta.json).
+    The run id leaves the layout out, so this may differ from the layout the caller asked for."""
 
 
 @dataclass
@@ -161,3 +246,129 @@ class ModelRef:
     """Version number within the name."""
     prefix: str
     """Key prefix of the entry (``models/<name>/<version>``)."""
+
+
+# -- the model card: models/<name>/<version>/card.json ------------------------------------
+CARD_FORMAT = 2
+"""Format 2 added ``layouts`` and ``format``. Format 1 cards (no ``format`` key) still load,
+with an empty layout history: they recorded only the layout the config asked for."""
+
+
+class CardFormatError(UserError, ValueError):
+    """A card.json this release cannot read."""
+
+
+@dataclass
+class CodeRevision:
+    """The project's git commit at registration."""
+
+    commit: str = "unknown"
+    dirty: bool | None = None
+    """Whether the tree had uncommitted changes (None: not a git checkout)."""
+
+
+@dataclass
+class Lineage:
+    """Where the model came from: every input, as a URI or a content hash."""
+
+    dataset_version: str
+    dataset: str
+    """URI of the dataset prefix."""
+    dataset_manifest: str
+    """URI of the dataset's manifest.json."""
+    tokenizer_sha256: str
+    training_run: str
+    """Key prefix of the training run (``runs/<id>``)."""
+    training_steps: int
+    checkpoint: str
+    """URI of the committed checkpoint the entry copied."""
+    base_model: str = ""
+    """Registry entry whose weights started training ('' = from scratch)."""
+    evaluation: str = ""
+    """URI of the committed evaluation outputs ('' = registered without them)."""
+    flyte_execution_id: str = ""
+
+
+@dataclass
+class GateDecision:
+    """The quality gate's verdict on the candidate, and why."""
+
+    alias: str
+    """The alias the gate guards (e.g. ``production``)."""
+    baseline: str
+    """Registry entry holding the alias before ('' = none)."""
+    baseline_bits_per_byte: float | None
+    """The baseline's bits per byte on the same rows (None: none, or not comparable)."""
+    candidate_bits_per_byte: float
+    tolerance: float
+    promoted: bool
+    reason: str
+
+
+@dataclass
+class ModelCard:
+    """Everything the registry records about one version; ``card.json`` is ``to_dict()``."""
+
+    name: str
+    version: int
+    registered_at: str
+    """ISO 8601, UTC."""
+    metrics: dict[str, float]
+    """Evaluation (val_loss, perplexity, bits_per_byte, val_tokens) and training summary figures."""
+    sample: str
+    """Greedy continuation of the evaluation prompt."""
+    sampled: str
+    """Seeded, sampled continuation."""
+    lineage: Lineage
+    layouts: list[LayoutSpan]
+    """The layouts that actually trained each range of steps: the truth, unlike ``config['parallel']``."""
+    config: dict[str, Any]
+    """The pipeline config as asked (``PipelineConfig`` as a dict)."""
+    code: CodeRevision
+    gate: GateDecision | None = None
+    """None when registered outside the workflow's gate."""
+    hf_export: str = ""
+    """Folder of the Hugging Face export inside the entry ('' = none)."""
+    format: int = CARD_FORMAT
+
+    def model_config(self) -> dict[str, Any]:
+        """The ``model`` section of the config it was trained with."""
+        return self.config.get("model", {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelCard:
+        """The card of ``card.json``; raises CardFormatError naming what does not fit."""
+        version = d.get("format", 1)
+        if version not in (1, CARD_FORMAT):
+            raise CardFormatError(f"card format {version} is not one this release reads (1 or {CARD_FORMAT})")
+        try:
+            _known_keys(cls, d)
+            _known_keys(Lineage, d["lineage"])
+            return cls(
+                name=d["name"],
+                version=d["version"],
+                registered_at=d["registered_at"],
+                metrics=dict(d["metrics"]),
+                sample=d["sample"],
+                sampled=d.get("sampled", ""),
+                lineage=Lineage(**d["lineage"]),
+                layouts=[LayoutSpan.from_dict(span) for span in d.get("layouts", [])],
+                config=dict(d["config"]),
+                code=CodeRevision(**d["code"]),
+                gate=GateDecision(**d["gate"]) if d.get("gate") else None,
+                hf_export=d.get("hf_export", ""),
+                format=version,
+            )
+        except KeyError as e:
+            raise CardFormatError(f"card has no {e.args[0]!r}") from e
+        except (TypeError, AttributeError) as e:
+            raise CardFormatError(f"card does not fit format {version}: {e}") from e
+
+
+def _known_keys(cls: type, d: dict[str, Any]) -> None:
+    unknown = set(d) - {f.name for f in fields(cls)}
+    if unknown:
+        raise CardFormatError(f"card has unknown {cls.__name__} keys {sorted(unknown)}")

@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from common.contracts import DOC_STATS, DatasetRef
+from common.contracts import (
+    DOC_STATS,
+    VALIDATION_REPORT,
+    VALIDATION_RESULT,
+    VALIDATION_SITE,
+    VALIDATION_SUITES,
+    DatasetRef,
+    validation_prefix,
+)
 from common.docfields import documented
 from common.errors import UserError
 from data_prep.prepare import load_manifest
@@ -235,20 +243,20 @@ def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) ->
     ``<dataset>/validation/`` (pass or fail); return the failed outcomes (empty = pass)."""
     tables, manifest = _tables(store, ref)
     suites = _suites(config, manifest)
-    prefix = f"{ref.prefix}/validation"
+    prefix = validation_prefix(ref.prefix)
     with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp:
-        outcomes = _run_suites(tables, suites, Path(tmp) / "site")
+        outcomes = _run_suites(tables, suites, Path(tmp) / VALIDATION_SITE)
         failures = [o for o in outcomes if not o.success]
         store.delete_prefix(prefix)  # an earlier attempt's report
-        store.upload_dir(Path(tmp) / "site", f"{prefix}/site")
+        store.upload_dir(Path(tmp) / VALIDATION_SITE, f"{prefix}/{VALIDATION_SITE}")
     store.put_json(
-        f"{prefix}/result.json",
+        f"{prefix}/{VALIDATION_RESULT}",
         {"success": not failures, "outcomes": [asdict(o) for o in outcomes], "config": asdict(config)},
     )
     # The suite as run, thresholds included, recorded with the dataset it judged.
     recorded = {name: [e.configuration.to_json_dict() for e in expectations] for name, expectations in suites.items()}
-    store.put_json(f"{prefix}/suite.json", recorded)
-    store.put_bytes(f"{prefix}/report.html", report_html(ref, outcomes).encode())
+    store.put_json(f"{prefix}/{VALIDATION_SUITES}", recorded)
+    store.put_bytes(f"{prefix}/{VALIDATION_REPORT}", report_html(ref, outcomes).encode())
     store.commit(prefix, {"success": not failures})
     return failures
 
@@ -277,7 +285,7 @@ def check_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> No
     """Raise ValidationFailed, listing each failed expectation, unless the dataset passes."""
     failures = validate_dataset(store, ref, config)
     if failures:
-        report = store.url(f"{ref.prefix}/validation/report.html")
+        report = store.url(f"{validation_prefix(ref.prefix)}/{VALIDATION_REPORT}")
         lines = "\n".join(f"  - {f.line()}" for f in failures)
         raise ValidationFailed(
             f"dataset {ref.version} failed {len(failures)} expectation(s); training was not started.\n{lines}\nReport: {report}"

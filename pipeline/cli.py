@@ -81,29 +81,34 @@ def cmd_registry_list(args: argparse.Namespace) -> int:
 
 
 def cmd_registry_show(args: argparse.Namespace) -> int:
-    card = show(_store(args), args.model)
+    entry = show(_store(args), args.model)
     if args.json:
-        print(json.dumps(card, indent=2))
+        print(json.dumps(entry.to_dict(), indent=2))
         return 0
-    dirty = " (dirty tree)" if card["code"].get("dirty") else ""
-    aliases = f" ({', '.join(card['aliases'])})" if card.get("aliases") else ""
-    commit = f"commit {card['code']['commit']}{dirty}"
-    print(f"{card['name']}:{card['version']}{aliases}  registered {card['registered_at']}  {commit}")
-    for key, value in sorted(card.get("metrics", {}).items()):
+    card = entry.card
+    dirty = " (dirty tree)" if card.code.dirty else ""
+    aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
+    print(f"{card.name}:{card.version}{aliases}  registered {card.registered_at}  commit {card.code.commit}{dirty}")
+    for key, value in sorted(card.metrics.items()):
         print(f"  {key:<22} {value:.4f}" if isinstance(value, float) else f"  {key:<22} {value}")
-    if "gate" in card:
-        print(f"quality gate: {card['gate']['reason']}")
+    if card.gate is not None:
+        print(f"quality gate: {card.gate.reason}")
+    print("trained by:")
+    for span in card.layouts:
+        print(f"  {span.describe()}")
+    if not card.layouts:
+        print(f"  not recorded (card format {card.format}: only the config's parallel section, which may not be what trained it)")
     print("lineage:")
-    for key, value in sorted(card.get("lineage", {}).items()):
+    for key, value in sorted(vars(card.lineage).items()):
         print(f"  {key:<22} {value}")
-    for label, key in (("greedy", "sample"), ("sampled", "sampled")):
-        if card.get(key):
+    for label, text in (("greedy", card.sample), ("sampled", card.sampled)):
+        if text:
             print(f"sample ({label}):")
-            print("  " + str(card[key]).rstrip().replace("\n", "\n  "))
-    if card.get("hf_export"):
-        print(f"hugging face: {card['uri']}/{card['hf_export']}/ (transformers' from_pretrained loads it, once downloaded)")
+            print("  " + text.rstrip().replace("\n", "\n  "))
+    if card.hf_export:
+        print(f"hugging face: {entry.uri}/{card.hf_export}/ (transformers' from_pretrained loads it, once downloaded)")
     print("files:")
-    for uri in card["files"]:
+    for uri in entry.files:
         print(f"  {uri}")
     return 0
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from flytekit import Deck, HashMethod, task
 
-from common.contracts import DatasetRef
+from common.contracts import TOKENIZER, VALIDATION_REPORT, VALIDATION_SITE, DatasetRef, validation_prefix
 from common.hashing import config_hash
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import prepare_dataset
@@ -45,7 +45,7 @@ def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_
     if not progress.handlers:
         progress.addHandler(logging.StreamHandler())
         progress.setLevel(logging.INFO)
-    tokenizer_key = f"{base_model}/tokenizer.json" if base_model else ""
+    tokenizer_key = f"{base_model}/{TOKENIZER}" if base_model else ""
     ref = prepare_dataset(data, tokenizer, open_store(store), tokenizer_key=tokenizer_key)
     Deck("Dataset", decks.table({"version": ref.version, "uri": f"{ref.store}/{ref.prefix}", **ref.stats}, "Dataset"))
     return ref
@@ -58,15 +58,16 @@ def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetR
     try:
         check_dataset(store, dataset, validation)
     finally:
-        _validation_decks(store, f"{dataset.prefix}/validation")
+        _validation_decks(store, validation_prefix(dataset.prefix))
     return dataset
 
 
 def _validation_decks(store: Store, prefix: str) -> None:
     """Our summary, then GE's Data Docs page of each suite, as Decks (pass or fail)."""
-    if store.exists(f"{prefix}/report.html"):
-        Deck("Data validation", store.get_bytes(f"{prefix}/report.html").decode())
-    for key in store.list(f"{prefix}/site/validations/"):
+    if store.exists(f"{prefix}/{VALIDATION_REPORT}"):
+        Deck("Data validation", store.get_bytes(f"{prefix}/{VALIDATION_REPORT}").decode())
+    pages = f"{prefix}/{VALIDATION_SITE}/validations/"
+    for key in store.list(pages):
         if key.endswith(".html"):
-            suite = key.split("/site/validations/", 1)[1].split("/", 1)[0]
+            suite = key.removeprefix(pages).split("/", 1)[0]
             Deck(f"Data Docs: {suite}", store.get_bytes(key).decode())

@@ -6,9 +6,9 @@ import dataclasses
 
 from flytekit import current_context, task
 
-from common.contracts import EvalReport, ModelRef
+from common.contracts import EvalReport, ModelRef, model_prefix
 from pipeline.config import PipelineConfig, RegistryConfig
-from registry.registry import RegistryError, gate_decision, register, resolve
+from registry.registry import RegistryError, gate, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task
@@ -23,7 +23,7 @@ def _entry(store: str, spec: str) -> str:
     except RegistryError as e:
         print(f"{e}: none")
         return ""
-    return f"models/{name}/{version}"
+    return model_prefix(name, version)
 
 
 @task(**data_task())
@@ -63,40 +63,14 @@ def _execution_id() -> str:
 def register_model(report: EvalReport, registry: RegistryConfig, config: PipelineConfig) -> ModelRef:
     """Register the evaluated checkpoint as a new immutable version, move ``latest``, and move
     the gate alias too when the candidate is not worse than its holder (decision on the card)."""
-    ckpt = report.checkpoint
-    card = {
-        "metrics": {
-            "val_loss": report.val_loss,
-            "perplexity": report.perplexity,
-            "bits_per_byte": report.bits_per_byte,
-            "val_tokens": report.tokens_evaluated,
-            **ckpt.summary,
-        },
-        "sample": report.sample,
-        "sampled": report.sampled,
-        "config": dataclasses.asdict(config),
-        "lineage": {
-            "dataset_version": ckpt.dataset.version,
-            "dataset": f"{ckpt.dataset.store.rstrip('/')}/{ckpt.dataset.prefix}",
-            "base_model": ckpt.base_model,
-            "training_run": ckpt.run,
-            "training_steps": ckpt.step,
-            "flyte_execution_id": _execution_id(),
-        },
-    }
-    promote, reason = gate_decision(report.bits_per_byte, report.baseline, report.baseline_bits_per_byte, registry.gate_tolerance)
-    card["gate"] = {
-        "alias": registry.gate_alias,
-        "baseline": report.baseline,
-        "baseline_bits_per_byte": report.baseline_bits_per_byte if report.baseline_bits_per_byte >= 0 else None,
-        "candidate_bits_per_byte": report.bits_per_byte,
-        "tolerance": registry.gate_tolerance,
-        "promoted": promote,
-        "reason": reason,
-    }
-    print(f"quality gate: {reason}")
-    store = open_store(ckpt.store)
-    aliases = ("latest", registry.gate_alias) if promote else ("latest",)
+    decision = gate(report, registry.gate_alias, registry.gate_tolerance)
+    print(f"quality gate: {decision.reason}")
     return register(
-        store, registry.model_name, ckpt.prefix, ckpt.dataset.prefix, card, aliases=aliases, evaluation_prefix=report.outputs
+        open_store(report.checkpoint.store),
+        registry.model_name,
+        report,
+        config=dataclasses.asdict(config),
+        gate=decision,
+        execution_id=_execution_id(),
+        aliases=("latest", registry.gate_alias) if decision.promoted else ("latest",),
     )

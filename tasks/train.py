@@ -9,7 +9,7 @@ import warnings
 from flytekit import Deck, task
 from flytekitplugins.kfpytorch import Elastic
 
-from common.contracts import CheckpointRef, DatasetRef
+from common.contracts import CheckpointRef, DatasetRef, metrics_key
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
@@ -34,6 +34,6 @@ def train_model(
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
     ref = train(dataset, model, parallel, train_cfg, base_model)
     if os.environ.get("RANK", "0") == "0":  # the launcher keeps rank 0's Decks only
-        lines = open_store(ref.store).get_bytes(f"{ref.run}/metrics.jsonl").decode().splitlines()
+        lines = open_store(ref.store).get_bytes(metrics_key(ref.run)).decode().splitlines()
         Deck("Training curves", decks.training_curves([json.loads(line) for line in lines]))
     return ref

@@ -93,7 +93,7 @@ def test_megatron_optimizer_resumes_exactly(tiny_dataset, tmp_path, request, run
     dataset = fresh_copy(tiny_dataset, tmp_path)
     store = open_store(dataset.store)
     shutil.copytree(Path(done.store) / done.run, Path(dataset.store) / done.run)
-    store.delete_prefix(checkpoint.step_prefix(done.run, 10))  # as if it crashed after step 5
+    store.delete_prefix(checkpoint.checkpoint_prefix(done.run, 10))  # as if it crashed after step 5
     ref = launch(train, 2, dataset, MODEL, parallel, STEPS)
     assert checkpoint.committed_steps(store, ref.run) == [5, 10]
     assert records(ref)[:5] == records(done)[:5]  # resumed, not retrained: the first run's own records
@@ -106,7 +106,7 @@ def test_distributed_optimizer_checkpoint_resumes_weights_at_another_layout(tiny
     dataset = fresh_copy(tiny_dataset, tmp_path)
     store = open_store(dataset.store)
     shutil.copytree(Path(distopt_run.store) / distopt_run.run, Path(dataset.store) / distopt_run.run)
-    store.delete_prefix(checkpoint.step_prefix(distopt_run.run, 10))
+    store.delete_prefix(checkpoint.checkpoint_prefix(distopt_run.run, 10))
     ref = launch(train, 1, dataset, MODEL, ParallelConfig(tensor_parallel=1), STEPS)
     assert checkpoint.committed_steps(store, ref.run) == [5, 10]
     assert records(ref)[:5] == records(distopt_run)[:5]  # resumed: steps 1-5 are the first run's own records

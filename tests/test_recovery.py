@@ -42,7 +42,7 @@ def test_s3_server_stopped_mid_upload_leaves_no_checkpoint_to_resume(tiny_datase
         store = open_store(f"s3://ckpt/{tmp_path.name}")
         dataset = s3_copy(tiny_dataset, store)
         run = f"runs/{run_id(dataset, WIDE, SAVE_EVERY_STEP)}"
-        second = checkpoint.step_prefix(run, 2)
+        second = checkpoint.checkpoint_prefix(run, 2)
         job = start_training(tmp_path, 1, dataset, WIDE, ParallelConfig(tensor_parallel=1), SAVE_EVERY_STEP)
         deadline = time.monotonic() + 240
         while not store.list(second) and job.poll() is None and time.monotonic() < deadline:
@@ -69,7 +69,10 @@ def test_s3_server_stopped_mid_upload_leaves_no_checkpoint_to_resume(tiny_datase
         assert checkpoint.committed_steps(store, run) == [2, 3] and resumed.step == 3
         # The step-2 folder was rewritten whole before its commit: the same files as any other save.
         names = {
-            step: [k.removeprefix(checkpoint.step_prefix(run, step)) for k in store.list(checkpoint.step_prefix(run, step))]
+            step: [
+                k.removeprefix(checkpoint.checkpoint_prefix(run, step))
+                for k in store.list(checkpoint.checkpoint_prefix(run, step))
+            ]
             for step in (2, 3)
         }
         assert names[2] == names[3] and store.get_json(f"{second}/meta.json")["step"] == 2

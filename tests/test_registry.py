@@ -1,7 +1,9 @@
 import json
+import math
 
 import pytest
 
+from common.contracts import CheckpointRef, DatasetRef, EvalReport, Layout, LayoutSpan, ModelCard
 from pipeline.cli import main as cli
 from registry.registry import RegistryError, gate_decision, list_models, register, resolve, set_alias, show
 from storage import AlreadyCommitted
@@ -22,22 +24,28 @@ def populated(store):
     return store
 
 
-def card(loss: float) -> dict:
-    return {"metrics": {"val_loss": loss}, "lineage": {"dataset_version": "abc"}, "sample": "def f():", "config": {"x": 1}}
+def report(loss: float, outputs: str = "", checkpoint: str = CKPT) -> EvalReport:
+    """What evaluation hands registration: a report on ``checkpoint``, trained by TP=2 on dataset abc."""
+    dataset = DatasetRef(store="", version="abc", prefix=DATASET)
+    layouts = [LayoutSpan(1, 10, Layout(world_size=2, tensor_parallel=2))]
+    ckpt = CheckpointRef(store="", run="runs/r1", prefix=checkpoint, step=10, dataset=dataset, layouts=layouts)
+    return EvalReport(ckpt, loss, math.exp(loss), 100, loss / math.log(2), sample="def f():", outputs=outputs)
 
 
 def test_register_creates_immutable_versions_with_lineage(populated):
     store = populated
-    first = register(store, "gpt", CKPT, DATASET, card(3.0))
-    second = register(store, "gpt", CKPT, DATASET, card(2.5))
+    first = register(store, "gpt", report(3.0))
+    second = register(store, "gpt", report(2.5))
     assert (first.version, second.version) == (1, 2)
     entry = show(store, "gpt:1")
-    assert entry["metrics"] == {"val_loss": 3.0}
-    assert entry["lineage"]["dataset_version"] == "abc"
-    assert entry["lineage"]["tokenizer_sha256"] == "t" * 64
-    assert entry["lineage"]["checkpoint"] == store.url(CKPT)
-    assert set(entry["code"]) == {"commit", "dirty"}
-    files = {uri.rsplit("models/gpt/1/", 1)[1] for uri in entry["files"]}
+    card = entry.card
+    assert card.metrics["val_loss"] == 3.0 and card.metrics["val_tokens"] == 100
+    assert card.lineage.dataset_version == "abc"
+    assert card.lineage.tokenizer_sha256 == "t" * 64
+    assert card.lineage.checkpoint == store.url(CKPT)
+    assert card.code.commit and card.layouts == report(3.0).checkpoint.layouts
+    assert ModelCard.from_dict(store.get_json("models/gpt/1/card.json")) == card
+    files = {uri.rsplit("models/gpt/1/", 1)[1] for uri in entry.files}
     assert {"card.json", "card.md", "tokenizer.json", "checkpoint/model/__0_0.distcp", "checkpoint/meta.json"} <= files
     assert not any("optim" in f for f in files)  # optimizer state stays with the run
     assert store.get_bytes("models/gpt/1/checkpoint/model/__0_0.distcp") == b"weights"
@@ -48,18 +56,18 @@ def test_register_creates_immutable_versions_with_lineage(populated):
 
 def test_uncommitted_version_is_invisible(populated):
     store = populated
-    register(store, "gpt", CKPT, DATASET, card(3.0))
+    register(store, "gpt", report(3.0))
     store.put_json("models/gpt/2/card.json", {"half": "written"})  # a crashed registration
     assert [row["version"] for row in list_models(store)] == [1]
     with pytest.raises(RegistryError, match="does not exist"):
         show(store, "gpt:2")
-    assert register(store, "gpt", CKPT, DATASET, card(2.0)).version == 3
+    assert register(store, "gpt", report(2.0)).version == 3
 
 
 def test_aliases(populated):
     store = populated
-    register(store, "gpt", CKPT, DATASET, card(3.0))
-    register(store, "gpt", CKPT, DATASET, card(2.0))
+    register(store, "gpt", report(3.0))
+    register(store, "gpt", report(2.0))
     set_alias(store, "gpt", "production", 1)
     assert resolve(store, "gpt:production") == ("gpt", 1)
     assert {r["version"]: r["aliases"] for r in list_models(store)} == {1: ["production"], 2: ["latest"]}
@@ -69,7 +77,7 @@ def test_aliases(populated):
 
 def test_uncommitted_checkpoint_is_refused(store):
     with pytest.raises(RegistryError, match="not committed"):
-        register(store, "gpt", "runs/x/checkpoints/step-0000001", DATASET, card(1.0))
+        register(store, "gpt", report(1.0, checkpoint="runs/x/checkpoints/step-0000001"))
     assert store.list("models") == []
 
 
@@ -77,23 +85,23 @@ def test_evaluation_outputs_join_the_entry(populated):
     store = populated
     evaluation = "runs/r1/eval/e1"
     with pytest.raises(RegistryError, match="not committed"):
-        register(store, "gpt", CKPT, DATASET, card(3.0), evaluation_prefix=evaluation)
+        register(store, "gpt", report(3.0, outputs=evaluation))
     store.put_json(f"{evaluation}/results.json", {"val_loss": 3.0})
     store.put_bytes(f"{evaluation}/hf/model.safetensors", b"tensors")
     store.put_json(f"{evaluation}/hf/config.json", {"model_type": "llama"})
     store.commit(evaluation)
-    entry = register(store, "gpt", CKPT, DATASET, card(3.0), evaluation_prefix=evaluation)
+    entry = register(store, "gpt", report(3.0, outputs=evaluation))
     assert entry.version == 1  # the refused attempt left no version behind
     assert store.get_json("models/gpt/1/evaluation.json") == {"val_loss": 3.0}
     assert store.get_bytes("models/gpt/1/hf/model.safetensors") == b"tensors"
     shown = show(store, "gpt:1")
-    assert shown["hf_export"] == "hf" and shown["lineage"]["evaluation"] == store.url(evaluation)
+    assert shown.card.hf_export == "hf" and shown.card.lineage.evaluation == store.url(evaluation)
     assert 'from_pretrained("DEST/hf")' in store.get_bytes("models/gpt/1/card.md").decode()
 
 
 def test_cli_list_and_show(populated, capsys):
     store = populated
-    register(store, "gpt", CKPT, DATASET, card(3.0))
+    register(store, "gpt", report(3.0))
     assert cli(["registry", "list", "--json", "--store", store.uri]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["name"] == "gpt" and rows[0]["aliases"] == ["latest"]

@@ -10,7 +10,7 @@ import pytest
 from registry.registry import download, list_models, promote, register, resolve, show
 from storage import AlreadyCommitted, StoreError, open_store
 from storage.s3server import S3Server
-from tests.test_registry import CKPT, DATASET, card
+from tests.test_registry import CKPT, DATASET, report
 
 
 def populate(store, weights: bytes = b"weights"):
@@ -26,10 +26,10 @@ def test_concurrent_registrations_get_distinct_versions(s3_store):
     populate(s3_store)
     stores = [open_store(s3_store.uri) for _ in range(4)]  # one client each, as separate workers would have
     with ThreadPoolExecutor(4) as pool:
-        refs = list(pool.map(lambda i: register(stores[i], "gpt", CKPT, DATASET, card(float(i))), range(4)))
+        refs = list(pool.map(lambda i: register(stores[i], "gpt", report(float(i))), range(4)))
     assert sorted(r.version for r in refs) == [1, 2, 3, 4]
     for ref in refs:  # each version holds its own registration, not a mix
-        loss = show(s3_store, f"gpt:{ref.version}")["metrics"]["val_loss"]
+        loss = show(s3_store, f"gpt:{ref.version}").card.metrics["val_loss"]
         assert loss == float(next(i for i, r in enumerate(refs) if r.version == ref.version))
 
 
@@ -52,7 +52,7 @@ def test_one_version_has_one_winner(s3_store):
 def test_alias_race_leaves_a_valid_alias(s3_store):
     populate(s3_store)
     for i in range(3):
-        register(s3_store, "gpt", CKPT, DATASET, card(float(i)))
+        register(s3_store, "gpt", report(float(i)))
     with ThreadPoolExecutor(3) as pool:
         list(pool.map(lambda v: promote(open_store(s3_store.uri), f"gpt:{v}", "production"), [1, 2, 3]))
     assert resolve(s3_store, "gpt:production")[1] in {1, 2, 3}
@@ -63,7 +63,7 @@ def test_alias_race_leaves_a_valid_alias(s3_store):
 def test_download_round_trip(s3_store, tmp_path):
     weights = os.urandom(300_000)
     populate(s3_store, weights)
-    register(s3_store, "gpt", CKPT, DATASET, card(1.0))
+    register(s3_store, "gpt", report(1.0))
     folder = download(s3_store, "gpt:latest", tmp_path / "model")
     assert (folder / "checkpoint" / "model" / "__0_0.distcp").read_bytes() == weights
     assert (folder / "card.json").exists() and not (folder / "_COMMITTED").exists()
@@ -71,7 +71,7 @@ def test_download_round_trip(s3_store, tmp_path):
 
 def test_no_credentials_in_metadata_or_logs(s3_store, s3_env, capfd, caplog):
     populate(s3_store)
-    register(s3_store, "gpt", CKPT, DATASET, card(1.0))
+    register(s3_store, "gpt", report(1.0))
     secrets = [s3_env["AWS_ACCESS_KEY_ID"], s3_env["AWS_SECRET_ACCESS_KEY"]]
     stored = b"".join(s3_store.get_bytes(k) for k in s3_store.list("models"))
     logged = capfd.readouterr().out + capfd.readouterr().err + caplog.text
@@ -89,7 +89,7 @@ def test_server_stopped_mid_registration_leaves_no_visible_entry(tmp_path, monke
 
         def registration():
             try:
-                register(open_store(store.uri), "gpt", CKPT, DATASET, card(1.0))
+                register(open_store(store.uri), "gpt", report(1.0))
             except BaseException as e:  # noqa: BLE001 - the failure is what we want to see
                 failure.append(e)
 
@@ -108,6 +108,6 @@ def test_server_stopped_mid_registration_leaves_no_visible_entry(tmp_path, monke
         assert list_models(store) == []
         with pytest.raises(Exception, match="does not exist"):
             show(store, "gpt:1")
-        assert register(store, "gpt", CKPT, DATASET, card(2.0)).version == 2  # the half-written 1 stays unused
+        assert register(store, "gpt", report(2.0)).version == 2  # the half-written 1 stays unused
     finally:
         restarted.stop()

@@ -125,14 +125,14 @@ def checkpoint_only(reference, step: int, root: Path):
     store = open_store(dataset.store)
     for later in checkpoint.committed_steps(store, reference.run):
         if later > step:
-            store.delete_prefix(checkpoint.step_prefix(reference.run, later))
+            store.delete_prefix(checkpoint.checkpoint_prefix(reference.run, later))
     return dataset
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2], ids=["tp1", "tp1-dp2"])
 def test_tensor_parallel_checkpoint_resumes_resharded(reference, tmp_path, nproc):
-    saved = checkpoint_state(reference.store, checkpoint.step_prefix(reference.run, 3), tmp_path)
+    saved = checkpoint_state(reference.store, checkpoint.checkpoint_prefix(reference.run, 3), tmp_path)
     # The moments are stored whole (not per rank), shaped like their parameters: they reshard too.
     for key, tensor in saved["tensors"].items():
         if key.startswith("optimizer.state.exp_avg."):

@@ -38,7 +38,7 @@ def test_tensor_parallel_training_learns_and_commits(tp2_run):
     assert curve[-1] < curve[0] - 0.3, curve
     store = open_store(tp2_run.store)
     assert checkpoint.committed_steps(store, tp2_run.run) == [4, 8]
-    assert tp2_run.prefix == checkpoint.step_prefix(tp2_run.run, 8)
+    assert tp2_run.prefix == checkpoint.checkpoint_prefix(tp2_run.run, 8)
     assert tp2_run.summary["world_size"] == 2
 
 
@@ -80,7 +80,7 @@ def test_rerun_with_same_inputs_resumes_from_latest_checkpoint(tiny_dataset, tp2
     dataset = fresh_copy(tiny_dataset, tmp_path)
     store = open_store(dataset.store)
     shutil.copytree(Path(tp2_run.store) / tp2_run.run, Path(dataset.store) / tp2_run.run)
-    store.delete_prefix(checkpoint.step_prefix(tp2_run.run, 8))  # as if it crashed after step 4
+    store.delete_prefix(checkpoint.checkpoint_prefix(tp2_run.run, 8))  # as if it crashed after step 4
     ref = launch(train, 2, dataset, MODEL, ParallelConfig(tensor_parallel=2), STEPS)
     assert checkpoint.committed_steps(store, ref.run) == [4, 8]
     assert losses(ref) == pytest.approx(losses(tp2_run), abs=1e-5)

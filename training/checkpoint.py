@@ -8,7 +8,9 @@
   state intact;
 - ``rng/rank-NNNNN.pt``: each rank's random-number generator states, restored when the
   layout (world size, TP) is unchanged;
-- ``meta.json``: step, layout, configs, the loader state and the optimizer's step count.
+- ``meta.json``: step, layout, the history of layouts that trained the run's steps so far
+  (``layouts``, a list of ``common.contracts.LayoutSpan``), configs, the loader state and the
+  optimizer's step count.
 
 A megatron optimizer (pipeline parallelism, the distributed optimizer: ``training.step``) saves
 its own sharded state into ``model/`` instead of the moments above; it resumes on the same
@@ -35,24 +37,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.contracts import CHECKPOINT_META, CHECKPOINT_MODEL, checkpoint_prefix, checkpoints_prefix, step_of_checkpoint
 from storage import Store
 from training import optimizer_state
 from training.model import checkpoint_group
 
-CHECKPOINTS = "checkpoints"
 OPTIMIZER_PREFIX = "optimizer.state"
 
 
-def step_prefix(run_prefix: str, step: int) -> str:
-    return f"{run_prefix}/{CHECKPOINTS}/step-{step:07d}"
-
-
 def committed_steps(store: Store, run_prefix: str) -> list[int]:
-    steps = []
-    for name in store.children(f"{run_prefix}/{CHECKPOINTS}"):
-        if name.startswith("step-") and store.is_committed(f"{run_prefix}/{CHECKPOINTS}/{name}"):
-            steps.append(int(name.removeprefix("step-")))
-    return sorted(steps)
+    """The steps of the run's committed checkpoints, oldest first."""
+    steps = (step_of_checkpoint(name) for name in store.children(checkpoints_prefix(run_prefix)))
+    return sorted(s for s in steps if s is not None and store.is_committed(checkpoint_prefix(run_prefix, s)))
 
 
 def _staging_dir(store: Store, key: str) -> Path:
@@ -161,11 +157,11 @@ def save(
     from megatron.core import dist_checkpointing
 
     rank = dist.get_rank()
-    prefix = step_prefix(run_prefix, step)
+    prefix = checkpoint_prefix(run_prefix, step)
     staging = _staging_dir(store, prefix)
     if _local_leader():
         shutil.rmtree(staging, ignore_errors=True)
-        (staging / "model").mkdir(parents=True)
+        (staging / CHECKPOINT_MODEL).mkdir(parents=True)
         (staging / "rng").mkdir()
     _barrier()
     model_state = model.sharded_state_dict()
@@ -175,10 +171,10 @@ def save(
     else:
         meta = {**meta, "optimizer_step": _optimizer_step(optimizer)}
         model_state |= _optimizer_sharded_state(model_state, optimizer)
-    dist_checkpointing.save(model_state, str(staging / "model"))
+    dist_checkpointing.save(model_state, str(staging / CHECKPOINT_MODEL))
     torch.save(_rng_state(), staging / "rng" / f"rank-{rank:05d}.pt")
     if rank == 0:
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        (staging / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
         for name, data in (files or {}).items():
             (staging / name).write_bytes(data)
         if not store.is_committed(prefix):  # leftovers of an upload that never committed
@@ -190,7 +186,7 @@ def save(
     if rank == 0:
         store.commit(prefix, {"step": step})
         for old in committed_steps(store, run_prefix)[:-keep] if keep > 0 else []:
-            store.delete_prefix(step_prefix(run_prefix, old))
+            store.delete_prefix(checkpoint_prefix(run_prefix, old))
     _barrier()
     if _local_leader():
         _remove_staging(staging)
@@ -210,7 +206,7 @@ def load_model(model, local_dir: Path) -> None:
     """Load model weights saved at any TP or PP size into this rank's shard of ``model``."""
     from megatron.core import dist_checkpointing
 
-    state = dist_checkpointing.load(model.sharded_state_dict(), str(local_dir / "model"))
+    state = dist_checkpointing.load(model.sharded_state_dict(), str(local_dir / CHECKPOINT_MODEL))
     state.pop(optimizer_state.KEY, None)  # the common (unsharded) part of a megatron optimizer comes back too
     model.load_state_dict(state)
 
@@ -241,9 +237,11 @@ def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
     the RNG states are restored when ``layout`` matches the checkpoint's (otherwise the
     generators keep their seeded state). Returns the checkpoint's meta."""
     with _fetched(store, prefix, "resume") as staging:
-        meta = json.loads((staging / "meta.json").read_text())
-        if optimizer_state.is_megatron(optimizer) or optimizer_state.readable(meta):
-            _load_megatron_optimizer(staging, model, optimizer, meta, same_layout=meta.get("layout") == layout)
+        meta = json.loads((staging / CHECKPOINT_META).read_text())
+        if not restores_optimizer(meta, optimizer, layout):
+            load_model(model, staging)
+        elif optimizer_state.is_megatron(optimizer):
+            _load_megatron_optimizer(staging, model, optimizer, meta)
         else:
             _load_torch_optimizer(staging, model, optimizer, meta)
         rng_file = staging / "rng" / f"rank-{dist.get_rank():05d}.pt"
@@ -252,17 +250,23 @@ def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
     return meta
 
 
-def _load_megatron_optimizer(staging: Path, model, optimizer, meta: dict, same_layout: bool) -> None:
-    """Weights, and a megatron optimizer's state when it was saved by one on this layout; a torch
-    optimizer, or another layout, starts from fresh moments."""
+def restores_optimizer(meta: dict, optimizer, layout: dict) -> bool:
+    """Whether resuming the checkpoint of ``meta`` with ``optimizer`` on ``layout`` restores the
+    optimizer state. Torch AdamW moments reshard to any layout; a megatron optimizer's state
+    (pipeline parallelism, the distributed optimizer) comes back only to a megatron optimizer
+    on the layout that saved it. Otherwise the weights load and the optimizer starts afresh."""
+    if optimizer_state.is_megatron(optimizer) or optimizer_state.readable(meta):
+        return optimizer_state.is_megatron(optimizer) and optimizer_state.readable(meta) and meta.get("layout") == layout
+    return True
+
+
+def _load_megatron_optimizer(staging: Path, model, optimizer, meta: dict) -> None:
+    """Weights and a megatron optimizer's sharded state, saved by one on this layout."""
     from megatron.core import dist_checkpointing
 
-    if not (optimizer_state.is_megatron(optimizer) and optimizer_state.readable(meta) and same_layout):
-        load_model(model, staging)
-        return
     request = model.sharded_state_dict()
     request[optimizer_state.KEY] = optimizer_state.sharded(optimizer, model, is_loading=True)
-    state = dist_checkpointing.load(request, str(staging / "model"))
+    state = dist_checkpointing.load(request, str(staging / CHECKPOINT_MODEL))
     loaded = state.pop(optimizer_state.KEY)
     model.load_state_dict(state)
     optimizer_state.restore(optimizer, loaded, meta)
@@ -275,7 +279,7 @@ def _load_torch_optimizer(staging: Path, model, optimizer, meta: dict) -> None:
     _init_adam_state(optimizer)
     model_state = model.sharded_state_dict()
     optim_state = _optimizer_sharded_state(model_state, optimizer)
-    loaded = dist_checkpointing.load({**model_state, **optim_state}, str(staging / "model"))
+    loaded = dist_checkpointing.load({**model_state, **optim_state}, str(staging / CHECKPOINT_MODEL))
     model.load_state_dict({k: v for k, v in loaded.items() if k not in optim_state})
     step = torch.tensor(float(meta["optimizer_step"]))
     for p in _optimizer_params(optimizer):

@@ -16,7 +16,17 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from common.contracts import EVAL_RESULTS, HF_EXPORT, TOKENIZER, CheckpointRef, EvalReport
+from common.contracts import (
+    ENTRY_CHECKPOINT,
+    EVAL_RESULTS,
+    HF_EXPORT,
+    TOKENIZER,
+    CheckpointRef,
+    EvalReport,
+    ModelCard,
+    card_key,
+    eval_prefix,
+)
 from common.hashing import config_hash
 from storage import open_store
 from training import checkpoint
@@ -61,10 +71,10 @@ def _mean_loss(model, rows, cfg: EvalConfig) -> tuple[float, int]:
 def _baseline_bits_per_byte(store, baseline: str, model_cfg: ModelConfig, manifest: dict, rows, cfg: EvalConfig) -> float:
     """The baseline's bits per byte on the same rows, or -1 when it cannot read them
     (another tokenizer or model shape: its numbers would not be about the same text)."""
-    card = store.get_json(f"{baseline}/card.json")
-    if card["lineage"].get("tokenizer_sha256") != manifest["tokenizer"]["sha256"] or card["config"]["model"] != asdict(model_cfg):
+    card = ModelCard.from_dict(store.get_json(card_key(baseline)))
+    if card.lineage.tokenizer_sha256 != manifest["tokenizer"]["sha256"] or card.model_config() != asdict(model_cfg):
         return -1.0
-    model = _load_tp1(store, f"{baseline}/checkpoint", model_cfg, manifest, committed_at=baseline)
+    model = _load_tp1(store, f"{baseline}/{ENTRY_CHECKPOINT}", model_cfg, manifest, committed_at=baseline)
     loss, _ = _mean_loss(model, rows, cfg)
     return bits_per_byte(loss, manifest["stats"])
 
@@ -92,7 +102,7 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
         baseline=baseline,
         baseline_bits_per_byte=_baseline_bits_per_byte(store, baseline, model_cfg, manifest, rows, cfg) if baseline else -1.0,
     )
-    outputs = f"{ckpt.run}/eval/{config_hash(ckpt.prefix, cfg, baseline)}"
+    outputs = eval_prefix(ckpt.run, config_hash(ckpt.prefix, cfg, baseline))
     if not store.is_committed(outputs):  # a rerun of the same evaluation computes the same files
         with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp:
             staging = Path(tmp)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from common.contracts import tensorboard_prefix
 from training.config import ModelConfig, TrainConfig
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's data sheets, per GPU: (bf16, fp32).
@@ -204,7 +205,7 @@ class StepMetrics:
             return
         self._writer.flush()
         for path in sorted(self.tb_dir.iterdir()):
-            self.store.put_file(f"{self.run_prefix}/tensorboard/{path.name}", path)
+            self.store.put_file(f"{tensorboard_prefix(self.run_prefix)}/{path.name}", path)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -21,7 +21,21 @@ import torch
 import torch.distributed as dist
 
 from common.codeversion import code_version
-from common.contracts import CheckpointRef, DatasetRef
+from common.contracts import (
+    ENTRY_CHECKPOINT,
+    METRICS,
+    CheckpointRef,
+    DatasetRef,
+    Layout,
+    LayoutSpan,
+    ModelCard,
+    card_key,
+    checkpoint_prefix,
+    describe_layouts,
+    extend_layouts,
+    metrics_key,
+    run_prefix,
+)
 from common.errors import ConfigError
 from common.hashing import config_hash
 from storage import open_store
@@ -71,12 +85,40 @@ def train(
 
 
 def _check_base_model(store, base_model: str, model_cfg: ModelConfig) -> None:
-    card = store.get_json(f"{base_model}/card.json")
-    if card["config"]["model"] != asdict(model_cfg):
+    card = ModelCard.from_dict(store.get_json(card_key(base_model)))
+    if card.model_config() != asdict(model_cfg):
         raise ConfigError(
-            f"base model {store.url(base_model)} has model config {card['config']['model']}, "
+            f"base model {store.url(base_model)} has model config {card.model_config()}, "
             f"not {asdict(model_cfg)}: continue it with the same model section"
         )
+
+
+def _layouts_of(meta: dict) -> list[LayoutSpan]:
+    """The layouts that trained a checkpoint's steps. A checkpoint saved before meta.json kept
+    the history names only the layout that saved it: it stands for all its steps."""
+    if "layouts" in meta:
+        return [LayoutSpan.from_dict(span) for span in meta["layouts"]]
+    return [LayoutSpan(1, meta["step"], Layout(**meta["layout"]))]
+
+
+def _resume_note(run: str, start: int, steps: int, history: list[LayoutSpan], layout: Layout, optimizer_restored: bool) -> str:
+    """What resuming ``run`` at ``start`` means, in plain words, for the log."""
+    before = history[0].layout.describe() if len(history) == 1 else describe_layouts(history)
+    if start >= steps:
+        theirs = "" if history[-1].layout == layout else f", not this call's ({layout.describe()})"
+        return (
+            f"run {run} already finished {start} steps ({before}): nothing to train; reusing its checkpoint. "
+            f"Its weights, tokens/s and layout are that run's{theirs}."
+        )
+    if history[-1].layout != layout:
+        carried = "weights and optimizer state carry over"
+        if not optimizer_restored:
+            carried = "weights carry over, the optimizer starts afresh"
+        return (
+            f"run {run} has steps 1-{start} trained by another layout ({before}): resuming from step {start}, "
+            f"training steps {start + 1}-{steps} with {layout.describe()}; the {carried}."
+        )
+    return f"resumed {run} from step {start}"
 
 
 def _train(
@@ -99,42 +141,41 @@ def _train(
     params = [p for p in model.parameters() if p.requires_grad]
 
     store = open_store(dataset.store)
-    run_prefix = f"runs/{run_id(dataset, model_cfg, cfg, base_model)}"
-    layout = {
-        "world_size": dist.get_world_size(),
-        "tensor_parallel": parallel.tensor_parallel,
-        "pipeline_parallel": parallel.pipeline_parallel,
-        "distributed_optimizer": parallel.distributed_optimizer,
-    }
+    run = run_prefix(run_id(dataset, model_cfg, cfg, base_model))
+    layout = Layout(dist.get_world_size(), parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer)
+    history: list[LayoutSpan] = []  # the layouts that trained steps 1..start
     metrics: list[dict] = []
     start = 0
-    done = checkpoint.committed_steps(store, run_prefix)
+    done = checkpoint.committed_steps(store, run)
     if done:
         start = done[-1]
         progress.enter(f"resume from step {start}", parallel.checkpoint_timeout_s)
-        resumed = checkpoint.load(store, checkpoint.step_prefix(run_prefix, start), model, optimizer, layout)
+        resumed = checkpoint.load(store, checkpoint_prefix(run, start), model, optimizer, asdict(layout))
         loader.check_resume(resumed["loader"], start)
+        history = _layouts_of(resumed)
         # The checkpoint's own copy: the run's metrics.jsonl may predate a crash right after the commit.
-        saved_metrics = f"{checkpoint.step_prefix(run_prefix, start)}/metrics.jsonl"
+        saved_metrics = f"{checkpoint_prefix(run, start)}/{METRICS}"
         if store.exists(saved_metrics):
             lines = store.get_bytes(saved_metrics).decode().splitlines()
             metrics = [m for m in map(json.loads, lines) if m["step"] <= start]
         if rank == 0:
-            print(f"resumed {run_prefix} from step {start}", flush=True)
+            restored = checkpoint.restores_optimizer(resumed, optimizer, asdict(layout))
+            print(_resume_note(run, start, cfg.steps, history, layout, restored), flush=True)
     elif base_model:
         _check_base_model(store, base_model, model_cfg)
-        checkpoint.load_weights(store, f"{base_model}/checkpoint", model, committed_at=base_model)
+        checkpoint.load_weights(store, f"{base_model}/{ENTRY_CHECKPOINT}", model, committed_at=base_model)
         if rank == 0:
-            print(f"initialised {run_prefix} from {store.url(base_model)}", flush=True)
+            print(f"initialised {run} from {store.url(base_model)}", flush=True)
 
     n_params = trainer.num_parameters()
     tokens_per_step = cfg.global_batch_size * seq_len
-    meter = StepMetrics.for_training(model_cfg, cfg, seq_len, dist.get_world_size(), params[0], store, run_prefix, rank == 0)
+    meter = StepMetrics.for_training(model_cfg, cfg, seq_len, dist.get_world_size(), params[0], store, run, rank == 0)
 
     def save(step: int) -> str:
         meta = {
             "step": step,
-            "layout": layout,
+            "layout": asdict(layout),
+            "layouts": [asdict(span) for span in extend_layouts(history, start + 1, step, layout)],
             "model": asdict(model_cfg),
             "train": asdict(cfg),
             "dataset": dataset.version,
@@ -143,13 +184,13 @@ def _train(
         progress.enter(f"checkpoint save at step {step}", parallel.checkpoint_timeout_s)
         loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
         jsonl = "".join(json.dumps(m) + "\n" for m in metrics).encode()
-        prefix = checkpoint.save(store, run_prefix, step, model, optimizer, meta, cfg.keep_checkpoints, {"metrics.jsonl": jsonl})
+        prefix = checkpoint.save(store, run, step, model, optimizer, meta, cfg.keep_checkpoints, {METRICS: jsonl})
         if rank == 0:
-            store.put_bytes(f"{run_prefix}/metrics.jsonl", jsonl)
+            store.put_bytes(metrics_key(run), jsonl)
             meter.upload()
         return prefix
 
-    prefix = checkpoint.step_prefix(run_prefix, start) if done else ""
+    prefix = checkpoint_prefix(run, start) if done else ""
     for step in range(start, cfg.steps):
         progress.enter(f"step {step + 1}", parallel.stall_timeout_s)
         t0 = time.perf_counter()
@@ -174,18 +215,28 @@ def _train(
     if not prefix:
         raise ConfigError(f"train.steps={cfg.steps} leaves nothing to train")
 
+    layouts = extend_layouts(history, start + 1, cfg.steps, layout)
     last = metrics[-10:] or [{"loss": float("nan"), "tokens_per_s": 0.0}]
+    # Throughput is that of the layout that trained the last steps (this call's only if it trained them).
+    final = [m for m in metrics if m["step"] >= layouts[-1].first_step]
     summary = {
         "final_train_loss": sum(m["loss"] for m in last) / len(last),
         "first_train_loss": metrics[0]["loss"] if metrics else float("nan"),
-        "tokens_per_second": sorted(m["tokens_per_s"] for m in metrics)[len(metrics) // 2] if metrics else 0.0,
+        "tokens_per_second": sorted(m["tokens_per_s"] for m in final)[len(final) // 2] if final else 0.0,
         "parameters": float(n_params),
         "tokens_trained": float(cfg.steps * tokens_per_step),
-        "world_size": float(dist.get_world_size()),
+        "world_size": float(layouts[-1].layout.world_size),
     }
-    mfus = sorted(m["mfu"] for m in metrics if m.get("mfu") is not None)
+    mfus = sorted(m["mfu"] for m in final if m.get("mfu") is not None)
     if mfus:  # unknown GPUs have no peak to compare with
         summary["mfu"] = mfus[len(mfus) // 2]
     return CheckpointRef(
-        store=store.uri, run=run_prefix, prefix=prefix, step=cfg.steps, dataset=dataset, base_model=base_model, summary=summary
+        store=store.uri,
+        run=run,
+        prefix=prefix,
+        step=cfg.steps,
+        dataset=dataset,
+        base_model=base_model,
+        summary=summary,
+        layouts=layouts,
     )
