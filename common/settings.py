@@ -1,41 +1,111 @@
-"""Config dataclasses from nested dicts (YAML presets, JSON), every key checked by its full path."""
+"""Config dataclasses from nested dicts (YAML presets, JSON), every key checked by its full path,
+and the one way a list of setting problems becomes an error.
+
+A problem is one line that names the key by its full path, its value and what to do, e.g.
+``train.lr is -1.0: must be > 0 (typical 1e-4 … 3e-3)``. Config sections list theirs with a
+``problems()`` method; ``problems_error`` turns a list of them into one ``ConfigError``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from common.errors import ConfigError
 
+E = TypeVar("E", bound=enum.Enum)
 
-def from_dict(cls: type, values: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass ``cls`` from nested dicts, rejecting unknown keys by their full path."""
+
+def problems_error(problems: Iterable[str], source: str = "") -> ConfigError:
+    """One ConfigError holding every problem: a summary line, then one ``  - …`` line each
+    (the CLI keeps multi-line messages whose lines start with two spaces)."""
+    lines = list(problems)
+    where = f" in {source}" if source else ""
+    head = f"the settings{where} have {len(lines)} problem{'s' if len(lines) != 1 else ''}:"
+    return ConfigError(head + "".join(f"\n  - {line}" for line in lines))
+
+
+def at_least(path: str, value: float, low: float, advice: str = "") -> list[str]:
+    """The problem line of a number below ``low``, or none."""
+    return [] if value >= low else [f"{path} is {value!r}: must be ≥ {low}{advice}"]
+
+
+def choices(enum_cls: type[enum.Enum]) -> str:
+    return ", ".join(str(member.value) for member in enum_cls)
+
+
+def as_choice(enum_cls: type[E], value: Any) -> E | Any:
+    """``value`` as a member of ``enum_cls`` when it names one; otherwise unchanged, for the
+    section's ``problems()`` to report (a constructor that raises would hide the other problems)."""
+    try:
+        return enum_cls(value)
+    except ValueError:
+        return value
+
+
+def choice_problem(path: str, value: Any, enum_cls: type[enum.Enum]) -> list[str]:
+    """The problem line of a value that is not one of ``enum_cls``'s, or none."""
+    if isinstance(value, enum_cls):
+        return []
+    return [f"{path} is {value!r}: use one of {choices(enum_cls)}"]
+
+
+def from_dict(cls: type, values: dict[str, Any], where: str = "", source: str = "") -> Any:
+    """Build dataclass ``cls`` from nested dicts. Unknown keys, values of the wrong type and
+    strings that name no choice of an Enum field are all collected and raised together as one
+    ConfigError, each by its full path (``source`` names the file in the summary line)."""
+    problems: list[str] = []
+    built = _build(cls, values, where, problems)
+    if problems:
+        raise problems_error(problems, source)
+    return built
+
+
+def _build(cls: type, values: Any, where: str, problems: list[str]) -> Any:
     if not isinstance(values, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(values).__name__}")
+        problems.append(f"{where or 'config'} must be a mapping of settings, got {type(values).__name__} {values!r}")
+        return None
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"unknown setting {where + '.' if where else ''}{unknown[0]}; known: {', '.join(sorted(known))}")
+    prefix = f"{where}." if where else ""
+    for name in sorted(set(values) - known, key=str):
+        problems.append(f"unknown setting {prefix}{name}; known: {', '.join(sorted(known))}")
     kwargs = {}
+    before = len(problems)
     for name, value in values.items():
+        if name not in known:
+            continue
         hint = hints[name]
-        path = f"{where}.{name}" if where else name
+        path = prefix + name
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = from_dict(hint, value or {}, path)
+            kwargs[name] = _build(hint, value or {}, path, problems)
         else:
-            kwargs[name] = _check_scalar(hint, value, path)
+            kwargs[name] = _check_scalar(hint, value, path, problems)
+    if len(problems) > before or set(values) - known:
+        return None
     return cls(**kwargs)
 
 
-def _check_scalar(hint: Any, value: Any, path: str) -> Any:
+def _check_scalar(hint: Any, value: Any, path: str, problems: list[str]) -> Any:
     if typing.get_origin(hint) is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{path} must be a list, got {value!r}")
+            problems.append(f"{path} must be a list, got {value!r}: write [a, b] or one '- item' per line")
+            return value
+        (item,) = typing.get_args(hint) or (Any,)
+        if item is str:
+            for i, v in enumerate(value):
+                if not isinstance(v, str):
+                    problems.append(f"{path}[{i}] must be a string, got {v!r}")
         return value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        member = as_choice(hint, value)
+        problems.extend(choice_problem(path, member, hint))
+        return member
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(hint, type) and (not isinstance(value, hint) or (hint is int and isinstance(value, bool))):
-        raise ConfigError(f"{path} must be {hint.__name__}, got {value!r}")
+        problems.append(f"{path} must be {hint.__name__}, got {value!r}")
     return value

@@ -6,17 +6,9 @@ import hashlib
 import re
 import unicodedata
 
-from data_prep.sources import DataError
-
 # C0/C1 control characters except tab and newline (carriage returns become newlines
 # first), and lone surrogates, which JSON can carry ("\ud800") but UTF-8 cannot encode.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
-NORMAL_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
-
-
-def check_normalization(form: str) -> None:
-    if form not in NORMAL_FORMS:
-        raise DataError(f"data.normalization is {form!r}: use one of {', '.join(NORMAL_FORMS)}")
 
 
 def clean_text(text: str, normalization: str = "NFC") -> str:

@@ -32,8 +32,9 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from common.contracts import DOC_STATS, MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
+from common.settings import problems_error
 from data_prep import manifest as manifests
-from data_prep.clean import check_normalization, clean_text, content_hash, length_problem
+from data_prep.clean import clean_text, content_hash, length_problem
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.dedup import Deduplicator, band_keys, digest_key, shingle_hashes, signature
 from data_prep.parallel import WorkerPool, trainer_threads
@@ -305,29 +306,10 @@ def _set_worker_state(data: DataConfig, tokenizer: Tokenizer | None = None) -> N
 
 
 def check_settings(data: DataConfig, tokenizer: TokenizerConfig) -> None:
-    """Fail before any work on a setting that cannot work, naming it."""
-    check_normalization(data.normalization)
-    positive = {
-        "data.seq_len": data.seq_len,
-        "data.sequences_per_sample": data.sequences_per_sample,
-        "data.samples_per_shard": data.samples_per_shard,
-        "data.shingle_words": data.shingle_words,
-        "data.minhash_bands": data.minhash_bands,
-        "data.minhash_rows": data.minhash_rows,
-        "data.max_chars": data.max_chars,
-        "tokenizer.train_bytes": tokenizer.train_bytes,
-    }
-    problems = [f"{name} is {value}: it must be at least 1" for name, value in positive.items() if value < 1]
-    if data.min_chars > data.max_chars:
-        problems.append(f"data.min_chars ({data.min_chars}) is above data.max_chars ({data.max_chars})")
-    if not 0 <= data.val_fraction < 1:
-        problems.append(f"data.val_fraction is {data.val_fraction}: it must be in [0, 1)")
-    if data.workers < 0 or data.max_documents < 0:
-        problems.append("data.workers and data.max_documents must not be negative")
-    if tokenizer.vocab_size < 258:
-        problems.append(f"tokenizer.vocab_size is {tokenizer.vocab_size}: at least 258 (256 bytes + 2 special) needed")
+    """Fail before any work on a setting that cannot work, naming it (the sections' own rules)."""
+    problems = data.problems() + tokenizer.problems()
     if problems:
-        raise DataError("; ".join(problems))
+        raise DataError(str(problems_error(problems)))
 
 
 def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: Store, tokenizer_key: str = "") -> DatasetRef:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from common.errors import UserError
-from data_prep.config import STDLIB_SOURCE
+from data_prep.config import STDLIB_SOURCE, local_source_problem
 from data_prep.formats import kind_of
 from storage import open_store
 
@@ -135,17 +135,14 @@ def _local_path_files(path: Path, out: list[RawFile], ignored: Counter) -> None:
 
 
 def _local_files(source: str, out: list[RawFile], ignored: Counter) -> None:
+    problem = local_source_problem(source)  # the rule `pretrain check` applies to data.sources
+    if problem:
+        raise DataError(f"corpus source {source!r} {problem}")
     if any(ch in source for ch in "*?["):
-        matches = sorted(glob.glob(os.path.expanduser(source), recursive=True))
-        if not matches:
-            raise DataError(f"corpus source {source!r} matches no files: check the pattern")
-        for match in matches:
+        for match in sorted(glob.glob(os.path.expanduser(source), recursive=True)):
             _local_path_files(Path(match), out, ignored)
         return
-    path = Path(os.path.expanduser(source))
-    if not path.exists() and not path.is_symlink():
-        raise DataError(f"corpus source {source!r} does not exist: give an existing file, folder, glob or s3:// URI")
-    _local_path_files(path, out, ignored)
+    _local_path_files(Path(os.path.expanduser(source)), out, ignored)
 
 
 def _s3_files(source: str, out: list[RawFile], ignored: Counter) -> None:

@@ -30,6 +30,7 @@ from common.contracts import (
 )
 from common.docfields import documented
 from common.errors import UserError
+from common.settings import at_least
 from data_prep.prepare import load_manifest
 from data_prep.shards import read_rows
 from storage import Store
@@ -58,6 +59,20 @@ class ValidationConfig:
     """Smallest shard file size in bytes."""
     max_shard_bytes: int = 4 * 1024**3
     """Largest shard file size in bytes."""
+
+    def problems(self) -> list[str]:
+        """Every threshold that cannot work, one line each (see common.settings)."""
+        out = at_least("validation.min_documents", self.min_documents, 0)
+        out += at_least("validation.min_doc_tokens", self.min_doc_tokens, 0)
+        out += at_least("validation.min_shard_bytes", self.min_shard_bytes, 0)
+        for low, high in (("min_doc_tokens", "max_doc_tokens"), ("min_shard_bytes", "max_shard_bytes")):
+            if getattr(self, low) > getattr(self, high):
+                out.append(f"validation.{low} is {getattr(self, low)}: must be ≤ validation.{high} ({getattr(self, high)})")
+        for name in ("max_duplicate_fraction", "max_skipped_fraction", "max_byte_fallback_ratio"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                out.append(f"validation.{name} is {value}: must be a fraction in [0, 1]")
+        return out
 
 
 class ValidationFailed(UserError, RuntimeError):

@@ -1,6 +1,7 @@
 """The ``pretrain`` command: run the pipeline locally, start a local S3 store, browse the registry.
 
     pretrain run [--config configs/tiny-cpu.yaml]
+    pretrain check [--config FILE]
     pretrain store up [--dir DIR] [--port PORT] [--bucket NAME]
     pretrain registry list [--json] [--store URI]
     pretrain registry show NAME[:VERSION|:ALIAS] [--json] [--store URI]
@@ -22,7 +23,7 @@ import threading
 from pathlib import Path
 
 from common.errors import UserError
-from pipeline.config import PipelineConfig, load_config
+from pipeline.config import PipelineConfig, launch_world, load_config, parse_config
 from registry.registry import download, list_models, promote, show
 from storage import default_store_uri, open_store
 
@@ -38,6 +39,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     ref = pretrain(config=config)
     print(json.dumps({"name": ref.name, "version": ref.version, "uri": f"{ref.store.rstrip('/')}/{ref.prefix}"}))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Every rule ``pretrain run`` and ``pyflyte run`` apply before anything runs; one line if all pass."""
+    config = load_config(args.config) if args.config else parse_config({}, source="the defaults")
+    world, where = launch_world()
+    tp, pp, train = config.parallel.tensor_parallel, config.parallel.pipeline_parallel, config.train
+    dp = world // (tp * pp)
+    accumulation = train.global_batch_size // (train.micro_batch_size * dp)
+    print(
+        f"ok: {args.config or 'the defaults'}: world {world} ranks ({where}) = TP {tp} × PP {pp} × DP {dp}; "
+        f"global batch {train.global_batch_size} = micro-batch {train.micro_batch_size} × DP {dp} × {accumulation} "
+        f"accumulation; {train.steps} steps of {config.data.seq_len} tokens"
+    )
     return 0
 
 
@@ -131,6 +147,10 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the whole pipeline locally (Flyte local execution)")
     run.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml")
     run.set_defaults(fn=cmd_run)
+
+    check = sub.add_parser("check", help="check a config's settings (exit 2 listing every problem) without running anything")
+    check.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml (default: the defaults)")
+    check.set_defaults(fn=cmd_check)
 
     store = sub.add_parser("store", help="local object store").add_subparsers(dest="store_command", required=True)
     up = store.add_parser("up", help="start a SeaweedFS S3 server on 127.0.0.1 and print its environment")

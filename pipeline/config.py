@@ -1,18 +1,62 @@
-"""The pipeline's one input: a tree of the libraries' config sections, and YAML presets."""
+"""The pipeline's one input: a tree of the libraries' config sections, and YAML presets.
+
+Every section lists its own problems (``problems()``); ``PipelineConfig`` adds the rules that
+span sections. They run wherever a config is built: ``PipelineConfig(...)`` itself refuses a
+config that cannot work (``__post_init__``), and the places a run is launched from, a preset
+read by ``load_config`` (``pretrain run``, ``pretrain check``) and ``pyflyte run … --config``
+(flytekit builds the input through ``PipelineConfig.from_json``), also check what the launching
+machine decides: that local corpus paths exist and that the layout fits the train task's world
+(``$PRETRAIN_CLUSTER``'s nodes × ranks per node). Nothing runs and nothing is written before.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from common.docfields import documented
 from common.errors import ConfigError
-from common.settings import from_dict
+from common.settings import from_dict, problems_error
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.validation import ValidationConfig
-from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
+from pipeline.cluster import CLUSTER_ENV, load_cluster
+from training.config import (
+    EvalConfig,
+    ModelConfig,
+    ParallelConfig,
+    TrainConfig,
+    batch_problems,
+    layout_problems,
+    world_problems,
+)
+
+__all__ = ["PipelineConfig", "RegistryConfig", "from_dict", "launch_world", "load_config", "parse_config"]
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""Registry model names and aliases (an alias is not all digits: those are version numbers)."""
+RESERVED_ALIAS = "latest"
+"""The alias the registry moves to every new version."""
+
+# Set while a loader builds a config it checks whole afterwards, with the launch rules.
+_deferred: ContextVar[bool] = ContextVar("pipeline_config_deferred", default=False)
+
+
+def name_problem(path: str, value: str, alias: bool = False) -> list[str]:
+    what = "an alias" if alias else "a name"
+    if not NAME.fullmatch(value):
+        return [f"{path} is {value!r}: use {what} of 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"]
+    if alias and value.isdigit():
+        return [f"{path} is {value!r}: an alias cannot be all digits (NAME:{value} means version {value})"]
+    return []
 
 
 @documented
@@ -26,6 +70,14 @@ class RegistryConfig:
     """Alias the quality gate guards: a candidate takes it only if it is not worse than its holder."""
     gate_tolerance: float = 0.0
     """How many bits per byte worse than the alias holder a candidate may be and still take it."""
+
+    def problems(self) -> list[str]:
+        """Every setting of this section that cannot work, one line each (see common.settings)."""
+        out = name_problem("registry.model_name", self.model_name)
+        out += name_problem("registry.gate_alias", self.gate_alias, alias=True)
+        if self.gate_alias == RESERVED_ALIAS:
+            out.append(f"registry.gate_alias is {RESERVED_ALIAS!r}: the registry moves it to each new version; use production")
+        return out
 
 
 @documented
@@ -53,13 +105,108 @@ class PipelineConfig:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     """Model registration."""
 
+    def __post_init__(self) -> None:
+        # A config built in Python (by hand, or by flytekit from a task's input) must be able to run; the
+        # loaders defer this and check once, launch rules included.
+        if not _deferred.get():
+            self.check()
 
-def load_config(path: str | Path) -> PipelineConfig:
-    """A YAML preset as a PipelineConfig (missing keys keep their defaults)."""
+    def problems(self, world_size: int | None = None, where: str = "") -> list[str]:
+        """Every problem, one line each: each section's own, then the rules that span sections.
+        With ``world_size`` (ranks of the train task; ``where`` says where that number comes
+        from), also what the launching machine decides: local corpus paths that name nothing,
+        and a layout or batch that does not split over that world."""
+        out: list[str] = []
+        if "://" in self.store and not self.store.startswith(("s3://", "file://")):
+            out.append(f"store is {self.store!r}: use a local path or s3://bucket/prefix ('' = $PRETRAIN_STORE)")
+        elif self.store.startswith("s3://") and not self.store.removeprefix("s3://").strip("/"):
+            out.append(f"store is {self.store!r}: name a bucket, s3://bucket/prefix")
+        for section in (self.data, self.tokenizer, self.validation, self.model, self.parallel, self.train, self.evaluation):
+            out += section.problems()
+        out += self.registry.problems()
+        out += layout_problems(self.model, self.parallel)
+        tp, pp = self.parallel.tensor_parallel, self.parallel.pipeline_parallel
+        if self.parallel.sequence_parallel and tp >= 2 and self.data.seq_len >= 1 and self.data.seq_len % tp:
+            out.append(
+                f"data.seq_len={self.data.seq_len} is not divisible by parallel.tensor_parallel={tp}: "
+                "sequence parallelism splits each sequence over the tensor-parallel ranks"
+            )
+        if self.train.init_from:
+            name, _, which = self.train.init_from.partition(":")
+            if not NAME.fullmatch(name) or not (not which or which.isdigit() or NAME.fullmatch(which)):
+                out.append(
+                    f"train.init_from is {self.train.init_from!r}: use NAME, NAME:VERSION or NAME:ALIAS of a "
+                    "registered model (e.g. gpt-tiny:latest), or '' to train from scratch"
+                )
+        if world_size is not None:
+            out += self.data.path_problems() + self.tokenizer.path_problems()
+            if tp >= 1 and pp >= 1:
+                world = world_problems(self.parallel, world_size, where)
+                out += world
+                micro_ok = self.train.micro_batch_size >= 1 and self.train.global_batch_size % self.train.micro_batch_size == 0
+                if not world and micro_ok:
+                    dp = world_size // (tp * pp)
+                    how = f" (data-parallel size = {world_size} ranks ÷ (TP {tp} × PP {pp}){where})"
+                    out += batch_problems(self.train, dp, how)
+        return out
+
+    def check(self, world_size: int | None = None, where: str = "", source: str = "") -> None:
+        """Raise one ConfigError listing every problem (see ``problems``); ``source`` names the file."""
+        problems = self.problems(world_size, where)
+        if problems:
+            raise problems_error(problems, source)
+
+    @classmethod
+    def from_json(cls, text: str) -> PipelineConfig:
+        """What ``pyflyte run … --config FILE`` builds the input with: flytekit reads the YAML or
+        JSON file and calls ``from_json`` when the dataclass has one. The same strict reading as a
+        preset (unknown keys are errors, not dropped) and the same checks, launch rules included."""
+        try:
+            return parse_config(json.loads(text))
+        except ConfigError as e:
+            import click  # flytekit's command line is click's: its own error, printed without a traceback
+
+            raise click.BadParameter(str(e)) from e
+
+
+def launch_world(path: str | None = None) -> tuple[int, str]:
+    """Ranks of the train task and where the number comes from: the cluster profile at ``path``
+    or ``$PRETRAIN_CLUSTER`` (nodes × ranks per node), else the local one (one node, two ranks)."""
+    cluster = load_cluster(path)
+    profile = path or os.environ.get(CLUSTER_ENV, "") or "local"
+    world = cluster.nnodes * cluster.nproc_per_node
+    return world, f"{cluster.nnodes} node(s) × {cluster.nproc_per_node} ranks of cluster profile {profile}"
+
+
+@contextmanager
+def _building() -> Iterator[None]:
+    token = _deferred.set(True)
     try:
-        values = yaml.safe_load(Path(path).read_text()) or {}
+        yield
+    finally:
+        _deferred.reset(token)
+
+
+def parse_config(values: Any, source: str = "", launch: bool = True) -> PipelineConfig:
+    """A PipelineConfig from nested dicts (missing keys keep their defaults), checked whole: every
+    problem in one ConfigError. ``launch`` adds the rules of the machine it is launched from
+    (local corpus paths, the cluster profile's world size)."""
+    with _building():
+        config = from_dict(PipelineConfig, values if values is not None else {}, source=source)
+    if launch:
+        world, where = launch_world()
+        config.check(world, f"; {world} = {where}", source)
+    else:
+        config.check(source=source)
+    return config
+
+
+def load_config(path: str | Path, launch: bool = True) -> PipelineConfig:
+    """A YAML preset as a checked PipelineConfig (see ``parse_config``)."""
+    try:
+        values = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError as e:
         raise ConfigError(f"config file {path} does not exist") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
-    return from_dict(PipelineConfig, values)
+    return parse_config(values, source=str(path), launch=launch)

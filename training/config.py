@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from common.docfields import documented
+from common.settings import as_choice, at_least, choice_problem
+
+TRITON_RMSNORM_MAX_HIDDEN = 65536  # kernels/rmsnorm.py's MAX_HIDDEN (kernels/ imports torch)
+
+
+class Kernels(StrEnum):
+    """``model.kernels``: our Triton kernels where they can run, or their PyTorch references."""
+
+    TRITON = "triton"
+    TORCH = "torch"
+
+
+class Recompute(StrEnum):
+    """``train.recompute``: which activations are recomputed in backward instead of kept."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
 
 
 @documented
@@ -26,9 +45,45 @@ class ModelConfig:
     """Share the input embedding with the output layer."""
     rotary_base: int = 10000
     """RoPE base frequency."""
-    kernels: str = "triton"
+    kernels: Kernels = Kernels.TRITON
     """Norm, SwiGLU, RoPE and output-layer loss: 'triton' (our kernels where CUDA or the Triton
     interpreter can run them, their PyTorch references elsewhere) or 'torch' (the references)."""
+
+    def __post_init__(self) -> None:
+        self.kernels = as_choice(Kernels, self.kernels)
+
+    def problems(self) -> list[str]:
+        """Every setting of this section that cannot work, one line each (see common.settings)."""
+        out = choice_problem("model.kernels", self.kernels, Kernels)
+        for name in ("num_layers", "hidden_size", "num_attention_heads"):
+            out += at_least(f"model.{name}", getattr(self, name), 1)
+        out += at_least("model.num_query_groups", self.num_query_groups, 0, " (0 = one per attention head)")
+        out += at_least("model.ffn_hidden_size", self.ffn_hidden_size, 0, " (0 = 8/3 × hidden_size)")
+        out += at_least("model.rotary_base", self.rotary_base, 2, " (typical 10000)")
+        if out:
+            return out  # the rules below divide by these
+        heads, groups = self.num_attention_heads, self.num_query_groups or self.num_attention_heads
+        if self.hidden_size % heads:
+            out.append(
+                f"model.hidden_size={self.hidden_size} is not divisible by model.num_attention_heads={heads}: "
+                "every head gets hidden_size / heads channels"
+            )
+        elif (self.hidden_size // heads) % 2:
+            out.append(
+                f"model.hidden_size={self.hidden_size} / model.num_attention_heads={heads} = {self.hidden_size // heads} "
+                "channels per head: RoPE rotates channel pairs, so it must be even"
+            )
+        if heads % groups:
+            out.append(
+                f"model.num_query_groups={groups} does not divide model.num_attention_heads={heads}: "
+                "each key/value head serves the same number of query heads"
+            )
+        if self.kernels == Kernels.TRITON and self.hidden_size > TRITON_RMSNORM_MAX_HIDDEN:
+            out.append(
+                f"model.hidden_size is {self.hidden_size}: the Triton RMSNorm handles at most "
+                f"{TRITON_RMSNORM_MAX_HIDDEN} channels; set model.kernels: torch"
+            )
+        return out
 
 
 @documented
@@ -54,6 +109,20 @@ class ParallelConfig:
     """Shard the optimizer state (fp32 main weights, Adam moments) over data-parallel ranks: megatron's DDP with
     reduce-scatter of gradients and all-gather of weights, and its distributed optimizer. Same maths as off."""
 
+    def problems(self) -> list[str]:
+        """Every setting of this section that cannot work, one line each."""
+        out = at_least("parallel.tensor_parallel", self.tensor_parallel, 1)
+        out += at_least("parallel.pipeline_parallel", self.pipeline_parallel, 1)
+        if self.sequence_parallel and self.tensor_parallel < 2:
+            out.append(
+                f"parallel.sequence_parallel needs parallel.tensor_parallel ≥ 2 (it is {self.tensor_parallel}): "
+                "raise tensor_parallel or set sequence_parallel: false"
+            )
+        out += at_least("parallel.collective_timeout_s", self.collective_timeout_s, 1, " (typical 60 … 600)")
+        out += at_least("parallel.checkpoint_timeout_s", self.checkpoint_timeout_s, 1, " (typical 1800)")
+        out += at_least("parallel.stall_timeout_s", self.stall_timeout_s, 0, " (0 = no watchdog)")
+        return out
+
 
 @documented
 @dataclass
@@ -76,7 +145,7 @@ class TrainConfig:
     """AdamW weight decay."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 = off)."""
-    recompute: str = "none"
+    recompute: Recompute = Recompute.NONE
     """Activation recompute: 'none'; 'selective' (attention recomputed in backward: its
     activations grow with the square of the sequence, its FLOPs do not dominate); 'full' (each
     layer's forward recomputed: least memory, about a third more compute)."""
@@ -97,6 +166,33 @@ class TrainConfig:
     peak_flops: float = 0.0
     """Peak FLOP/s of one device for MFU (0 = the GPU's data-sheet figure; on CPU a measured matmul rate)."""
 
+    def __post_init__(self) -> None:
+        self.recompute = as_choice(Recompute, self.recompute)
+
+    def problems(self) -> list[str]:
+        """Every setting of this section that cannot work, one line each."""
+        out = at_least("train.steps", self.steps, 1)
+        out += at_least("train.micro_batch_size", self.micro_batch_size, 1)
+        out += at_least("train.global_batch_size", self.global_batch_size, 1)
+        if not out and self.global_batch_size % self.micro_batch_size:
+            out.append(
+                f"train.global_batch_size={self.global_batch_size} is not a multiple of "
+                f"train.micro_batch_size={self.micro_batch_size}: gradient accumulation runs whole micro-batches"
+            )
+        if not self.lr > 0:
+            out.append(f"train.lr is {self.lr}: must be > 0 (typical 1e-4 … 3e-3)")
+        elif not 0 <= self.min_lr <= self.lr:
+            out.append(f"train.min_lr is {self.min_lr}: must be in [0, train.lr = {self.lr}] (typical lr / 10)")
+        out += at_least("train.warmup_steps", self.warmup_steps, 0)
+        out += at_least("train.weight_decay", self.weight_decay, 0, " (typical 0.1)")
+        out += at_least("train.grad_clip", self.grad_clip, 0, " (0 = off; typical 1.0)")
+        out += choice_problem("train.recompute", self.recompute, Recompute)
+        out += at_least("train.seed", self.seed, 0)
+        out += at_least("train.checkpoint_every", self.checkpoint_every, 1, " (the last step is always saved)")
+        out += at_least("train.shuffle_window_shards", self.shuffle_window_shards, 1)
+        out += at_least("train.peak_flops", self.peak_flops, 0, " (0 = the device's data-sheet figure)")
+        return out
+
 
 @documented
 @dataclass
@@ -115,3 +211,67 @@ class EvalConfig:
     """Temperature of the sampled (non-greedy) continuation."""
     seed: int = 0
     """Seed of the sampled continuation: the same checkpoint gives the same text."""
+
+    def problems(self) -> list[str]:
+        """Every setting of this section that cannot work, one line each."""
+        out = at_least("evaluation.batch_size", self.batch_size, 1)
+        out += at_least("evaluation.max_batches", self.max_batches, 0, " (0 = the whole validation split)")
+        out += at_least("evaluation.sample_tokens", self.sample_tokens, 0)
+        out += at_least("evaluation.temperature", self.temperature, 0, " (0 = greedy)")
+        if self.sample_tokens and not self.prompt:
+            out.append("evaluation.prompt is '': the samples continue it; give one or set evaluation.sample_tokens: 0")
+        return out
+
+
+def layout_problems(model: ModelConfig, parallel: ParallelConfig) -> list[str]:
+    """How the model splits over the ranks: heads and key/value heads over tensor-parallel ranks,
+    layers over pipeline stages (sizes below 1 are the sections' own problems)."""
+    tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+    if tp < 1 or pp < 1 or model.num_attention_heads < 1 or model.num_layers < 1 or model.num_query_groups < 0:
+        return []
+    out = []
+    heads, groups = model.num_attention_heads, model.num_query_groups or model.num_attention_heads
+    if heads % tp:
+        out.append(
+            f"model.num_attention_heads={heads} is not divisible by parallel.tensor_parallel={tp}: "
+            "each tensor-parallel rank holds the same number of heads"
+        )
+    if groups % tp and model.num_query_groups:
+        out.append(
+            f"model.num_query_groups={groups} is not divisible by parallel.tensor_parallel={tp}: "
+            "each tensor-parallel rank holds the same number of key/value heads"
+        )
+    if model.num_layers % pp:
+        out.append(
+            f"model.num_layers={model.num_layers} is not divisible by parallel.pipeline_parallel={pp}: "
+            "every pipeline stage holds the same number of layers"
+        )
+    return out
+
+
+def world_problems(parallel: ParallelConfig, world_size: int, where: str = "") -> list[str]:
+    """The ``world_size`` ranks (``where``: where that number comes from) split into whole
+    tensor × pipeline groups."""
+    tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+    if tp < 1 or pp < 1 or world_size % (tp * pp) == 0:
+        return []
+    return [
+        f"parallel.tensor_parallel={tp} × parallel.pipeline_parallel={pp} = {tp * pp} does not divide the "
+        f"{world_size} ranks of the train task: choose sizes whose product divides {world_size}{where}"
+    ]
+
+
+def batch_problems(train: TrainConfig, data_parallel: int, where: str = "") -> list[str]:
+    """The global batch splits into whole micro-batches on each of ``data_parallel`` ranks
+    (``where``: where that number comes from)."""
+    if train.micro_batch_size < 1 or train.global_batch_size < 1 or data_parallel < 1:
+        return []
+    per_step = train.micro_batch_size * data_parallel
+    if train.global_batch_size % per_step == 0:
+        return []
+    lower = per_step * max(1, train.global_batch_size // per_step)
+    return [
+        f"train.global_batch_size={train.global_batch_size} is not a multiple of train.micro_batch_size × "
+        f"data-parallel size = {train.micro_batch_size} × {data_parallel} = {per_step}: use e.g. {lower} "
+        f"or {lower + per_step}, or a smaller micro_batch_size{where}"
+    ]

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 
 from common.errors import ConfigError
+from common.settings import problems_error
 from training import cpu_compat
-from training.config import ModelConfig, ParallelConfig
+from training.config import ModelConfig, ParallelConfig, Recompute, layout_problems, world_problems
 
 # A gloo group with its own, longer timeout for waits around checkpoint uploads (see checkpoint_group).
 _checkpoint_group = None
@@ -45,8 +46,7 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
     world = dist.get_world_size()
     tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
     check_parallel(parallel)
-    if world % (tp * pp):
-        raise ConfigError(f"world size {world} is not divisible by tensor_parallel×pipeline_parallel = {tp * pp}")
+    _raise(world_problems(parallel, world, "; the world of this launch"))
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     # megatron's own groups (TP, DP, …) carry the same timeout; its default is 30 minutes.
@@ -66,18 +66,18 @@ def checkpoint_group():
     return _checkpoint_group
 
 
+def _raise(problems: list[str]) -> None:
+    if problems:
+        raise problems_error(problems)
+
+
 def check_parallel(parallel: ParallelConfig, model: ModelConfig | None = None) -> None:
-    """Raise ConfigError for a parallel layout that cannot work, before anything is built."""
-    tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
-    if tp < 1 or pp < 1:
-        raise ConfigError(f"parallel.tensor_parallel={tp} and parallel.pipeline_parallel={pp} must be ≥ 1")
-    if parallel.sequence_parallel and tp < 2:
-        raise ConfigError("parallel.sequence_parallel needs parallel.tensor_parallel ≥ 2")
-    if model is not None and model.num_layers % pp:
-        raise ConfigError(
-            f"model.num_layers={model.num_layers} is not divisible by parallel.pipeline_parallel={pp}: "
-            "every pipeline stage holds the same number of layers"
-        )
+    """Raise ConfigError for a parallel layout that cannot work, before anything is built: the
+    sections' own rules (``PipelineConfig`` applies the same ones when a config is loaded)."""
+    problems = parallel.problems()
+    if model is not None:
+        problems += model.problems() + layout_problems(model, parallel)
+    _raise(problems)
 
 
 def shutdown_distributed() -> None:
@@ -100,9 +100,9 @@ def ffn_size(config: ModelConfig) -> int:
 # megatron's settings per TrainConfig.recompute. Selective recomputes the core attention
 # (scores, softmax, weighted sum) in backward; full recomputes every layer from its input.
 RECOMPUTE: dict[str, dict] = {
-    "none": {},
-    "selective": {"recompute_granularity": "selective"},
-    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+    Recompute.NONE: {},
+    Recompute.SELECTIVE: {"recompute_granularity": "selective"},
+    Recompute.FULL: {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
 }
 
 
@@ -128,7 +128,7 @@ def build_gpt(
     from training.layers import IMPL_ATTR, INIT_SEED_ATTR, gpt_block_spec, install_rotary, resolve_impl
 
     if recompute not in RECOMPUTE:
-        raise ConfigError(f"train.recompute must be one of {sorted(RECOMPUTE)}, got {recompute!r}")
+        raise ConfigError(f"train.recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     parallel = ParallelConfig(
         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel
     )
@@ -139,18 +139,7 @@ def build_gpt(
             f"{parallel_state.get_pipeline_model_parallel_world_size()} stages"
         )
 
-    if config.hidden_size % config.num_attention_heads:
-        raise ConfigError(
-            f"model.hidden_size={config.hidden_size} is not divisible by num_attention_heads={config.num_attention_heads}"
-        )
-    if config.num_attention_heads % tensor_parallel:
-        raise ConfigError(
-            f"model.num_attention_heads={config.num_attention_heads} is not divisible by "
-            f"parallel.tensor_parallel={tensor_parallel}"
-        )
     groups = config.num_query_groups or config.num_attention_heads
-    if groups % tensor_parallel or config.num_attention_heads % groups:
-        raise ConfigError(f"model.num_query_groups={groups} must divide the heads and be divisible by tensor_parallel")
     on_gpu = torch.cuda.is_available()
     transformer = TransformerConfig(
         **RECOMPUTE[recompute],

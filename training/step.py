@@ -29,9 +29,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from common.errors import ConfigError
+from common.settings import problems_error
 from training import cpu_compat
-from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.config import ModelConfig, ParallelConfig, TrainConfig, batch_problems
 from training.model import build_gpt, mean_loss
 
 BETAS = (0.9, 0.95)
@@ -55,11 +55,9 @@ class TrainStep(Protocol):
 
 def micro_batches(cfg: TrainConfig, dp_size: int) -> int:
     """Micro-batches per rank per step (gradient accumulation / pipeline micro-batches)."""
-    if cfg.global_batch_size % (cfg.micro_batch_size * dp_size):
-        raise ConfigError(
-            f"train.global_batch_size={cfg.global_batch_size} is not a multiple of "
-            f"micro_batch_size×data_parallel = {cfg.micro_batch_size}×{dp_size}"
-        )
+    problems = batch_problems(cfg, dp_size)
+    if problems:
+        raise problems_error(problems)
     return cfg.global_batch_size // (cfg.micro_batch_size * dp_size)
 
 

@@ -57,7 +57,8 @@ pretrain_default = LaunchPlan.get_or_create(
 pretrain_nightly = LaunchPlan.get_or_create(
     workflow=pretrain,
     name="pretrain_nightly",
-    default_inputs={"config": load_config(CONFIGS / "nightly.yaml")},
+    # launch=False: the settings' own rules only; `pretrain check` adds those of a cluster profile's world size.
+    default_inputs={"config": load_config(CONFIGS / "nightly.yaml", launch=False)},
     schedule=CronSchedule(schedule="0 2 * * *"),
     labels=Labels(kueue_labels(CLUSTER, priority_class="nightly")),
 )
