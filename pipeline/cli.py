@@ -8,7 +8,8 @@
     pretrain registry promote NAME:VERSION [--alias production] [--store URI]
     pretrain registry download NAME[:VERSION|:ALIAS] DEST [--store URI]
 
-Errors the user can fix are printed as one line (``error: …``) with exit status 2.
+Errors the user can fix are printed as one line (``error: …``) with exit status 2; ``pretrain run`` also
+writes the full traceback of any failure to a log file (``common.errors.log_dir()``) and names it.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
 import threading
 from pathlib import Path
 
-from common.errors import UserError
-from pipeline.config import PipelineConfig, launch_world, load_config, parse_config
+from common.errors import TRACEBACK_LABEL, traceback_note, user_error_in, write_traceback
+from pipeline.config import launch_world, load_config, parse_config
 from registry.registry import download, list_models, promote, show
 from storage import default_store_uri, open_store
 
@@ -33,10 +35,11 @@ def _store(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load_config(args.config) if args.config else PipelineConfig()
+    config = load_config(args.config) if args.config else parse_config({}, source="the defaults")
     open_store(config.store).check()  # bad credentials or paths fail before anything is written
     from workflows.pretrain import pretrain
 
+    args.started = True  # from here on, a failure's traceback is worth a log file
     ref = pretrain(config=config)
     print(json.dumps({"name": ref.name, "version": ref.version, "uri": f"{ref.store.rstrip('/')}/{ref.prefix}"}))
     return 0
@@ -186,12 +189,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except UserError as e:
-        message = str(e).strip()
+    except Exception as e:
+        user = user_error_in(e)
+        if user is None and args.command != "run":
+            raise  # a bug in a quick command: its traceback is the report
+        logged = TRACEBACK_LABEL in str(user or "")  # a task wrote it already
+        log = write_traceback(e, args.command) if getattr(args, "started", False) and not logged else None
+        where = f" {traceback_note(log)}" if log else ""
+        if user is None:  # a failure inside the pipeline that is not the user's to fix
+            print(f"error: {type(e).__name__}: {_one_line(str(e))}{where}", file=sys.stderr)
+            return 1
+        message = _without_flyte_prefix(str(user).strip())
         if "\n  " not in message:  # a list (failed expectations, bad settings) keeps one item per line
-            message = " ".join(line.strip() for line in message.splitlines())
-        print(f"error: {message}", file=sys.stderr)
+            message = _one_line(message)
+        print(f"error: {message}{where}", file=sys.stderr)
         return 2
+
+
+# Local Flyte execution rewrites a task's exception message in place to start with this.
+_FLYTE_PREFIX = re.compile(r"Error encountered while executing '(?P<task>[^']+)':\n  ")
+
+
+def _without_flyte_prefix(message: str) -> str:
+    """``task_name: message`` instead of Flyte's two-line preamble."""
+    match = _FLYTE_PREFIX.match(message)
+    return f"{match['task'].rsplit('.', 1)[-1]}: {message[match.end() :]}" if match else message
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.strip().splitlines())
 
 
 if __name__ == "__main__":

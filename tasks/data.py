@@ -18,6 +18,7 @@ from storage import Store, open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import data_task
+from tasks.user_errors import as_messages
 
 VERSION = cache_version(__name__)
 
@@ -30,12 +31,14 @@ def corpus_hash(data: DataConfig) -> str:
 
 
 @task(**data_task())
+@as_messages
 def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(corpus_hash)]:
     """Pass the data section on, keyed for caching by the corpus content rather than its paths."""
     return data
 
 
 @task(cache=True, cache_version=VERSION, **data_task())
+@as_messages
 def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_model: str) -> DatasetRef:
     """Read, clean, de-duplicate, tokenize and shard the corpus into the store.
 
@@ -52,6 +55,7 @@ def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_
 
 
 @task(cache=True, cache_version=VERSION, enable_deck=True, **data_task())
+@as_messages
 def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetRef:
     """Great Expectations gate: raises, listing every failed expectation, before training starts."""
     store = open_store(dataset.store)

@@ -11,6 +11,7 @@ from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import evaluate_task
+from tasks.user_errors import as_messages
 from training.config import EvalConfig, ModelConfig
 from training.evaluate import evaluate
 
@@ -26,6 +27,7 @@ VERSION = cache_version(__name__)
     enable_deck=True,
     **evaluate_task(),
 )
+@as_messages
 def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: EvalConfig, baseline: str) -> EvalReport:
     """Validation loss, perplexity, bits per byte and samples of the trained checkpoint, and the
     ``baseline`` registry entry's bits per byte on the same rows (for the quality gate)."""

@@ -12,6 +12,7 @@ from registry.registry import RegistryError, gate, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task
+from tasks.user_errors import as_messages
 
 VERSION = cache_version(__name__)
 
@@ -27,6 +28,7 @@ def _entry(store: str, spec: str) -> str:
 
 
 @task(**data_task())
+@as_messages
 def find_base_model(store: str, init_from: str) -> str:
     """The registry entry that ``init_from`` names right now, or '' (train from scratch).
 
@@ -37,6 +39,7 @@ def find_base_model(store: str, init_from: str) -> str:
 
 
 @task(**data_task())
+@as_messages
 def find_gate_holder(store: str, registry: RegistryConfig) -> str:
     """The registry entry holding the gate alias (e.g. ``gpt-tiny:production``) right now, or ''.
 
@@ -60,6 +63,7 @@ def _execution_id() -> str:
     cache_ignore_input_vars=("config",),
     **registry_task(),
 )
+@as_messages
 def register_model(report: EvalReport, registry: RegistryConfig, config: PipelineConfig) -> ModelRef:
     """Register the evaluated checkpoint as a new immutable version, move ``latest``, and move
     the gate alias too when the candidate is not worse than its holder (decision on the card)."""

@@ -14,6 +14,7 @@ from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import CLUSTER, train_task
+from tasks.user_errors import as_messages
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.train import train
 
@@ -27,6 +28,7 @@ VERSION = cache_version(__name__)
     enable_deck=True,
     **train_task(),
 )
+@as_messages
 def train_model(
     dataset: DatasetRef, model: ModelConfig, parallel: ParallelConfig, train_cfg: TrainConfig, base_model: str
 ) -> CheckpointRef:

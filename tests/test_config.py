@@ -240,7 +240,8 @@ def test_world_size_rules_follow_the_cluster_profile(monkeypatch):
         f"16 = 2 node(s) × 8 ranks of cluster profile {GPU_2X8})"
     )
     assert parse_config({}, launch=False) == PipelineConfig()  # what registration-time defaults use
-    for preset in ("gpt-125m.yaml", "gpt-350m.yaml", "gpt-1b.yaml"):  # the GPU presets fit it
+    # The GPU presets fit it, and so does the nightly launch plan's input, which runs on the cluster.
+    for preset in ("gpt-125m.yaml", "gpt-350m.yaml", "gpt-1b.yaml", "nightly.yaml"):
         load_config(ROOT / "configs" / preset)
 
 

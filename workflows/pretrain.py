@@ -22,6 +22,7 @@ from tasks.data import fingerprint_corpus, prepare_data, validate_data
 from tasks.evaluate import evaluate_model
 from tasks.placement import CLUSTER
 from tasks.register import find_base_model, find_gate_holder, register_model
+from tasks.settings import check_settings
 from tasks.train import train_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -35,8 +36,11 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
         config: The whole run: corpus, tokenizer, validation thresholds, model, parallelism,
             training, evaluation and registry settings, and the object store.
     """
+    settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node)
     base_model = find_base_model(store=config.store, init_from=config.train.init_from)
     data = fingerprint_corpus(data=config.data)
+    settings >> base_model
+    settings >> data
     dataset = prepare_data(store=config.store, data=data, tokenizer=config.tokenizer, base_model=base_model)
     checked = validate_data(dataset=dataset, validation=config.validation)
     checkpoint = train_model(

@@ -1,0 +1,20 @@
+"""The workflow's first node: every setting checked together before any work is scheduled."""
+
+from __future__ import annotations
+
+from flytekit import task
+
+from pipeline.config import PipelineConfig
+from tasks.placement import data_task
+from tasks.user_errors import as_messages
+
+
+@task(**data_task())
+@as_messages
+def check_settings(config: PipelineConfig, world_size: int) -> None:
+    """Refuse, one line per problem, a config that cannot run on ``world_size`` ranks (the train task's).
+
+    ``pyflyte run --config`` and ``pretrain run`` check before submitting; this node covers launches
+    from the Flyte console and from launch plans, on the cluster, before the data stage starts.
+    """
+    config.check(world_size, f"; {world_size} = the train task's ranks", source="the workflow's input")
