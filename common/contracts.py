@@ -38,6 +38,8 @@ VALIDATION_REPORT = "report.html"
 VALIDATION_SITE = "site"
 CHECKPOINT_MODEL = "model"
 CHECKPOINT_META = "meta.json"
+CHECKPOINT_DIGESTS = "digests.json"
+"""Every file of a checkpoint folder and its sha256, written at commit, checked before a load."""
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 EVAL_RESULTS = "results.json"
@@ -45,7 +47,7 @@ HF_EXPORT = "hf"
 CARD = "card.json"
 CARD_MARKDOWN = "card.md"
 ENTRY_CHECKPOINT = "checkpoint"
-"""A registry entry's copy of the checkpoint: ``model/`` and ``meta.json``."""
+"""A registry entry's copy of the checkpoint: ``model/``, ``meta.json`` and their ``digests.json``."""
 ENTRY_EVALUATION = "evaluation.json"
 """A registry entry's copy of the evaluation's ``results.json``."""
 
@@ -334,6 +336,19 @@ class ModelCard:
     def model_config(self) -> dict[str, Any]:
         """The ``model`` section of the config it was trained with."""
         return self.config.get("model", {})
+
+    def continuation_problem(self, model: dict[str, Any]) -> str:
+        """Why a run with ``model`` (a model section) cannot continue this model, or '' if it can:
+        continued pretraining keeps the shape."""
+        trained = self.model_config()
+        differ = [k for k in sorted(model) if trained.get(k) != model.get(k)]
+        if not differ:
+            return ""
+        details = ", ".join(f"model.{k}: {trained.get(k)!r} there, {model.get(k)!r} here" for k in differ)
+        return (
+            f"train.init_from names {self.name}:{self.version}, whose model section differs ({details}): "
+            "continue it with the same model section, or train from scratch (train.init_from: '')"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -24,6 +24,7 @@ from typing import Any
 
 from common.contracts import (
     CARD_MARKDOWN,
+    CHECKPOINT_DIGESTS,
     CHECKPOINT_META,
     CHECKPOINT_MODEL,
     ENTRY_CHECKPOINT,
@@ -47,7 +48,7 @@ from common.contracts import (
     model_prefix,
     model_root,
 )
-from common.errors import UserError
+from common.errors import ConfigError, UserError
 from storage import AlreadyCommitted, Store, StoreError
 
 CLAIM = "_CLAIMED"
@@ -113,10 +114,12 @@ def register(
     hf_export = ""
     with tempfile.TemporaryDirectory(prefix="pretrain-register-") as tmp:
         staging = Path(tmp)
+        copied = []
         for key in store.list(ckpt.prefix):
             rel = key[len(ckpt.prefix) + 1 :]
             if rel.startswith(f"{CHECKPOINT_MODEL}/") or rel == CHECKPOINT_META:
                 store.download(key, staging / ENTRY_CHECKPOINT / rel)
+                copied.append(rel)
         store.download(f"{ckpt.dataset.prefix}/{TOKENIZER}", staging / TOKENIZER)
         if report.outputs:
             for key in store.list(report.outputs):
@@ -127,6 +130,12 @@ def register(
                     store.download(key, staging / rel)
                     hf_export = HF_EXPORT
         store.upload_dir(staging, prefix)
+    if store.exists(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}"):
+        # The copy's own list: the files it holds, with the digests committed with the run (a
+        # file that is not listed there stays unlisted, and loading the entry refuses it).
+        digests = store.get_json(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}")
+        digests["files"] = {rel: digests["files"][rel] for rel in copied if rel in digests["files"]}
+        store.put_json(f"{prefix}/{ENTRY_CHECKPOINT}/{CHECKPOINT_DIGESTS}", digests)
     card = ModelCard(
         name=name,
         version=version,
@@ -178,6 +187,13 @@ def read_card(store: Store, entry: str) -> ModelCard:
         return ModelCard.from_dict(store.get_json(card_key(entry)))
     except CardFormatError as e:
         raise RegistryError(f"{store.url(card_key(entry))}: {e}; register the model again with this release") from e
+
+
+def check_continuable(store: Store, entry: str, model: dict[str, Any]) -> None:
+    """Refuse, before any work, to continue ``entry`` with another model section."""
+    problem = read_card(store, entry).continuation_problem(model)
+    if problem:
+        raise ConfigError(problem)
 
 
 def list_models(store: Store) -> list[dict[str, Any]]:

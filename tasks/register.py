@@ -8,11 +8,12 @@ from flytekit import current_context, task
 
 from common.contracts import EvalReport, ModelRef, model_prefix
 from pipeline.config import PipelineConfig, RegistryConfig
-from registry.registry import RegistryError, gate, register, resolve
+from registry.registry import RegistryError, check_continuable, gate, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task
 from tasks.user_errors import as_messages
+from training.config import ModelConfig
 
 VERSION = cache_version(__name__)
 
@@ -29,13 +30,17 @@ def _entry(store: str, spec: str) -> str:
 
 @task(**data_task())
 @as_messages
-def find_base_model(store: str, init_from: str) -> str:
-    """The registry entry that ``init_from`` names right now, or '' (train from scratch).
+def find_base_model(store: str, init_from: str, model: ModelConfig) -> str:
+    """The registry entry that ``init_from`` names right now, or '' (train from scratch); an entry
+    trained with another model section is refused here, before the data stage.
 
     Not cached: ``NAME:latest`` moves, and the concrete version it resolves to is what keys
     the cache of prepare and train downstream.
     """
-    return _entry(store, init_from) if init_from else ""
+    entry = _entry(store, init_from) if init_from else ""
+    if entry:
+        check_continuable(open_store(store), entry, dataclasses.asdict(model))
+    return entry
 
 
 @task(**data_task())

@@ -24,6 +24,7 @@ from common.contracts import (
     ModelCard,
     extend_layouts,
 )
+from common.errors import ConfigError, user_error_in
 from pipeline.cli import main as cli
 from registry.registry import RegistryError, register, show
 from storage import open_store
@@ -135,6 +136,23 @@ def test_a_card_this_release_cannot_read_is_one_registry_error(tmp_path):
     store.put_json("models/gpt/aliases/latest.json", {"version": 1})
     with pytest.raises(RegistryError, match="card.json: card has no 'lineage'; register the model again"):
         show(store, "gpt")
+
+
+def test_continuing_a_model_of_another_shape_stops_before_the_data_stage(tmp_path):
+    from tasks.register import find_base_model
+    from training.config import ModelConfig
+
+    store = populated_store(tmp_path / "store")
+    ckpt = CheckpointRef(
+        store.uri, "runs/ab12", "runs/ab12/checkpoints/step-0000010", 10, DatasetRef(store.uri, "v1", "datasets/v1")
+    )
+    register(store, "gpt", evaluated(ckpt), config={"model": dataclasses.asdict(ModelConfig(num_layers=2))})
+    assert find_base_model(store=store.uri, init_from="gpt:latest", model=ModelConfig(num_layers=2)) == "models/gpt/1"
+    with pytest.raises(Exception) as raised:
+        find_base_model(store=store.uri, init_from="gpt:latest", model=ModelConfig(num_layers=4))
+    error = user_error_in(raised.value)
+    assert isinstance(error, ConfigError)
+    assert "train.init_from names gpt:1, whose model section differs (model.num_layers: 2 there, 4 here)" in str(error)
 
 
 # -- the scenario: a pipeline_parallel=2 run, then the same settings at DP=2 ------

@@ -84,15 +84,6 @@ def train(
         shutdown_distributed()
 
 
-def _check_base_model(store, base_model: str, model_cfg: ModelConfig) -> None:
-    card = ModelCard.from_dict(store.get_json(card_key(base_model)))
-    if card.model_config() != asdict(model_cfg):
-        raise ConfigError(
-            f"base model {store.url(base_model)} has model config {card.model_config()}, "
-            f"not {asdict(model_cfg)}: continue it with the same model section"
-        )
-
-
 def _layouts_of(meta: dict) -> list[LayoutSpan]:
     """The layouts that trained a checkpoint's steps. A checkpoint saved before meta.json kept
     the history names only the layout that saved it: it stands for all its steps."""
@@ -162,7 +153,9 @@ def _train(
             restored = checkpoint.restores_optimizer(resumed, optimizer, asdict(layout))
             print(_resume_note(run, start, cfg.steps, history, layout, restored), flush=True)
     elif base_model:
-        _check_base_model(store, base_model, model_cfg)
+        problem = ModelCard.from_dict(store.get_json(card_key(base_model))).continuation_problem(asdict(model_cfg))
+        if problem:
+            raise ConfigError(problem)
         checkpoint.load_weights(store, f"{base_model}/{ENTRY_CHECKPOINT}", model, committed_at=base_model)
         if rank == 0:
             print(f"initialised {run} from {store.url(base_model)}", flush=True)

@@ -37,7 +37,7 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
             training, evaluation and registry settings, and the object store.
     """
     settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node)
-    base_model = find_base_model(store=config.store, init_from=config.train.init_from)
+    base_model = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model)
     data = fingerprint_corpus(data=config.data)
     settings >> base_model
     settings >> data
