@@ -1,19 +1,28 @@
 """One storage layer for every stage: a local directory or an ``s3://bucket/prefix``.
 
-Keys are ``/``-separated paths relative to the store root. Every object write is atomic
-(local: write a temp file then rename; S3: a single PUT). A *directory* of objects becomes
-visible to readers only once its ``_COMMITTED`` marker exists; the marker is written last
-and only if absent (S3 conditional create), so a crash mid-write never leaves anything
-that looks complete.
+Keys are ``/``-separated paths relative to the store root: no leading ``/``, no empty, ``.``
+or ``..`` parts, no backslashes (``check_key``). Every place a key becomes a local path
+checks it, so a key planted in a shared bucket cannot write outside a download folder.
+
+Every object write is atomic (local: a uniquely named temporary file, fsynced, renamed, then
+the folder fsynced; S3: a single PUT). A *directory* of objects becomes visible to readers
+only once its ``_COMMITTED`` marker exists; the marker is written last and only if absent
+(local: the folder tree fsynced first, then an exclusive hard link of a fsynced file; S3:
+conditional create), so a crash mid-write never leaves anything that looks complete.
+Deleting a directory removes its marker first, so a half-deleted one never looks complete
+either. ``list(prefix)`` means the folder ``prefix/`` on every backend: ``models/gpt/1``
+never matches ``models/gpt/10/...``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +39,94 @@ class StoreError(UserError, RuntimeError):
 
 class AlreadyCommitted(StoreError):
     """A conditional create found the object already there."""
+
+
+def _key_problem(key: str) -> str:
+    if not isinstance(key, str):
+        return "is not a string"
+    if not key:
+        return "is empty"
+    if key.startswith("/"):
+        return "is absolute"
+    if "\\" in key:
+        return "holds a backslash"
+    if "\0" in key:
+        return "holds a NUL byte"
+    parts = key.split("/")
+    if "" in parts:
+        return "has an empty part"
+    if ".." in parts or "." in parts:
+        return "has a '.' or '..' part"
+    return ""
+
+
+def check_key(key: str, *, folder: bool = False, what: str = "key") -> str:
+    """``key`` if it is a relative ``/``-separated path that stays inside its folder.
+
+    Refused with a StoreError naming it: absolute keys, ``..``/``.`` parts, empty parts and
+    backslashes. ``folder=True`` accepts ``""`` (the root) and one trailing ``/`` and returns
+    the folder without it.
+    """
+    body = key[:-1] if folder and isinstance(key, str) and key.endswith("/") else key
+    if folder and body == "":
+        return ""
+    problem = _key_problem(body)
+    if problem:
+        raise StoreError(
+            f"{what} {key!r} {problem}: store keys are relative '/'-separated paths "
+            "without empty, '.' or '..' parts or backslashes"
+        )
+    return body
+
+
+@functools.cache
+def _file_mode() -> int:
+    """0666 less the process umask: the mode ``open()`` would have given a new file."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _fsync_dir(path: str | Path) -> None:
+    _fsync_path(path)
+
+
+def _fsync_path(path: str | Path) -> None:
+    """fsync a file or folder by name (an O_RDONLY descriptor flushes the inode all the same)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return  # deleted meanwhile: nothing of it to make durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_all(paths: list[Path]) -> None:
+    """fsync every path, concurrently: the filesystem's journal commits many fsyncs at once
+    (1,000 small files: ~0.2 s in 32 threads against ~2-3 s one after the other here)."""
+    if len(paths) <= 2:
+        for path in paths:
+            _fsync_path(path)
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(paths))) as pool:
+        list(pool.map(_fsync_path, paths))
+
+
+def _replace(tmp: str, path: Path) -> None:
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def default_store_uri() -> str:
@@ -96,66 +193,146 @@ class Store:
 
     def upload_dir(self, local_dir: str | Path, prefix: str) -> list[str]:
         local_dir = Path(local_dir)
+        folder = check_key(prefix, folder=True, what="prefix")
         keys = []
         for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
-            key = f"{prefix}/{path.relative_to(local_dir).as_posix()}"
+            rel = path.relative_to(local_dir).as_posix()
+            key = f"{folder}/{rel}" if folder else rel
             self.put_file(key, path)
             keys.append(key)
         return keys
 
+    def relative(self, prefix: str, key: str) -> str:
+        """``key`` relative to the folder ``prefix``, checked to stay inside it (StoreError if not)."""
+        folder = check_key(prefix, folder=True, what="prefix")
+        if folder and not key.startswith(f"{folder}/"):
+            raise StoreError(f"key {key!r} is not under {folder}/")
+        rel = key[len(folder) + 1 :] if folder else key
+        check_key(rel, what=f"key {key!r} under {folder or 'the store root'}: relative path")
+        return rel
+
     def download_dir(self, prefix: str, local_dir: str | Path) -> Path:
+        """Copy every object in the folder ``prefix`` to ``local_dir``, keeping relative paths.
+
+        Every key is checked before anything is written: a listing that holds a key escaping
+        the folder (``..``, an absolute or empty part, a backslash) writes nothing.
+        """
         local_dir = Path(local_dir)
-        for key in self.list(prefix):
-            rel = key[len(prefix) :].lstrip("/")
+        folder = check_key(prefix, folder=True, what="prefix")
+        planned = [(key, self.relative(folder, key)) for key in self.list(f"{folder}/" if folder else "")]
+        for key, rel in planned:
             self.download(key, local_dir / rel)
         return local_dir
 
     def commit(self, prefix: str, info: dict[str, Any] | None = None) -> None:
         """Mark ``prefix`` complete. Raises AlreadyCommitted if someone committed it first."""
-        self.put_json(f"{prefix}/{COMMIT_MARKER}", info or {}, if_absent=True)
+        self.put_json(f"{check_key(prefix, folder=True, what='prefix')}/{COMMIT_MARKER}", info or {}, if_absent=True)
 
     def is_committed(self, prefix: str) -> bool:
-        return self.exists(f"{prefix}/{COMMIT_MARKER}")
+        return self.exists(f"{check_key(prefix, folder=True, what='prefix')}/{COMMIT_MARKER}")
 
     def children(self, prefix: str) -> list[str]:
-        """Names of the immediate sub-directories of ``prefix``."""
-        prefix = prefix.rstrip("/") + "/"
-        names = {k[len(prefix) :].split("/", 1)[0] for k in self.list(prefix) if "/" in k[len(prefix) :]}
-        return sorted(names)
+        """Names of the immediate sub-directories of ``prefix`` (names no key could use, such
+        as ``..`` or empty ones from a planted S3 key, are not folders and are left out)."""
+        folder = check_key(prefix, folder=True, what="prefix")
+        start = f"{folder}/" if folder else ""
+        names = {k[len(start) :].split("/", 1)[0] for k in self.list(start) if "/" in k[len(start) :]}
+        return sorted(n for n in names if not _key_problem(n))
 
 
 class LocalStore(Store):
+    """A directory.
+
+    Every write goes to a uniquely named temporary file in the target folder and is renamed
+    into place, so a reader sees a whole object or none. Durability is the commit's job:
+    ``commit`` fsyncs every file and folder under the prefix (in parallel, so the filesystem
+    journal batches them) and only then creates the marker, itself fsynced and created
+    exclusively. Conditional creates (``if_absent``: markers, claims) are fsynced as they
+    are written, with any folder they created. Other objects are atomic but not fsynced one
+    by one: 1,000 small writes took ~0.7 s without and 5-10 s with a fsync each (ext4 on a
+    virtual disk), while the commit's concurrent pass costs about two fsync latencies.
+    """
+
     def __init__(self, root: str) -> None:
         super().__init__(uri=os.path.abspath(os.path.expanduser(root)))
         self.root = Path(self.uri)
 
-    def _path(self, key: str) -> Path:
-        path = (self.root / key).resolve()
-        if self.root.resolve() not in path.parents and path != self.root.resolve():
+    def _path(self, key: str, *, folder: bool = False) -> Path:
+        rel = check_key(key, folder=folder)
+        root = self.root.resolve()
+        path = (self.root / rel).resolve() if rel else root
+        if path != root and root not in path.parents:  # a symlink inside the store pointing out
             raise StoreError(f"key {key!r} escapes the store root {self.root}")
         return path
 
+    @staticmethod
+    def _makedirs(folder: Path) -> list[Path]:
+        """Create ``folder`` and its missing parents; the folders created, outermost first."""
+        missing = []
+        while not folder.is_dir():
+            missing.append(folder)
+            folder = folder.parent
+        created = []
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+                created.append(path)
+            except FileExistsError:
+                if not path.is_dir():
+                    raise
+        return created
+
+    def _write_temp(self, folder: Path, data: bytes | None = None, source: str | Path | None = None, sync: bool = False) -> str:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                if source is None:
+                    f.write(data or b"")
+                    f.flush()
+                    if sync:
+                        os.fsync(f.fileno())
+            if source is not None:
+                shutil.copyfile(source, tmp)  # sendfile into the same (truncated) file
+                if sync:
+                    _fsync_path(tmp)
+            os.chmod(tmp, _file_mode())  # mkstemp makes 0600; objects get the usual umask mode
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return tmp
+
     def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if if_absent:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError as e:
-                raise AlreadyCommitted(f"{self.url(key)} already exists") from e
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+        created = self._makedirs(path.parent)
+        tmp = self._write_temp(path.parent, data, sync=if_absent)
+        if not if_absent:
+            _replace(tmp, path)
             return
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as f:
-            f.write(data)
-        os.replace(f.name, path)
+        try:
+            os.link(tmp, path)  # atomic and exclusive: fails if ``path`` exists
+        except FileExistsError as e:
+            raise AlreadyCommitted(f"{self.url(key)} already exists") from e
+        except OSError:  # a filesystem without hard links: exclusive create, then copy
+            self._create_exclusive(tmp, path, key)
+        finally:
+            os.unlink(tmp)
+        for folder in {p.parent for p in created} | {path.parent}:
+            _fsync_dir(folder)
+
+    def _create_exclusive(self, tmp: str, path: Path, key: str) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _file_mode())
+        except FileExistsError as e:
+            raise AlreadyCommitted(f"{self.url(key)} already exists") from e
+        with os.fdopen(fd, "wb") as dst, open(tmp, "rb") as src:
+            shutil.copyfileobj(src, dst)
+            dst.flush()
+            os.fsync(dst.fileno())
 
     def put_file(self, key: str, path: str | Path) -> None:
         dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, dest)
+        self._makedirs(dest.parent)
+        _replace(self._write_temp(dest.parent, source=path), dest)
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -170,26 +347,84 @@ class LocalStore(Store):
             raise StoreError(f"{self.url(key)} does not exist") from e
 
     def download(self, key: str, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        src = self._path(key)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A name of our own in the destination folder: two processes downloading the same
+        # file never write into one temporary file.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+        os.close(fd)
         try:
-            shutil.copyfile(self._path(key), path)
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, _file_mode())
+            os.replace(tmp, path)
         except FileNotFoundError as e:
+            os.unlink(tmp)
             raise StoreError(f"{self.url(key)} does not exist") from e
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
     def list(self, prefix: str) -> list[str]:
-        base = self._path(prefix) if prefix else self.root
-        if base.is_file():
+        base = self._path(prefix, folder=True)
+        if base.is_file() and not prefix.endswith("/"):
             return [prefix]
         if not base.is_dir():
             return []
-        keys = [p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-")]
-        return sorted(keys)
+        root = self.root.resolve()
+        files = (p for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+        return sorted(p.relative_to(root).as_posix() for p in files)
+
+    def commit(self, prefix: str, info: dict[str, Any] | None = None) -> None:
+        """Make everything under ``prefix`` durable, then create the marker.
+
+        One concurrent pass fsyncs every file and folder below ``prefix`` (whoever wrote
+        them), the folders from ``prefix`` up to the root and the marker's content in a
+        temporary file; then the marker is hard-linked into place (exclusive: AlreadyCommitted
+        if it exists) and its folder fsynced. Two fsync latencies per commit."""
+        folder_key = check_key(prefix, folder=True, what="prefix")
+        key = f"{folder_key}/{COMMIT_MARKER}" if folder_key else COMMIT_MARKER
+        marker = self._path(key)
+        if marker.exists():
+            raise AlreadyCommitted(f"{self.url(key)} already exists")
+        folder = marker.parent
+        self._makedirs(folder)
+        data = json.dumps(info or {}, indent=2, sort_keys=True).encode()
+        tmp = self._write_temp(folder, data)
+        try:
+            root = self.root.resolve()
+            below = [p for p in folder.rglob("*") if not p.is_symlink() and not p.name.startswith(".tmp-")]
+            chain = [folder, *(p for p in folder.parents if p == root or root in p.parents)]
+            _fsync_all([*below, *chain, Path(tmp)])
+            try:
+                os.link(tmp, marker)
+            except FileExistsError as e:
+                raise AlreadyCommitted(f"{self.url(key)} already exists") from e
+            except OSError:  # a filesystem without hard links
+                self._create_exclusive(tmp, marker, key)
+        finally:
+            os.unlink(tmp)
+        _fsync_dir(folder)
 
     def delete_prefix(self, prefix: str) -> None:
-        shutil.rmtree(self._path(prefix), ignore_errors=True)
+        """Remove the marker first (made durable), then the rest: a half-deleted folder is
+        never complete."""
+        if not check_key(prefix, folder=True, what="prefix"):
+            raise StoreError(f"refusing to delete the whole store {self.root}: name a folder")
+        path = self._path(prefix, folder=True)
+        if path.is_file():
+            path.unlink()
+            _fsync_dir(path.parent)
+            return
+        marker = path / COMMIT_MARKER
+        if marker.is_file():
+            marker.unlink()
+            _fsync_dir(path)
+        shutil.rmtree(path, ignore_errors=True)
 
     def check(self) -> None:
         try:
@@ -209,7 +444,7 @@ class S3Store(Store):
 
     def __init__(self, uri: str) -> None:
         super().__init__(uri=uri.rstrip("/"))
-        bucket_and_prefix = uri[len("s3://") :]
+        bucket_and_prefix = self.uri[len("s3://") :]
         self.bucket, _, self.prefix = bucket_and_prefix.partition("/")
         if not self.bucket:
             raise StoreError(f"store URI {uri!r} names no bucket: use s3://bucket/prefix")
@@ -265,7 +500,8 @@ class S3Store(Store):
     def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         from botocore.exceptions import ClientError
 
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": data}
+        # Writes are checked like local paths: what we write can be downloaded anywhere.
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(check_key(key)), "Body": data}
         if if_absent:
             kwargs["IfNoneMatch"] = "*"
         try:
@@ -282,7 +518,7 @@ class S3Store(Store):
 
     def put_file(self, key: str, path: str | Path) -> None:
         # upload_file does multipart with per-part checksums for large files.
-        self._call(key, self.client.upload_file, Filename=str(path), Bucket=self.bucket, Key=self._key(key))
+        self._call(key, self.client.upload_file, Filename=str(path), Bucket=self.bucket, Key=self._key(check_key(key)))
 
     def get_bytes(self, key: str) -> bytes:
         return self.open_read(key).read()
@@ -292,10 +528,20 @@ class S3Store(Store):
         return resp["Body"]
 
     def download(self, key: str, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = f"{path}.part"
-        self._call(key, self.client.download_file, Bucket=self.bucket, Key=self._key(key), Filename=tmp)
-        os.replace(tmp, path)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A name of our own in the destination folder (not ``path.part``, which two processes
+        # downloading the same file would share).
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+        os.close(fd)
+        try:
+            self._call(key, self.client.download_file, Bucket=self.bucket, Key=self._key(key), Filename=tmp)
+            os.chmod(tmp, _file_mode())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
@@ -309,7 +555,8 @@ class S3Store(Store):
             raise self._explain(e, key) from e
 
     def _iter_keys(self, prefix: str) -> Iterator[str]:
-        full = self._key(prefix)
+        """Keys starting with the string ``prefix`` (relative to the store's own prefix)."""
+        full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
         paginator = self.client.get_paginator("list_objects_v2")
         strip = len(self.prefix) + 1 if self.prefix else 0
         from botocore.exceptions import BotoCoreError, ClientError
@@ -322,13 +569,35 @@ class S3Store(Store):
             raise self._explain(e, prefix) from e
 
     def list(self, prefix: str) -> list[str]:
-        return sorted(self._iter_keys(prefix))
+        """The keys in the folder ``prefix`` (``prefix/``, with or without the trailing ``/``;
+        ``models/gpt/1`` never matches ``models/gpt/10/...``), or ``[prefix]`` when it is itself
+        an object and the folder is empty, as on a local store."""
+        if not prefix:
+            return sorted(self._iter_keys(""))
+        if prefix.endswith("/"):
+            return sorted(self._iter_keys(prefix))
+        keys = sorted(self._iter_keys(f"{prefix}/"))
+        if not keys and self.exists(prefix):
+            return [prefix]
+        return keys
 
     def delete_prefix(self, prefix: str) -> None:
-        keys = self.list(prefix)
+        """The marker first, then the rest: a half-deleted folder is never complete."""
+        folder = check_key(prefix, folder=True, what="prefix")
+        if not folder:
+            raise StoreError(f"refusing to delete the whole store {self.uri}: name a folder")
+        marker = f"{folder}/{COMMIT_MARKER}"
+        self._call(marker, self.client.delete_object, Bucket=self.bucket, Key=self._key(marker))
+        keys = self.list(folder)
         for i in range(0, len(keys), 1000):
             batch = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
-            self._call(prefix, self.client.delete_objects, Bucket=self.bucket, Delete={"Objects": batch})
+            resp = self._call(prefix, self.client.delete_objects, Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            if resp.get("Errors"):
+                first = resp["Errors"][0]
+                raise StoreError(
+                    f"S3 refused to delete {len(resp['Errors'])} object(s) under {self.url(folder)}, "
+                    f"e.g. {first.get('Key')}: {first.get('Code')} {first.get('Message', '')}"
+                )
 
     def check(self) -> None:
         probe = f"_probe/{os.getpid()}"
