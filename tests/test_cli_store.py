@@ -1,6 +1,7 @@
 """`pretrain store up`: a real SeaweedFS server whose printed environment works."""
 
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ def test_store_up_prints_a_working_environment(tmp_path, monkeypatch):
                 env[key] = value
         assert env["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{port}"
         assert env["PRETRAIN_STORE"] == "s3://cli-test/store"
+        assert stat.S_IMODE((tmp_path / "s3").stat().st_mode) == 0o700
+        assert stat.S_IMODE((tmp_path / "s3" / "s3-identities.json").stat().st_mode) == 0o600
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         store = open_store(env["PRETRAIN_STORE"])
