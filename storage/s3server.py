@@ -40,6 +40,7 @@ TLS_DIR = "tls"
 # Components whose gRPC servers and clients present the shared certificate.
 GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "admin", "worker", "client", "msg_broker", "msg_agent", "mq")
 _SOCKET_PATH_MAX = 100  # AF_UNIX paths hold 108 bytes on Linux
+GRPC_PORT_OFFSET = 10000  # weed's default gRPC port: the HTTP port + 10000
 
 
 def _weed_binary() -> str:
@@ -55,6 +56,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_pair(offset: int = GRPC_PORT_OFFSET) -> int:
+    """A free port whose ``port + offset`` is free too (weed's worker dials the admin server's
+    HTTP port + 10000 for gRPC, whatever ``-admin.port.grpc`` says)."""
+    for _ in range(500):
+        port = 20000 + secrets.randbelow(65535 - offset - 20000)
+        if _bindable(port) and _bindable(port + offset):
+            return port
+    raise OSError(f"no free pair of ports {offset} apart on 127.0.0.1")
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -269,8 +289,7 @@ class S3Server:
             f"-volume.port.grpc={free_port()}",
             f"-filer.port={free_port()}",
             f"-filer.port.grpc={free_port()}",
-            f"-admin.port={free_port()}",
-            f"-admin.port.grpc={free_port()}",
+            f"-admin.port={free_port_pair()}",  # its gRPC port: +10000, where the worker looks
         ]
         log_fd = os.open(self.data_dir / "weed.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         with os.fdopen(log_fd, "ab") as log:
