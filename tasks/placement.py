@@ -6,7 +6,18 @@ from datetime import timedelta
 from pathlib import Path
 
 from flytekit import ImageSpec, PodTemplate, Resources
-from kubernetes.client import V1PodSpec
+from kubernetes.client import (
+    V1Capabilities,
+    V1Container,
+    V1EmptyDirVolumeSource,
+    V1EnvVar,
+    V1PodSecurityContext,
+    V1PodSpec,
+    V1SeccompProfile,
+    V1SecurityContext,
+    V1Volume,
+    V1VolumeMount,
+)
 
 from pipeline.cluster import ClusterConfig, kueue_labels, load_cluster
 
@@ -17,6 +28,10 @@ CUDA_BASE = "nvcr.io/nvidia/pytorch:25.01-py3"
 COMMON_PACKAGES = ["flytekit", "boto3", "tokenizers", "huggingface-hub", "webdataset", "numpy", "pandas", "pyyaml"]
 DATA_PACKAGES = [*COMMON_PACKAGES, "great-expectations"]
 TRAIN_PACKAGES = [*COMMON_PACKAGES, "flytekitplugins-kfpytorch", "megatron-core", "triton", "psutil"]
+RUNTIME_UID = 1000
+"""Numeric non-root user (and group) the task containers run as; it owns nothing in the images."""
+ROOT_OWNED_PYTHON = "chown -R root:root /opt/micromamba && chmod -R go-w /opt/micromamba"
+"""ImageSpec build step (run as root, after the install): the runtime user cannot modify the packages."""
 
 
 def pinned(names: list[str]) -> list[str]:
@@ -30,21 +45,61 @@ def pinned(names: list[str]) -> list[str]:
 
 def data_image(cluster: ClusterConfig = CLUSTER) -> ImageSpec:
     """Slim CPU image for prepare, validate and register: no torch."""
-    return ImageSpec(name="pretrain-data", python_version="3.11", packages=pinned(DATA_PACKAGES), registry=cluster.registry)
+    return ImageSpec(
+        name="pretrain-data",
+        python_version="3.11",
+        packages=pinned(DATA_PACKAGES),
+        registry=cluster.registry,
+        commands=[ROOT_OWNED_PYTHON],
+    )
 
 
 def training_image(cluster: ClusterConfig = CLUSTER) -> ImageSpec:
     """CUDA image (NGC PyTorch base: torch, NCCL, cuDNN) for train and evaluate on a GPU cluster."""
     if cluster.gpus_per_node:
-        return ImageSpec(name="pretrain-train", base_image=CUDA_BASE, packages=pinned(TRAIN_PACKAGES), registry=cluster.registry)
+        return ImageSpec(
+            name="pretrain-train",
+            base_image=CUDA_BASE,
+            packages=pinned(TRAIN_PACKAGES),
+            registry=cluster.registry,
+            commands=[ROOT_OWNED_PYTHON],
+        )
     return ImageSpec(
-        name="pretrain-train-cpu", python_version="3.11", packages=pinned(["torch", *TRAIN_PACKAGES]), registry=cluster.registry
+        name="pretrain-train-cpu",
+        python_version="3.11",
+        packages=pinned(["torch", *TRAIN_PACKAGES]),
+        registry=cluster.registry,
+        commands=[ROOT_OWNED_PYTHON],
     )
 
 
 def pod_template(service_account: str, cluster: ClusterConfig = CLUSTER) -> PodTemplate:
-    """Kueue labels (the team's queue, its priority) and the task's least-privilege identity."""
-    spec = V1PodSpec(containers=[], service_account_name=service_account)
+    """Kueue labels (the team's queue, its priority), the task's least-privilege identity, and Pod Security
+    `restricted`: a numeric non-root user, no privilege escalation, no capabilities, RuntimeDefault seccomp,
+    a read-only root filesystem with emptyDirs for /tmp (also $HOME) and /root (where fast registration
+    unpacks the code); train's /dev/shm is the emptyDir that ``shared_memory=True`` adds."""
+    seccomp = V1SeccompProfile(type="RuntimeDefault")
+    primary = V1Container(
+        name="primary",
+        security_context=V1SecurityContext(
+            allow_privilege_escalation=False,
+            privileged=False,
+            run_as_non_root=True,
+            read_only_root_filesystem=True,
+            capabilities=V1Capabilities(drop=["ALL"]),
+            seccomp_profile=seccomp,
+        ),
+        volume_mounts=[V1VolumeMount(name="tmp", mount_path="/tmp"), V1VolumeMount(name="workdir", mount_path="/root")],
+        env=[V1EnvVar(name="HOME", value="/tmp")],
+    )
+    spec = V1PodSpec(
+        containers=[primary],
+        service_account_name=service_account,
+        security_context=V1PodSecurityContext(
+            run_as_non_root=True, run_as_user=RUNTIME_UID, run_as_group=RUNTIME_UID, seccomp_profile=seccomp
+        ),
+        volumes=[V1Volume(name=n, empty_dir=V1EmptyDirVolumeSource()) for n in ("tmp", "workdir")],
+    )
     return PodTemplate(pod_spec=spec, labels=kueue_labels(cluster))
 
 

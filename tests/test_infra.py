@@ -466,8 +466,10 @@ def test_infra_tree_has_the_expected_files():
         "k8s/service-accounts.yaml",
         "k8s/resource-quotas.yaml",
         "images/Dockerfile.train",
-        *(f"iam/{r}.json" for r in ("data", "train", "registry", "reader", "flyte-backend")),
-        *(f"iam/trust/{r}.json" for r in ("data", "train", "registry", "reader", "flyte-backend")),
+        *(f"iam/{d}/{r}.json" for d in DOMAINS for r in ("data", "train", "registry", "reader")),
+        *(f"iam/trust/{d}/{r}.json" for d in DOMAINS for r in ("data", "train", "registry", "reader")),
+        "iam/flyte-backend.json",
+        "iam/trust/flyte-backend.json",
         *(f"flyte/project-domain-attributes/{d}-{a}.yaml" for d in DOMAINS for a in ("task-resources", "execution-config")),
         *(f"schemas/{s}" for s in [*KUEUE_SCHEMAS.values(), "kueue-configuration.json"]),
     }

@@ -159,6 +159,7 @@ INLINE_KEYS = {
             "non-interruptible-node-selector-requirement",
             "default-pod-template-name",
             "default-pod-security-context",
+            "default-security-context",
             "default-cpus",
             "default-memory",
             "co-pilot",
@@ -254,9 +255,18 @@ def test_storage_is_an_s3_bucket_the_roles_can_use():
     assert propeller["metadata-prefix"] == "metadata/propeller"
     backend = json.loads((INFRA / "iam" / "flyte-backend.json").read_text())
     assert any(f"arn:aws:s3:::{bucket}/*" in st["Resource"] for st in backend["Statement"])
-    for role in ("data", "train", "registry"):
-        writes = {r for st in json.loads((INFRA / "iam" / f"{role}.json").read_text())["Statement"] for r in st["Resource"]}
-        assert {f"arn:aws:s3:::{bucket}/data/*", f"arn:aws:s3:::{bucket}/metadata/*"} <= writes, role
+    for domain in DOMAINS:
+        # each domain's runs write raw outputs under <project>/<domain>/, metadata under <project>-<domain>-<name>/
+        raw = attribute_file(domain, "execution-config")["raw_output_data_config"]["output_location_prefix"]
+        assert raw == f"s3://{bucket}/{PROJECT}/{domain}/data"
+        for role in ("data", "train", "registry"):
+            policy = json.loads((INFRA / "iam" / domain / f"{role}.json").read_text())
+            writes = {r for st in policy["Statement"] if "s3:PutObject" in st["Action"] for r in st["Resource"]}
+            expected = {
+                f"arn:aws:s3:::{bucket}/{PROJECT}/{domain}/*",
+                f"arn:aws:s3:::{bucket}/metadata/propeller/{PROJECT}-{domain}-*",
+            }
+            assert expected <= writes, (domain, role)
 
 
 def test_namespace_mapping_is_project_dash_domain_and_helm_safe():

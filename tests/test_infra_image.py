@@ -76,8 +76,8 @@ def image_errors(text: str, facts: dict) -> list[str]:
     env = " ".join(a for op, a in instrs if op == "ENV")
     if "PYTHONPATH=/root" not in env:
         errors.append("PYTHONPATH=/root (where fast registration unpacks the code) is missing")
-    if [a for op, a in instrs if op == "USER"][-1:] != ["flytekit"]:
-        errors.append("the image must run as the flytekit user, as ImageSpec images do")
+    if [a for op, a in instrs if op == "USER"][-1:] != ["1000:1000"]:
+        errors.append("the image must run as the numeric non-root user 1000:1000 (flytekit, the pods' runAsUser)")
     return errors
 
 
@@ -101,7 +101,7 @@ def test_image_checker_rejects_a_drifted_dockerfile():
         "packages": text.replace(' psutil"', '"'),
         "unconstrained": text.replace("--constraint /tmp/requirements.lock ${TRAIN_PACKAGES}", "${TRAIN_PACKAGES}"),
         "cpu torch": text.replace("https://download.pytorch.org/whl/cu128", "https://download.pytorch.org/whl/cpu"),
-        "root": text.replace("USER flytekit", "USER root"),
+        "root": text.replace("USER 1000:1000", "USER root"),
     }
     for what, bad in drifted.items():
         assert bad != text, what
