@@ -1,19 +1,15 @@
-"""Shared fixtures: a real SeaweedFS S3 server on 127.0.0.1, stores, and a tiny dataset."""
+"""Shared fixtures: a real SeaweedFS S3 server on 127.0.0.1, stores, and a tiny dataset.
+Shared helpers (settings, corpora, run helpers) are in tests/helpers.py."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from data_prep.config import DataConfig, TokenizerConfig
 from storage import open_store
 from storage.s3server import S3Server
-
-# Small enough for seconds per stage, real enough to exercise every component.
-TINY_DATA = dict(max_documents=60, seq_len=32, sequences_per_sample=16, samples_per_shard=16, val_fraction=0.1, workers=2)
-TINY_TOKENIZER = dict(vocab_size=384)
+from tests.helpers import tiny_data, tiny_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -47,14 +43,6 @@ def store(request, tmp_path):
     return request.getfixturevalue("s3_store")
 
 
-def tiny_data(**overrides) -> DataConfig:
-    return DataConfig(**{**TINY_DATA, **overrides})
-
-
-def tiny_tokenizer(**overrides) -> TokenizerConfig:
-    return TokenizerConfig(**{**TINY_TOKENIZER, **overrides})
-
-
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
     """A committed tiny dataset in a local store, shared read-only by the training tests."""
@@ -62,12 +50,3 @@ def tiny_dataset(tmp_path_factory):
 
     store = open_store(str(tmp_path_factory.mktemp("dataset-store")))
     return prepare_dataset(tiny_data(), tiny_tokenizer(), store)
-
-
-def write_corpus(root: Path, documents: dict[str, str | bytes]) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for name, content in documents.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content.encode() if isinstance(content, str) else content)
-    return root

@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 
 from data_prep.dedup import Deduplicator, HashSet64, band_keys, digest_key, shingle_hashes, signature
-from tests.data_utils import distinct_docs
+from tests.helpers import distinct_docs
 
 
 def test_hash_set_grows_and_answers_for_whole_arrays():

@@ -7,7 +7,7 @@ from data_prep.config import TokenizerConfig
 from data_prep.encoder import FastBPE, HFEncoder, make_encoder
 from data_prep.sources import _stdlib_files
 from data_prep.tokenizer import encode_parallel, train_tokenizer
-from tests.data_utils import distinct_docs
+from tests.helpers import distinct_docs
 
 EDGE_CASES = [
     "café naïve 一二三 ²³ x² emoji 😀😀 it's we'll I'd 'S 'LL",

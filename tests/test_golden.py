@@ -16,8 +16,7 @@ import pytest
 from data_prep.prepare import prepare_dataset
 from pipeline.config import load_config
 from storage import open_store
-from tests.conftest import write_corpus
-from tests.data_utils import distinct_docs
+from tests.helpers import distinct_docs, write_corpus
 from training.launch import launch
 from training.train import train
 

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_prep.tokenizer import EOD_TOKEN, train_tokenizer
-from tests.conftest import tiny_tokenizer
+from tests.helpers import tiny_tokenizer
 from training.config import ModelConfig, ParallelConfig
 from training.hf_export import export_llama
 from training.model import build_gpt, init_distributed, shutdown_distributed

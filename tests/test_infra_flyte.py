@@ -9,7 +9,7 @@ import pytest
 from flyteidl.admin import matchable_resource_pb2
 from google.protobuf.json_format import ParseDict, ParseError
 
-from tests.test_infra import (
+from tests.helpers import (
     DOMAINS,
     INFRA,
     PRETRAIN_NAMESPACES,

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.test_infra import (
+from tests.helpers import (
     DOMAINS,
     INFRA,
     PRETRAIN_NAMESPACES,
@@ -266,7 +266,7 @@ def test_service_accounts_exist_per_role_in_every_pretrain_namespace():
 
 
 def test_every_task_runs_as_a_service_account_that_exists_in_every_pretrain_namespace():
-    from tests.test_infra import registration_facts
+    from tests.helpers import registration_facts
 
     accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in objects("k8s/service-accounts.yaml")}
     for profile, facts in registration_facts()["profiles"].items():

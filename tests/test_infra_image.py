@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from tests.test_infra import INFRA, ROOT, registration_facts
+from tests.helpers import INFRA, ROOT, registration_facts
 
 DOCKERFILE = INFRA / "images" / "Dockerfile.train"
 

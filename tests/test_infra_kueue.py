@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pipeline.cluster import PRIORITY_LABEL, QUEUE_LABEL
-from tests.test_infra import (
+from tests.helpers import (
     PRETRAIN_NAMESPACES,
     by_name,
     cluster_profiles,

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernel_utils import assert_close, count_launches, device, forward_backward, load_kernels
+from tests.helpers import assert_close, count_launches, device, forward_backward, load_kernels
 
 K = load_kernels("fused_linear_ce")
 DEV = device()

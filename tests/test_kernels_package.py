@@ -55,7 +55,7 @@ import triton.language
 import kernels.swiglu
 from kernels.swiglu import swiglu  # a reference bound before the reload
 os.environ["TRITON_INTERPRET"] = "1"
-from tests.kernel_utils import load_kernels
+from tests.helpers import load_kernels
 K = load_kernels("swiglu")
 x = torch.randn(3, 10, dtype=torch.float64, requires_grad=True)
 assert torch.autograd.gradcheck(swiglu, (x,))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.kernel_utils import assert_close, count_launches, device, forward_backward, load_kernels
+from tests.helpers import assert_close, count_launches, device, forward_backward, load_kernels
 
 K = load_kernels("rmsnorm")
 DEV = device()

@@ -4,7 +4,7 @@ reference and megatron-core's own `_apply_rotary_pos_emb_bshd`."""
 import pytest
 import torch
 
-from tests.kernel_utils import assert_close, count_launches, device, forward_backward, load_kernels
+from tests.helpers import assert_close, count_launches, device, forward_backward, load_kernels
 
 K = load_kernels("rotary")
 DEV = device()

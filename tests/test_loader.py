@@ -9,7 +9,7 @@ import pytest
 from data_prep.prepare import prepare_dataset
 from data_prep.shards import read_rows
 from storage import open_store
-from tests.conftest import tiny_data, tiny_tokenizer
+from tests.helpers import tiny_data, tiny_tokenizer
 from training.data import LoaderStateError, StreamingLoader, load_split
 
 # Few documents in small shards (32 rows each): dozens of shards, so that windows matter.

@@ -10,6 +10,7 @@ import torch
 
 from storage import open_store
 from tasks import decks
+from tests.helpers import fresh_copy, run_metrics, tiny_model
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
 from training.metrics import TENSORBOARD_TAGS, flops_per_token, mfu, non_embedding_params, table_peak
@@ -46,14 +47,13 @@ def test_mfu_against_the_data_sheet_peak():
 def test_training_writes_metrics_jsonl_and_tensorboard(tiny_dataset, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.test_training import MODEL, fresh_copy
-
+    model = tiny_model()
     steps = TrainConfig(steps=4, micro_batch_size=4, global_batch_size=8, warmup_steps=1, checkpoint_every=2)
-    ref = launch(train, 2, fresh_copy(tiny_dataset, tmp_path), MODEL, ParallelConfig(tensor_parallel=1), steps)
+    ref = launch(train, 2, fresh_copy(tiny_dataset, tmp_path / "store"), model, ParallelConfig(tensor_parallel=1), steps)
     store = open_store(ref.store)
-    records = [json.loads(line) for line in store.get_bytes(f"{ref.run}/metrics.jsonl").decode().splitlines()]
+    records = run_metrics(store, ref.run)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
-    per_token = flops_per_token(non_embedding_params(MODEL), MODEL.num_layers, MODEL.hidden_size, 32)
+    per_token = flops_per_token(non_embedding_params(model), model.num_layers, model.hidden_size, 32)
     for r in records:
         assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= r.keys()
         assert r["model_flops_per_s"] == pytest.approx(per_token * r["tokens_per_s"])
@@ -61,7 +61,7 @@ def test_training_writes_metrics_jsonl_and_tensorboard(tiny_dataset, tmp_path):
         assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / (2 * r["peak_flops"]))
         assert 0 < r["mfu"] < 1 and r["peak_memory_mib"] > 100 and 0 <= r["data_wait_fraction"] < 1
     # The formula's N is the model's parameter count less the (tied) embedding table.
-    assert ref.summary["parameters"] - _padded_vocab(384, 1) * MODEL.hidden_size == non_embedding_params(MODEL)
+    assert ref.summary["parameters"] - _padded_vocab(384, 1) * model.hidden_size == non_embedding_params(model)
 
     events = store.list(f"{ref.run}/tensorboard")
     assert events and all(Path(key).name.startswith("events.out.tfevents") for key in events)

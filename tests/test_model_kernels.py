@@ -14,7 +14,7 @@ import torch
 import kernels.fused_linear_ce, kernels.rmsnorm, kernels.rotary, kernels.swiglu
 from training.config import ModelConfig, ParallelConfig
 from training.model import build_gpt, init_distributed, mean_loss
-from tests.kernel_utils import count_launches
+from tests.helpers import count_launches
 
 MODULES = (kernels.rmsnorm, kernels.swiglu, kernels.rotary, kernels.fused_linear_ce)
 

@@ -1,8 +1,6 @@
 """Pipeline parallelism and megatron's DDP + distributed optimizer: real two-rank gloo runs
 whose loss curves must match a single-rank (TP=1, PP=1) run of the same data."""
 
-import dataclasses
-import json
 import math
 import shutil
 from pathlib import Path
@@ -12,6 +10,7 @@ import torch
 
 from common.errors import ConfigError
 from storage import open_store
+from tests.helpers import fresh_copy, losses, records, tiny_model
 from training import checkpoint, cpu_compat
 from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
 from training.evaluate import evaluate
@@ -19,25 +18,10 @@ from training.launch import launch
 from training.model import check_parallel
 from training.train import train
 
-MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)
+MODEL = tiny_model()
 # 10 steps, 2 micro-batches per step at data-parallel 1 (two 1F1B micro-batches on the pipeline).
 STEPS = TrainConfig(steps=10, micro_batch_size=4, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=5)
 TOLERANCE = 1e-5
-
-
-def records(ref) -> list[dict]:
-    lines = open_store(ref.store).get_bytes(f"{ref.run}/metrics.jsonl").decode().splitlines()
-    return [json.loads(line) for line in lines]
-
-
-def losses(ref) -> list[float]:
-    return [r["loss"] for r in records(ref)]
-
-
-def fresh_copy(dataset, path: Path):
-    """The dataset alone in a new store: the run id ignores the layout, so each layout needs its own."""
-    shutil.copytree(Path(dataset.store) / dataset.prefix, path / "store" / dataset.prefix)
-    return dataclasses.replace(dataset, store=str(path / "store"))
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +74,7 @@ def test_distributed_optimizer_matches_single_rank_curve(single_rank, distopt_ru
 def test_megatron_optimizer_resumes_exactly(tiny_dataset, tmp_path, request, run, parallel):
     # Weights, AdamW moments and step count (megatron's sharded optimizer state) all come back.
     done = request.getfixturevalue(run)
-    dataset = fresh_copy(tiny_dataset, tmp_path)
+    dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     store = open_store(dataset.store)
     shutil.copytree(Path(done.store) / done.run, Path(dataset.store) / done.run)
     store.delete_prefix(checkpoint.checkpoint_prefix(done.run, 10))  # as if it crashed after step 5
@@ -103,7 +87,7 @@ def test_megatron_optimizer_resumes_exactly(tiny_dataset, tmp_path, request, run
 
 def test_distributed_optimizer_checkpoint_resumes_weights_at_another_layout(tiny_dataset, distopt_run, tmp_path):
     # One process without the distributed optimizer: the weights reshard, the optimizer starts afresh.
-    dataset = fresh_copy(tiny_dataset, tmp_path)
+    dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     store = open_store(dataset.store)
     shutil.copytree(Path(distopt_run.store) / distopt_run.run, Path(dataset.store) / distopt_run.run)
     store.delete_prefix(checkpoint.checkpoint_prefix(distopt_run.run, 10))

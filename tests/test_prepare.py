@@ -8,8 +8,7 @@ from data_prep.prepare import load_manifest, prepare_dataset, shard_urls, split_
 from data_prep.shards import ShardWriter, pack, read_rows, write_shards
 from data_prep.sources import DataError
 from storage import open_store
-from tests.conftest import tiny_data, tiny_tokenizer, write_corpus
-from tests.data_utils import KEPT_IN_MIXED, distinct_docs, mixed_corpus
+from tests.helpers import KEPT_IN_MIXED, distinct_docs, mixed_corpus, tiny_data, tiny_tokenizer, write_corpus
 
 
 def test_documents_are_cleaned_deduplicated_and_skips_counted(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from storage import open_store
 from storage.s3server import S3Server
-from tests.test_resume import ROOT, fresh_copy, kill_group, start_training
+from tests.helpers import ROOT, fresh_copy, kill_group, start_training, tiny_model
 from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
@@ -82,7 +82,7 @@ def test_s3_server_stopped_mid_upload_leaves_no_checkpoint_to_resume(tiny_datase
 
 # -- dead and stuck ranks ---------------------------------------------------------
 LONG = TrainConfig(steps=100_000, micro_batch_size=4, global_batch_size=8, warmup_steps=2, checkpoint_every=100_000, seed=77)
-MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)
+MODEL = tiny_model()
 TIMEOUT_S = 20
 
 

@@ -1,35 +1,17 @@
 import json
-import math
 
 import pytest
 
-from common.contracts import CheckpointRef, DatasetRef, EvalReport, Layout, LayoutSpan, ModelCard
+from common.contracts import ModelCard
 from pipeline.cli import main as cli
 from registry.registry import RegistryError, gate_decision, list_models, register, resolve, set_alias, show
 from storage import AlreadyCommitted
-
-DATASET = "datasets/abc"
-CKPT = "runs/r1/checkpoints/step-0000010"
+from tests.helpers import CKPT, registry_inputs, report
 
 
 @pytest.fixture
 def populated(store):
-    store.put_json(f"{DATASET}/manifest.json", {"tokenizer": {"sha256": "t" * 64}})
-    store.put_bytes(f"{DATASET}/tokenizer.json", b"{}")
-    store.put_bytes(f"{CKPT}/model/.metadata", b"meta")
-    store.put_bytes(f"{CKPT}/model/__0_0.distcp", b"weights")
-    store.put_bytes(f"{CKPT}/optim/rank-00000.pt", b"optimizer")
-    store.put_json(f"{CKPT}/meta.json", {"step": 10})
-    store.commit(CKPT)
-    return store
-
-
-def report(loss: float, outputs: str = "", checkpoint: str = CKPT) -> EvalReport:
-    """What evaluation hands registration: a report on ``checkpoint``, trained by TP=2 on dataset abc."""
-    dataset = DatasetRef(store="", version="abc", prefix=DATASET)
-    layouts = [LayoutSpan(1, 10, Layout(world_size=2, tensor_parallel=2))]
-    ckpt = CheckpointRef(store="", run="runs/r1", prefix=checkpoint, step=10, dataset=dataset, layouts=layouts)
-    return EvalReport(ckpt, loss, math.exp(loss), 100, loss / math.log(2), sample="def f():", outputs=outputs)
+    return registry_inputs(store)
 
 
 def test_register_creates_immutable_versions_with_lineage(populated):

@@ -10,20 +10,11 @@ import pytest
 from registry.registry import download, list_models, promote, register, resolve, show
 from storage import AlreadyCommitted, StoreError, open_store
 from storage.s3server import S3Server
-from tests.test_registry import CKPT, DATASET, report
-
-
-def populate(store, weights: bytes = b"weights"):
-    store.put_json(f"{DATASET}/manifest.json", {"tokenizer": {"sha256": "t" * 64}})
-    store.put_bytes(f"{DATASET}/tokenizer.json", b"{}")
-    store.put_bytes(f"{CKPT}/model/__0_0.distcp", weights)
-    store.put_json(f"{CKPT}/meta.json", {"step": 10})
-    store.commit(CKPT)
-    return store
+from tests.helpers import registry_inputs, report
 
 
 def test_concurrent_registrations_get_distinct_versions(s3_store):
-    populate(s3_store)
+    registry_inputs(s3_store)
     stores = [open_store(s3_store.uri) for _ in range(4)]  # one client each, as separate workers would have
     with ThreadPoolExecutor(4) as pool:
         refs = list(pool.map(lambda i: register(stores[i], "gpt", report(float(i))), range(4)))
@@ -50,7 +41,7 @@ def test_one_version_has_one_winner(s3_store):
 
 
 def test_alias_race_leaves_a_valid_alias(s3_store):
-    populate(s3_store)
+    registry_inputs(s3_store)
     for i in range(3):
         register(s3_store, "gpt", report(float(i)))
     with ThreadPoolExecutor(3) as pool:
@@ -62,7 +53,7 @@ def test_alias_race_leaves_a_valid_alias(s3_store):
 
 def test_download_round_trip(s3_store, tmp_path):
     weights = os.urandom(300_000)
-    populate(s3_store, weights)
+    registry_inputs(s3_store, weights)
     register(s3_store, "gpt", report(1.0))
     folder = download(s3_store, "gpt:latest", tmp_path / "model")
     assert (folder / "checkpoint" / "model" / "__0_0.distcp").read_bytes() == weights
@@ -70,7 +61,7 @@ def test_download_round_trip(s3_store, tmp_path):
 
 
 def test_no_credentials_in_metadata_or_logs(s3_store, s3_env, capfd, caplog):
-    populate(s3_store)
+    registry_inputs(s3_store)
     register(s3_store, "gpt", report(1.0))
     secrets = [s3_env["AWS_ACCESS_KEY_ID"], s3_env["AWS_SECRET_ACCESS_KEY"]]
     stored = b"".join(s3_store.get_bytes(k) for k in s3_store.list("models"))
@@ -84,7 +75,7 @@ def test_server_stopped_mid_registration_leaves_no_visible_entry(tmp_path, monke
     try:
         for key, value in server.env().items():
             monkeypatch.setenv(key, value)
-        store = populate(open_store("s3://midway/reg"), weights=os.urandom(48 * 1024 * 1024))
+        store = registry_inputs(open_store("s3://midway/reg"), weights=os.urandom(48 * 1024 * 1024))
         failure: list[BaseException] = []
 
         def registration():

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import pickle
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,55 +11,18 @@ import pytest
 import torch
 
 from storage import open_store
+from tests.helpers import fresh_copy, kill_group, losses, start_training, tiny_model
 from training import checkpoint
-from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
 from training.train import run_id, train
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)
+MODEL = tiny_model()
 # Checkpoints at 3, 6 and 8, all kept; a seed of its own, so no other test shares the run id.
 STEPS = TrainConfig(
     steps=8, micro_batch_size=2, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=3, keep_checkpoints=3, seed=4321
 )
 TP2 = ParallelConfig(tensor_parallel=2)
-
-# Runs launch() in a child process, so that a test can SIGKILL the whole job (agent and ranks).
-CHILD = "import pickle, sys\nfrom training.launch import launch\nlaunch(*pickle.load(open(sys.argv[1], 'rb')))\n"
-
-
-def start_training(tmp_path: Path, nproc: int, *args, env: dict | None = None, log_name: str = "train.log") -> subprocess.Popen:
-    """``launch(train, nproc, *args)`` in its own process group; stdout and stderr go to ``log_name``."""
-    spec = tmp_path / f"{log_name}.pickle"
-    spec.write_bytes(pickle.dumps((train, nproc, *args)))
-    log = open(tmp_path / log_name, "wb")
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(spec)],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
-
-
-def fresh_copy(dataset, root: Path):
-    """The dataset alone in a new local store."""
-    shutil.copytree(Path(dataset.store) / dataset.prefix, root / dataset.prefix)
-    return dataclasses.replace(dataset, store=str(root))
-
-
-def losses(ref) -> list[float]:
-    lines = open_store(ref.store).get_bytes(f"{ref.run}/metrics.jsonl").decode().splitlines()
-    return [json.loads(line)["loss"] for line in lines]
 
 
 def checkpoint_state(store_root: str, prefix: str, tmp_path: Path) -> dict:

@@ -18,8 +18,7 @@ from data_prep.prepare import load_manifest, prepare_dataset
 from data_prep.readers import Skips, iter_documents, read_file
 from data_prep.sources import DataError, content_fingerprint, list_files
 from storage import open_store
-from tests.conftest import tiny_data, tiny_tokenizer, write_corpus
-from tests.data_utils import distinct_docs
+from tests.helpers import distinct_docs, tiny_data, tiny_tokenizer, write_corpus
 
 CAP = 4 * 2_000_000 + 4  # max_doc_bytes of the default max_chars
 

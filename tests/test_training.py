@@ -1,7 +1,6 @@
 """Real multi-process training (gloo, two ranks) of a tiny megatron-core GPT."""
 
 import dataclasses
-import json
 import math
 import shutil
 from pathlib import Path
@@ -10,21 +9,16 @@ import pytest
 
 from common.errors import ConfigError
 from storage import open_store
+from tests.helpers import fresh_copy, losses, tiny_model
 from training import checkpoint
-from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
+from training.config import EvalConfig, ParallelConfig, TrainConfig
 from training.evaluate import evaluate
 from training.launch import launch
 from training.model import build_gpt
 from training.train import train
 
-MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)
+MODEL = tiny_model()
 STEPS = TrainConfig(steps=8, micro_batch_size=4, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=4)
-
-
-def losses(ref) -> list[float]:
-    store = open_store(ref.store)
-    lines = store.get_bytes(f"{ref.run}/metrics.jsonl").decode().splitlines()
-    return [json.loads(line)["loss"] for line in lines]
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +36,6 @@ def test_tensor_parallel_training_learns_and_commits(tp2_run):
     assert tp2_run.summary["world_size"] == 2
 
 
-def fresh_copy(dataset, tmp_path):
-    """The dataset alone in a new store, so that a run there starts from scratch."""
-    shutil.copytree(Path(dataset.store) / dataset.prefix, tmp_path / "store" / dataset.prefix)
-    return dataclasses.replace(dataset, store=str(tmp_path / "store"))
-
-
 @pytest.mark.parametrize(
     "nproc,parallel",
     [
@@ -59,7 +47,7 @@ def fresh_copy(dataset, tmp_path):
 )
 def test_parallel_layouts_match_the_tensor_parallel_curve(tiny_dataset, tp2_run, tmp_path, nproc, parallel):
     # Same initial weights and global batches whatever the layout: only float noise differs.
-    ref = launch(train, nproc, fresh_copy(tiny_dataset, tmp_path), MODEL, parallel, STEPS)
+    ref = launch(train, nproc, fresh_copy(tiny_dataset, tmp_path / "store"), MODEL, parallel, STEPS)
     assert losses(ref) == pytest.approx(losses(tp2_run), abs=1e-5)
 
 
@@ -67,7 +55,7 @@ def test_parallel_layouts_match_the_tensor_parallel_curve(tiny_dataset, tp2_run,
 def test_activation_recompute_keeps_the_curve(tiny_dataset, tp2_run, tmp_path, recompute):
     # Recomputed activations are the same numbers: the curve must not move.
     steps = dataclasses.replace(STEPS, recompute=recompute)
-    ref = launch(train, 2, fresh_copy(tiny_dataset, tmp_path), MODEL, ParallelConfig(tensor_parallel=2), steps)
+    ref = launch(train, 2, fresh_copy(tiny_dataset, tmp_path / "store"), MODEL, ParallelConfig(tensor_parallel=2), steps)
     assert losses(ref) == pytest.approx(losses(tp2_run), abs=1e-5)
 
 
@@ -77,7 +65,7 @@ def test_recompute_setting_is_checked():
 
 
 def test_rerun_with_same_inputs_resumes_from_latest_checkpoint(tiny_dataset, tp2_run, tmp_path):
-    dataset = fresh_copy(tiny_dataset, tmp_path)
+    dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     store = open_store(dataset.store)
     shutil.copytree(Path(tp2_run.store) / tp2_run.run, Path(dataset.store) / tp2_run.run)
     store.delete_prefix(checkpoint.checkpoint_prefix(tp2_run.run, 8))  # as if it crashed after step 4

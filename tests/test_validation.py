@@ -8,8 +8,7 @@ from common.contracts import DOC_STATS, DatasetRef
 from data_prep.prepare import prepare_dataset
 from data_prep.validation import ValidationConfig, ValidationFailed, check_dataset
 from storage import open_store
-from tests.conftest import tiny_data, tiny_tokenizer, write_corpus
-from tests.data_utils import distinct_docs
+from tests.helpers import distinct_docs, tiny_data, tiny_tokenizer, write_corpus
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,889 @@
+"""What the tests share, in one place: paths, tiny settings and corpora, training and pipeline
+runs and what they leave in the store, registry entries, the Triton kernel harness and the
+infra/ checkers. Fixtures live in conftest.py; test modules import helpers from here only,
+never from each other or from conftest.
+
+Heavy libraries (torch, triton, kubernetes, jsonschema) are imported where they are used, so
+that a data test does not pay for them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import fnmatch
+import gzip
+import importlib
+import json
+import math
+import os
+import pickle
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from common.contracts import CheckpointRef, DatasetRef, EvalReport, Layout, LayoutSpan, metrics_key
+from data_prep.config import DataConfig, TokenizerConfig
+from storage import Store, open_store
+
+if TYPE_CHECKING:
+    import jsonschema
+    import torch
+
+    from training.config import ModelConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent  # the venv's console scripts: pyflyte, pretrain
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny settings: small enough for seconds per stage, real enough to exercise every component
+
+TINY_DATA = dict(max_documents=60, seq_len=32, sequences_per_sample=16, samples_per_shard=16, val_fraction=0.1, workers=2)
+TINY_TOKENIZER = dict(vocab_size=384)
+
+
+def tiny_data(**overrides) -> DataConfig:
+    return DataConfig(**{**TINY_DATA, **overrides})
+
+
+def tiny_tokenizer(**overrides) -> TokenizerConfig:
+    return TokenizerConfig(**{**TINY_TOKENIZER, **overrides})
+
+
+TINY_MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4)
+
+
+def tiny_model(**overrides) -> ModelConfig:
+    from training.config import ModelConfig
+
+    return ModelConfig(**{**TINY_MODEL, **overrides})
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpora
+
+_SYLLABLES = ["ka", "lo", "mi", "ren", "tu", "sa", "vo", "ne", "pi", "dor", "ex", "quo", "lin", "ba", "te", "ru"]
+
+
+def write_corpus(root: Path, documents: dict[str, str | bytes]) -> Path:
+    """``root`` holding each ``{relative name: content}``."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, content in documents.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+    return root
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(n))
+
+
+def distinct_docs(n: int, seed: int = 0, words_per_doc: int = 60) -> list[str]:
+    """Documents that share a vocabulary but no near-duplicate pairs (a fixed seed: always the same)."""
+    rng = random.Random(seed)
+    return [f"Document {i}. {words(rng, words_per_doc)}." for i in range(n)]
+
+
+def distinct_corpus(root: Path, n: int = 40, words_per_doc: int = 150) -> Path:
+    """A folder of ``n`` distinct documents ``doc<i>.txt``: near-duplicate de-duplication would keep
+    only one of a templated set."""
+    return write_corpus(root, {f"doc{i}.txt": text for i, text in enumerate(distinct_docs(n, words_per_doc=words_per_doc))})
+
+
+def mixed_corpus(root: Path) -> tuple[Path, dict[str, int]]:
+    """A folder with text, JSONL, gzip and problem files; returns it and the expected skips."""
+    import zstandard
+
+    docs = distinct_docs(40)
+    files: dict[str, str | bytes] = {f"doc{i}.txt": text for i, text in enumerate(docs[:30])}
+    files["dup.txt"] = docs[0]  # exact duplicate
+    near = docs[1].split(" ")
+    near[5] = "changed"
+    files["near.txt"] = " ".join(near)  # one word changed: a near-duplicate
+    files["empty.txt"] = "   \n"
+    files["short.txt"] = "tiny"
+    files["latin1.txt"] = "caf\xe9 ".encode("latin-1") * 40
+    files["blob.txt"] = b"\x00\x01binary" * 50
+    files["nested/records.jsonl"] = "\n".join(
+        [json.dumps({"text": text}) for text in docs[30:35]] + ["{not json", json.dumps({"other": 1})]
+    )
+    files["packed.txt.gz"] = gzip.compress(docs[35].encode())
+    files["packed.jsonl.zst"] = zstandard.ZstdCompressor().compress(json.dumps({"text": docs[36]}).encode())
+    files["broken.txt.gz"] = gzip.compress(b"x" * 1000)[:20]
+    expected = {
+        "duplicate": 1,
+        "near_duplicate": 1,
+        "empty": 1,
+        "too_short": 1,
+        "not_utf8": 1,
+        "binary": 1,
+        "bad_jsonl_record": 1,
+        "jsonl_missing_text_field": 1,
+        "bad_gzip": 1,
+    }
+    return write_corpus(root, files), expected
+
+
+KEPT_IN_MIXED = 30 + 5 + 2  # text files, JSONL records, the gzip and zstd documents
+
+
+# ----------------------------------------------------------------------------------------------
+# Training runs and what they leave in the store
+
+
+def fresh_copy(dataset, root: Path):
+    """The dataset alone in a new local store at ``root``: a run there starts from scratch (the
+    run id ignores the layout, so each layout needs its own store)."""
+    shutil.copytree(Path(dataset.store) / dataset.prefix, root / dataset.prefix)
+    return dataclasses.replace(dataset, store=str(root))
+
+
+def run_metrics(store: Store, run: str) -> list[dict]:
+    """The run's ``metrics.jsonl``: one record per step (loss, grad norm, lr, tokens/s, ...)."""
+    return [json.loads(line) for line in store.get_bytes(metrics_key(run)).decode().splitlines()]
+
+
+def records(ref) -> list[dict]:
+    """The metrics of a training result (a ``CheckpointRef``)."""
+    return run_metrics(open_store(ref.store), ref.run)
+
+
+def losses(ref) -> list[float]:
+    return [r["loss"] for r in records(ref)]
+
+
+# Runs launch() in a child process, so that a test can SIGKILL the whole job (agent and ranks).
+_CHILD = "import pickle, sys\nfrom training.launch import launch\nlaunch(*pickle.load(open(sys.argv[1], 'rb')))\n"
+
+
+def start_training(tmp_path: Path, nproc: int, *args, env: dict | None = None, log_name: str = "train.log") -> subprocess.Popen:
+    """``launch(train, nproc, *args)`` in its own process group; stdout and stderr go to ``log_name``."""
+    from training.train import train
+
+    spec = tmp_path / f"{log_name}.pickle"
+    spec.write_bytes(pickle.dumps((train, nproc, *args)))
+    log = open(tmp_path / log_name, "wb")
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(spec)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole workflow under `pyflyte run`, and what it leaves behind
+
+CACHED_TASKS = ["prepare_data", "validate_data", "train_model", "evaluate_model", "register_model"]
+
+
+def write_config(path: Path, store: str, **overrides) -> Path:
+    """A preset for a tiny pipeline run against ``store``; ``overrides`` update its sections."""
+    config = {
+        "store": store,
+        "data": dict(TINY_DATA),
+        "tokenizer": dict(TINY_TOKENIZER),
+        "model": dict(TINY_MODEL),
+        "train": {"steps": 12, "micro_batch_size": 4, "global_batch_size": 8, "warmup_steps": 2, "checkpoint_every": 6},
+        "evaluation": {"max_batches": 2, "batch_size": 4, "sample_tokens": 8},
+        "registry": {"model_name": "gpt-e2e"},
+    }
+    for section, values in overrides.items():
+        config[section] = {**config.get(section, {}), **values}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def local_cache_entries(home: Path) -> dict[str, set[str]]:
+    """flytekit's local task cache (``$HOME/.flyte/local-cache``): {task: its cache keys}. A key is
+    ``<module>.<task>-<cache version>-<inputs hash>``, written once the task ran (a miss)."""
+    from diskcache import Cache
+
+    folder = home / ".flyte" / "local-cache"
+    if not folder.exists():
+        return {}
+    entries: dict[str, set[str]] = {}
+    with Cache(str(folder)) as cache_db:
+        for key in cache_db.iterkeys():
+            entries.setdefault(key.rsplit("-", 2)[0].rsplit(".", 1)[-1], set()).add(key)
+    return entries
+
+
+def cache_outcomes(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, str]:
+    """{task: 'miss' | 'hit'} for a successful run of the workflow, from the local cache before and
+    after it: every cached task runs in each execution, and a miss adds the task's new key."""
+    return {task: "miss" if after.get(task, set()) - before.get(task, set()) else "hit" for task in CACHED_TASKS}
+
+
+def training_run_of(store: Store, card: dict) -> str:
+    """The run (``runs/<id>``) whose checkpoint a registry entry copied."""
+    return card["lineage"]["checkpoint"].removeprefix(store.url("")).split("/checkpoints/")[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Registry entries made without training
+
+DATASET = "datasets/abc"
+CKPT = "runs/r1/checkpoints/step-0000010"
+
+
+def registry_inputs(store: Store, weights: bytes = b"weights") -> Store:
+    """What registration copies from: a dataset's manifest and tokenizer, and a committed
+    checkpoint (weights, optimizer state that stays with the run, meta)."""
+    store.put_json(f"{DATASET}/manifest.json", {"tokenizer": {"sha256": "t" * 64}})
+    store.put_bytes(f"{DATASET}/tokenizer.json", b"{}")
+    store.put_bytes(f"{CKPT}/model/.metadata", b"meta")
+    store.put_bytes(f"{CKPT}/model/__0_0.distcp", weights)
+    store.put_bytes(f"{CKPT}/optim/rank-00000.pt", b"optimizer")
+    store.put_json(f"{CKPT}/meta.json", {"step": 10})
+    store.commit(CKPT)
+    return store
+
+
+def report(loss: float, outputs: str = "", checkpoint: str = CKPT) -> EvalReport:
+    """What evaluation hands registration: a report on ``checkpoint``, trained by TP=2 on dataset abc."""
+    dataset = DatasetRef(store="", version="abc", prefix=DATASET)
+    layouts = [LayoutSpan(1, 10, Layout(world_size=2, tensor_parallel=2))]
+    ckpt = CheckpointRef(store="", run="runs/r1", prefix=checkpoint, step=10, dataset=dataset, layouts=layouts)
+    return EvalReport(ckpt, loss, math.exp(loss), 100, loss / math.log(2), sample="def f():", outputs=outputs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels (tests/test_kernels_*.py)
+#
+# Without a GPU the Triton kernels run on the CPU through Triton's interpreter, which @triton.jit
+# chooses when a kernel is defined, i.e. when its module is imported. So the kernel tests load the
+# kernel modules with `load_kernels()`, which sets TRITON_INTERPRET=1 only while it (re-)imports
+# them: `kernels.*` modules that something else imported earlier without the interpreter are
+# reloaded (importlib.reload re-executes a module in its own namespace, so functions already
+# imported elsewhere pick up the interpreted kernels too). The variable is restored afterwards, so
+# that it does not leak into the rest of the test session: the training tests' ranks would
+# otherwise run every kernel interpreted. The kernels do not depend on when `triton` itself was
+# imported (see kernels/_tl.py).
+
+
+@cache
+def interpret() -> bool:
+    """Whether the kernels run under Triton's interpreter: TRITON_INTERPRET=1, or no CUDA device."""
+    import torch
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cuda.is_available()
+
+
+@contextmanager
+def _interpreter_mode() -> Iterator[None]:
+    saved = os.environ.get("TRITON_INTERPRET")
+    if interpret():
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol as a fraction of max|expected|) for ``dtype`` (see `assert_close`).
+
+    float32: both sides compute in float32, only summation order differs.
+    bfloat16: both sides compute in float32 and round once; a value that lands near a rounding
+      boundary can round the other way: one bf16 step = 2^-8 of the leading binade, so 2^-7
+      relative per element plus 2^-8 of the tensor's max absolute value.
+    float16: the same, with float16's 10 mantissa bits.
+    float64: both sides compute in float64.
+    """
+    import torch
+
+    return {
+        torch.float32: (1e-5, 1e-6),
+        torch.bfloat16: (2**-7, 2**-8),
+        torch.float16: (2**-10, 2**-11),
+        torch.float64: (1e-12, 1e-13),
+    }[dtype]
+
+
+def kernels_of(module: ModuleType) -> dict[str, Any]:
+    """The @triton.jit functions defined in `module` (not the helpers it imports)."""
+    from triton.runtime.jit import KernelInterface
+
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if isinstance(value, KernelInterface) and getattr(value.fn, "__module__", None) == module.__name__
+    }
+
+
+def _interpreted(module: ModuleType) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return all(isinstance(k, InterpretedFunction) for k in kernels_of(module).values())
+
+
+def load_kernels(name: str) -> ModuleType:
+    """`kernels.<name>`, with its @triton.jit functions built for the interpreter if
+    TRITON_INTERPRET=1 (re-importing it, and the helpers it uses, if it was imported before
+    the variable was set)."""
+    # triton itself is imported outside interpreter mode, as a module-level import would: its own
+    # @jit helpers (tl.cdiv...) must stay JITFunctions, which triton.experimental.gluon, imported
+    # at the first launch, insists on when the interpreter is off.
+    import triton.runtime.interpreter  # noqa: F401
+
+    module = None
+    with _interpreter_mode():
+        for dependency in ("kernels._tl", f"kernels.{name}"):  # helpers first: the kernel module binds them
+            module = importlib.import_module(dependency)
+            if interpret() and not _interpreted(module):
+                module = importlib.reload(module)
+    assert module is not None and kernels_of(module), f"kernels.{name} defines no Triton kernel"
+    assert _interpreted(module) == interpret(), f"kernels.{name}: interpreter mode does not match TRITON_INTERPRET"
+    return module
+
+
+def device() -> str:
+    """Where the tests run the kernels: the CPU under the interpreter, else a GPU."""
+    import torch
+
+    if interpret():
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("TRITON_INTERPRET=0 and no CUDA device: the Triton kernels cannot run here")
+    return "cuda"
+
+
+@dataclass
+class Launches:
+    """What `count_launches` saw: kernel name -> number of launches, and each launch's args."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    calls: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)  # name, grid, args, kwargs
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class _Spy:
+    """Stands in for a Triton kernel: `spy[grid](*args)` records the launch, then runs it."""
+
+    def __init__(self, name: str, kernel: Any, launches: Launches) -> None:
+        self.name, self.kernel, self.launches = name, kernel, launches
+
+    def __getitem__(self, grid: Any):
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.launches.counts[self.name] = self.launches.counts.get(self.name, 0) + 1
+            self.launches.calls.append((self.name, grid, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@contextmanager
+def count_launches(module: ModuleType) -> Iterator[Launches]:
+    """Count the Triton launches of `module`'s kernels inside the block: proof that a result
+    came from the Triton path and not silently from torch."""
+    launches = Launches()
+    originals = kernels_of(module)
+    for name, kernel in originals.items():
+        setattr(module, name, _Spy(name, kernel, launches))
+    try:
+        yield launches
+    finally:
+        for name, kernel in originals.items():
+            setattr(module, name, kernel)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None, scale: float = 1.0) -> None:
+    """Elementwise |actual - expected| <= rtol * |expected| + atol * max|expected|, with the
+    tolerances of `dtype` (default: expected's dtype) multiplied by `scale`."""
+    import torch
+
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != {expected.dtype}"
+    rtol, atol_frac = tolerances(dtype or expected.dtype)
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    atol = atol_frac * max(e.abs().max().item() if e.numel() else 0.0, 1e-30)
+    torch.testing.assert_close(a, e, rtol=rtol * scale, atol=atol * scale)
+
+
+def forward_backward(
+    fn, inputs: list[torch.Tensor], grad_out: torch.Tensor | None = None, n_grad: int | None = None
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """fn(*inputs), then backward with grad_out (None: a scalar output). The first `n_grad`
+    inputs (default: the floating-point ones) are leaves that require grad; returns the
+    output and their gradients."""
+    n_grad = sum(x.is_floating_point() for x in inputs) if n_grad is None else n_grad
+    leaves = [x.detach().clone().requires_grad_(i < n_grad) for i, x in enumerate(inputs)]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    return out.detach(), [x.grad for x in leaves[:n_grad]]
+
+
+# ----------------------------------------------------------------------------------------------
+# infra/: the checkers of tests/test_infra*.py
+#
+# - Kubernetes core objects: walked against the models of the installed ``kubernetes`` client
+#   (field names from ``attribute_map``, types from ``openapi_types``), then built with
+#   ``Model.from_dict`` for required fields and strict types.
+# - Kueue objects: JSON Schemas in infra/schemas/ (derived from the Kueue CRDs) with ``jsonschema``,
+#   plus their metadata against the ObjectMeta model.
+# - IAM: a small evaluator of S3 identity policies against a per-role specification.
+# - Flyte: the chart's Helm ``tpl`` escapes and the cluster resource manager's ``{{ var }}``
+#   substitution, reimplemented to render what Flyte would apply.
+
+
+def _k8s() -> ModuleType:
+    import kubernetes.client
+
+    return kubernetes.client
+
+
+def _parse_quantity(value: Any):
+    from kubernetes.utils.quantity import parse_quantity
+
+    return parse_quantity(value)
+
+
+INFRA = ROOT / "infra"
+DOMAINS = ("development", "staging", "production")
+PROJECT = "pretrain"
+PRETRAIN_NAMESPACES = tuple(f"{PROJECT}-{d}" for d in DOMAINS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+
+
+def infra_files(*suffixes: str) -> list[Path]:
+    return sorted(p for p in INFRA.rglob("*") if p.is_file() and p.suffix in suffixes)
+
+
+@cache
+def load_docs(rel: str) -> tuple[dict, ...]:
+    """The YAML documents of infra/<rel> (empty documents dropped)."""
+    return tuple(d for d in yaml.safe_load_all((INFRA / rel).read_text()) if d is not None)
+
+
+@cache
+def load_json(rel: str) -> dict:
+    return json.loads((INFRA / rel).read_text())
+
+
+def objects(rel: str, kind: str | None = None) -> list[dict]:
+    return [copy.deepcopy(d) for d in load_docs(rel) if kind is None or d.get("kind") == kind]
+
+
+def by_name(docs: list[dict]) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs}
+
+
+# ----------------------------------------------------------------------------------------------
+# Kubernetes core objects, validated against the kubernetes client's models
+
+PRIMITIVES = {"str": str, "int": int, "bool": bool, "float": (int, float), "datetime": str, "date": str, "bytes": str}
+CORE_KINDS = {
+    ("v1", "Namespace"): "V1Namespace",
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
+    ("v1", "ResourceQuota"): "V1ResourceQuota",
+    ("v1", "LimitRange"): "V1LimitRange",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+}
+NAMESPACED = {"ServiceAccount", "ResourceQuota", "LimitRange", "ConfigMap", "Role", "RoleBinding", "LocalQueue"}
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+QUOTA_RESOURCE = re.compile(
+    r"^(pods|services|secrets|configmaps|persistentvolumeclaims|replicationcontrollers|resourcequotas"
+    r"|(requests\.|limits\.)?(cpu|memory|ephemeral-storage)|requests\.storage"
+    r"|requests\.[a-z0-9.-]+/[a-z0-9.-]+|count/[a-z0-9.-]+)$"
+)
+
+
+def model_errors(obj: Any, type_name: str, path: str = "") -> list[str]:
+    """Unknown fields and wrong types of ``obj`` read as the client model ``type_name``."""
+    if type_name.startswith("List["):
+        if not isinstance(obj, list):
+            return [f"{path}: expected a list, got {type(obj).__name__}"]
+        return [e for i, item in enumerate(obj) for e in model_errors(item, type_name[5:-1], f"{path}[{i}]")]
+    if type_name.startswith("Dict[str, "):
+        if not isinstance(obj, dict):
+            return [f"{path}: expected a mapping, got {type(obj).__name__}"]
+        return [e for k, v in obj.items() for e in model_errors(v, type_name[10:-1], f"{path}.{k}")]
+    if type_name == "object":
+        return []
+    if type_name in PRIMITIVES:
+        wanted = PRIMITIVES[type_name]
+        if isinstance(obj, bool) and type_name != "bool" or not isinstance(obj, wanted):
+            return [f"{path}: expected {type_name}, got {type(obj).__name__} {obj!r}"]
+        return []
+    model = getattr(_k8s(), type_name)
+    if not isinstance(obj, dict):
+        return [f"{path}: expected a {type_name} mapping, got {type(obj).__name__}"]
+    wire = {json_key: attr for attr, json_key in model.attribute_map.items()}
+    errors = []
+    for key, value in obj.items():
+        if key not in wire:
+            errors.append(f"{path}.{key}: unknown field of {type_name}")
+        else:
+            errors += model_errors(value, model.openapi_types[wire[key]], f"{path}.{key}")
+    return errors
+
+
+def k8s_model_errors(obj: Any, model_name: str, path: str = "") -> list[str]:
+    """Field names and types, then required fields and strict types through ``Model.from_dict``."""
+    errors = model_errors(obj, model_name, path)
+    if not errors:
+        try:
+            getattr(_k8s(), model_name).from_dict(obj)
+        except Exception as e:  # pydantic.ValidationError: required field missing, wrong type
+            errors.append(f"{path}: {model_name}: {' '.join(str(e).split())[:300]}")
+    return errors
+
+
+def metadata_errors(obj: dict, where: str) -> list[str]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return [f"{where}: metadata missing"]
+    errors = k8s_model_errors(meta, "V1ObjectMeta", f"{where}.metadata")
+    name = meta.get("name")
+    kind = obj.get("kind")
+    pattern = DNS1123_LABEL if kind == "Namespace" else DNS1123_SUBDOMAIN
+    if not isinstance(name, str) or not pattern.match(name) or len(name) > (63 if kind == "Namespace" else 253):
+        errors.append(f"{where}: metadata.name {name!r} is not a valid {kind} name")
+    if kind in NAMESPACED and not meta.get("namespace"):
+        errors.append(f"{where}: {kind} is namespaced but has no metadata.namespace")
+    if kind not in NAMESPACED and "namespace" in meta:
+        errors.append(f"{where}: {kind} is cluster-scoped but has metadata.namespace")
+    return errors
+
+
+def core_object_errors(obj: Any, where: str = "object") -> list[str]:
+    if not isinstance(obj, dict):
+        return [f"{where}: not a mapping"]
+    model = CORE_KINDS.get((obj.get("apiVersion"), obj.get("kind")))
+    if model is None:
+        return [f"{where}: unknown apiVersion/kind {obj.get('apiVersion')}/{obj.get('kind')}"]
+    if "status" in obj:
+        return [f"{where}: status does not belong in a manifest"]
+    errors = k8s_model_errors(obj, model, where) + metadata_errors(obj, where)
+    if obj["kind"] == "ResourceQuota" and not errors:
+        for res, qty in (obj.get("spec") or {}).get("hard", {}).items():
+            if not QUOTA_RESOURCE.match(res):
+                errors.append(f"{where}: {res!r} is not a resource a ResourceQuota can limit")
+            try:
+                _parse_quantity(qty)
+            except ValueError:
+                errors.append(f"{where}: {res}: {qty!r} is not a quantity")
+    return errors
+
+
+# ----------------------------------------------------------------------------------------------
+# Kueue objects, validated against infra/schemas/*.json
+
+KUEUE_SCHEMAS = {
+    "ResourceFlavor": "resourceflavor.json",
+    "ClusterQueue": "clusterqueue.json",
+    "LocalQueue": "localqueue.json",
+    "WorkloadPriorityClass": "workloadpriorityclass.json",
+}
+
+
+@cache
+def validator(schema_file: str) -> jsonschema.protocols.Validator:
+    import jsonschema
+
+    schema = load_json(f"schemas/{schema_file}")
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def schema_errors(obj: Any, schema_file: str, where: str) -> list[str]:
+    return [
+        f"{where}: {'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+        for e in sorted(validator(schema_file).iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+
+
+def kueue_object_errors(obj: Any, where: str = "object") -> list[str]:
+    if not isinstance(obj, dict) or obj.get("kind") not in KUEUE_SCHEMAS:
+        return [f"{where}: not a Kueue object this deployment uses"]
+    errors = schema_errors(obj, KUEUE_SCHEMAS[obj["kind"]], where)
+    if isinstance(obj.get("metadata"), dict):
+        errors += metadata_errors(obj, where)
+    return errors
+
+
+def object_errors(obj: Any, where: str = "object") -> list[str]:
+    """Any manifest of this deployment: Kueue objects by schema, the rest by the Kubernetes models."""
+    if isinstance(obj, dict) and str(obj.get("apiVersion", "")).startswith("kueue.x-k8s.io/"):
+        return kueue_object_errors(obj, where)
+    return core_object_errors(obj, where)
+
+
+# ----------------------------------------------------------------------------------------------
+# Label selectors and quantities
+
+
+def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
+    """metav1.LabelSelector semantics: None selects nothing, {} selects everything."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def qty(value: Any) -> float:
+    return float(_parse_quantity(value))
+
+
+# ----------------------------------------------------------------------------------------------
+# IAM identity policies for S3
+
+OBJECT_READ = {"s3:GetObject"}
+OBJECT_WRITE = {"s3:PutObject", "s3:AbortMultipartUpload"}
+OBJECT_DELETE = {"s3:DeleteObject"}
+BUCKET_LIST = {"s3:ListBucket"}
+S3_ARN = "arn:aws:s3:::"
+
+
+@dataclass
+class RoleSpec:
+    """What a role may do: S3 locations as ``bucket/prefix/`` (a bucket alone for ListBucket)."""
+
+    read: set[str] = field(default_factory=set)
+    write: set[str] = field(default_factory=set)
+    delete: set[str] = field(default_factory=set)
+    list: set[str] = field(default_factory=set)
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def policy_errors(doc: Any, spec: RoleSpec) -> list[str]:
+    """Everything the policy grants beyond ``spec``, and any construct that hides what it grants."""
+    if not isinstance(doc, dict) or doc.get("Version") != "2012-10-17":
+        return ['policy: Version must be "2012-10-17"']
+    statements = doc.get("Statement")
+    if not isinstance(statements, list) or not statements:
+        return ["policy: Statement must be a non-empty list"]
+    errors = []
+    allowed = {**{a: spec.read for a in OBJECT_READ}, **{a: spec.write for a in OBJECT_WRITE}}
+    allowed |= {a: spec.delete for a in OBJECT_DELETE} | {a: spec.list for a in BUCKET_LIST}
+    for i, st in enumerate(statements):
+        where = f"Statement[{i}] {st.get('Sid', '')}".strip()
+        extra = set(st) - {"Sid", "Effect", "Action", "Resource"}
+        if extra:
+            errors.append(f"{where}: unexpected {sorted(extra)} (NotAction/NotResource/Condition/Principal hide grants)")
+        if st.get("Effect") != "Allow":
+            errors.append(f"{where}: only Allow statements are expected")
+        for action in _as_list(st.get("Action", [])):
+            if action not in allowed:
+                errors.append(f"{where}: action {action!r} is not an explicit, known S3 action for this store")
+                continue
+            for resource in _as_list(st.get("Resource", [])):
+                if not isinstance(resource, str) or not resource.startswith(S3_ARN):
+                    errors.append(f"{where}: resource {resource!r} is not an S3 ARN")
+                    continue
+                path = resource[len(S3_ARN) :]
+                if any(c in path[:-1] for c in "*?") or path in ("", "*"):
+                    errors.append(f"{where}: resource {resource!r} has a wildcard before its end")
+                    continue
+                if action in BUCKET_LIST:
+                    if "/" in path or path not in spec.list:
+                        errors.append(f"{where}: {action} on {resource!r}: role may list only {sorted(spec.list)}")
+                    continue
+                if "/" not in path:
+                    errors.append(f"{where}: {action} needs object ARNs (bucket/key), got bucket {resource!r}")
+                    continue
+                prefix = path.removesuffix("*")
+                if not any(prefix.startswith(p) for p in allowed[action]):
+                    errors.append(f"{where}: {action} on {resource!r} is outside {sorted(allowed[action]) or 'nothing'}")
+    return errors
+
+
+def policy_allows(doc: dict, action: str, arn: str) -> bool:
+    """Whether an Allow statement matches (IAM wildcard matching; the checked policies have no conditions)."""
+    for st in doc["Statement"]:
+        if st.get("Effect") == "Allow" and "Condition" not in st:
+            actions = [a.lower() for a in _as_list(st.get("Action", []))]
+            if any(fnmatch.fnmatchcase(action.lower(), a) for a in actions):
+                if any(fnmatch.fnmatchcase(arn, r) for r in _as_list(st.get("Resource", []))):
+                    return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Flyte: Helm tpl escapes and cluster resource templates
+
+HELM_RAW = re.compile(r"\{\{`(.*?)`\}\}", re.S)
+FLYTE_VAR = re.compile(r"\{\{ ?([A-Za-z0-9_]+) ?\}\}")
+
+
+def helm_tpl(value: Any, path: str = "") -> tuple[Any, list[str]]:
+    """``value`` as Helm's ``tpl`` renders it, for values that use only raw-string escapes ``{{`...`}}``.
+
+    Any other ``{{`` would be evaluated by Helm (``{{ project }}`` fails: function "project" not defined).
+    """
+    if isinstance(value, dict):
+        out, errors = {}, []
+        for k, v in value.items():
+            out[k], e = helm_tpl(v, f"{path}.{k}")
+            errors += e
+        return out, errors
+    if isinstance(value, list):
+        rendered = [helm_tpl(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [r for r, _ in rendered], [e for _, es in rendered for e in es]
+    if isinstance(value, str):
+        if "{{" in HELM_RAW.sub("", value) or "}}" in HELM_RAW.sub("", value):
+            return value, [f"{path}: {value!r} would be evaluated by Helm's tpl: escape it as {{{{`...`}}}}"]
+        return HELM_RAW.sub(lambda m: m.group(1), value), []
+    return value, []
+
+
+def custom_data(values: dict) -> dict[str, dict[str, str]]:
+    """cluster_resources.customData as {domain: {variable: value}}."""
+    out: dict[str, dict[str, str]] = {}
+    for entry in values["configuration"]["inline"]["cluster_resources"]["customData"]:
+        for domain, variables in entry.items():
+            for var in variables:
+                for name, source in var.items():
+                    assert set(source) == {"value"}, f"customData {domain}.{name}: expected {{value: ...}}, got {source}"
+                    out.setdefault(domain, {})[name] = str(source["value"])
+    return out
+
+
+def render_flyte_template(text: str, project: str, domain: str, namespace: str, data: dict[str, str]) -> tuple[str, list]:
+    """What flyteadmin's cluster resource controller applies: literal ``{{ var }}`` substitution."""
+    variables = {"namespace": namespace, "project": project, "domain": domain, **data}
+    for name, value in variables.items():
+        text = text.replace(f"{{{{ {name} }}}}", value)
+    return text, sorted(set(FLYTE_VAR.findall(text)))
+
+
+def namespace_for(values: dict, project: str, domain: str) -> str:
+    template, errors = helm_tpl(values["configuration"]["inline"]["namespace_mapping"]["template"])
+    assert not errors, errors
+    return template.replace("{{ project }}", project).replace("{{ domain }}", domain)
+
+
+@cache
+def flyte_values() -> dict:
+    (values,) = load_docs("flyte/values.yaml")
+    return values
+
+
+def rendered_cluster_resources(project: str = PROJECT) -> dict[str, list[tuple[str, dict]]]:
+    """{namespace: [(template file, object)]} as Flyte's cluster resource manager renders them."""
+    values = flyte_values()
+    data = custom_data(values)
+    out: dict[str, list[tuple[str, dict]]] = {}
+    for domain in DOMAINS:
+        namespace = namespace_for(values, project, domain)
+        for name, text in sorted(values["clusterResourceTemplates"]["inline"].items()):
+            rendered, unresolved = render_flyte_template(text, project, domain, namespace, data.get(domain, {}))
+            assert not unresolved, f"{name} in {domain}: no value for {unresolved} in customData"
+            out.setdefault(namespace, []).append((name, yaml.safe_load(rendered)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# What registration produces: cluster profiles, labels, images
+
+CLUSTER_PROFILES = sorted((ROOT / "configs" / "cluster").glob("*.yaml"))
+REGISTERED_PROFILE = ROOT / "configs" / "cluster" / "gpu-2x8.yaml"  # the profile infra/README.md registers with
+FACTS_SCRIPT = """
+import dataclasses, json, sys
+from pipeline.cluster import load_cluster
+from tasks import placement
+from workflows.pretrain import pretrain_default, pretrain_nightly
+
+def image(spec):
+    fields = [f.name for f in dataclasses.fields(spec)]
+    return {name: getattr(spec, name) for name in fields if isinstance(getattr(spec, name), (str, list, type(None)))}
+
+profiles = {}
+for path in sys.argv[1:]:
+    cluster = load_cluster(path)
+    image_spec = placement.training_image(cluster)
+    kinds = {"data": placement.data_task, "train": placement.train_task,
+             "evaluate": placement.evaluate_task, "registry": placement.registry_task}
+    profiles[path] = {
+        "pod_labels": placement.train_task(cluster)["pod_template"].labels,
+        "service_accounts": {k: f(cluster)["pod_template"].pod_spec.service_account_name for k, f in kinds.items()},
+        "training_image": image(image_spec),
+    }
+plans = {"pretrain_default": pretrain_default, "pretrain_nightly": pretrain_nightly}
+print(json.dumps({
+    "launch_plan_labels": {name: plan.labels.values for name, plan in plans.items()},
+    "module_pod_labels": placement.train_task()["pod_template"].labels,
+    "profiles": profiles,
+    "cuda_base": placement.CUDA_BASE,
+    "train_packages": placement.TRAIN_PACKAGES,
+    "python": "%d.%d" % sys.version_info[:2],
+}))
+"""
+
+
+@cache
+def cluster_profiles() -> dict[str, Any]:
+    """Each configs/cluster/*.yaml as pipeline.cluster.load_cluster reads it."""
+    from pipeline.cluster import load_cluster
+
+    return {p.stem: load_cluster(str(p)) for p in CLUSTER_PROFILES}
+
+
+@cache
+def registration_facts() -> dict[str, Any]:
+    """What `PRETRAIN_CLUSTER=configs/cluster/gpu-2x8.yaml pyflyte register` sees, from a fresh interpreter
+    (the launch plans' labels are fixed at import): the launch plans' labels, and for every profile the
+    labels of tasks.placement.pod_template() and the training ImageSpec."""
+    command = [sys.executable, "-c", FACTS_SCRIPT, *map(str, CLUSTER_PROFILES)]
+    env = {**os.environ, "PRETRAIN_CLUSTER": str(REGISTERED_PROFILE)}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    facts["profiles"] = {Path(path).stem: f for path, f in facts["profiles"].items()}
+    return facts
