@@ -16,6 +16,9 @@ from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN
 
 FORMAT = "pretrain-wds-v1"
 RUNTIME_ONLY = {"workers"}
+# Where the corpus and a given tokenizer live. What they hold is recorded (the listing inside each
+# source, every shard's and the tokenizer's sha256): the same corpus elsewhere is the same dataset.
+LOCATIONS = {"sources", "file"}
 
 
 def file_sha256(path: Path) -> str:
@@ -53,9 +56,9 @@ def build(
         "sources_sha256": sources_sha256,
         "sources": sources,
         "config": {
-            # Everything that shapes the content; the worker count does not.
-            "data": {k: v for k, v in dataclasses.asdict(data).items() if k not in RUNTIME_ONLY},
-            "tokenizer": dataclasses.asdict(tokenizer_config),
+            # Everything that shapes the content; the worker count and locations do not.
+            "data": {k: v for k, v in dataclasses.asdict(data).items() if k not in RUNTIME_ONLY | LOCATIONS},
+            "tokenizer": {k: v for k, v in dataclasses.asdict(tokenizer_config).items() if k not in LOCATIONS},
             "tokenizer_from": tokenizer_from,
         },
         "splits": splits,

@@ -40,7 +40,7 @@ from data_prep.dedup import Deduplicator, band_keys, digest_key, shingle_hashes,
 from data_prep.parallel import WorkerPool, trainer_threads
 from data_prep.readers import Skips, iter_documents
 from data_prep.shards import ShardInfo, ShardWriter, token_dtype
-from data_prep.sources import DataError, Document, RawFile, list_files, listing_hash
+from data_prep.sources import DataError, Document, RawFile, list_files, listing_hash, relative_names
 from data_prep.tokenizer import EOD_TOKEN, byte_fallback_ids, set_encoder, train_tokenizer, worker_encoder
 from storage import AlreadyCommitted, Store, open_store
 
@@ -236,6 +236,7 @@ def encode_corpus(data: DataConfig, scan: Scan, pool: WorkerPool, staging: Path,
         for split in ("train", "val")
     }
     result = Encoded(writers)
+    relative = relative_names(scan.files)  # names inside their sources: the dataset does not say where they live
     kept = 0
     with open(staging / DOC_STATS, "w", newline="") as f:
         rows = csv.writer(f)
@@ -251,8 +252,9 @@ def encode_corpus(data: DataConfig, scan: Scan, pool: WorkerPool, staging: Path,
                 kept += 1
                 split = "val" if verdict == VAL else "train"
                 writers[split].add(ids)
-                rows.writerow([doc.source, digest, split, chars, len(ids), fallback])
-                result.sources_digest.update(("\n" if kept > 1 else "").encode() + doc.source.encode())
+                name = relative(doc.source)
+                rows.writerow([name, digest, split, chars, len(ids), fallback])
+                result.sources_digest.update(("\n" if kept > 1 else "").encode() + name.encode())
                 result.source_bytes += nbytes
                 result.byte_fallback_tokens += fallback
                 if split == "val":
@@ -339,11 +341,13 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
             encoded = encode_corpus(data, scan, pool, staging, eod_id, dtype)
         tokenizer.save(str(staging / TOKENIZER))
         stats = _stats(scan, encoded)
+        relative = relative_names(scan.files)
         manifest = manifests.build(
             data=data,
             tokenizer_config=tokenizer_config,
             tokenizer=tokenizer,
-            tokenizer_from=given_from,
+            # Which tokenizer, not where it lives: a store key (a base model's) or the config's file.
+            tokenizer_from=tokenizer_key or ("tokenizer.file" if given else ""),
             staging=staging,
             splits={split: _split_entry(w) for split, w in encoded.writers.items()},
             stats=stats,
@@ -352,7 +356,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
                 "files": len(scan.files),
                 "bytes": sum(f.size for f in scan.files),
                 "ignored_by_suffix": dict(sorted(scan.ignored.items())),
-                "skipped_examples": dict(sorted(scan.skips.examples.items())),
+                "skipped_examples": {reason: list(map(relative, names)) for reason, names in sorted(scan.skips.examples.items())},
             },
             sources_sha256=encoded.sources_digest.hexdigest(),
         )

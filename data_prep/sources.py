@@ -18,7 +18,7 @@ import stat
 import sysconfig
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -45,6 +45,9 @@ class RawFile:
     """Set for local files: Parquet needs random access."""
     problem: str = ""
     """A skip reason found while listing (``symlink_loop``, ``unreadable``...): not readable."""
+    relative: str = ""
+    """The name inside its source (``sub/a.txt`` of the folder ``/data/corpus``): what a dataset
+    records, so that the same corpus in another place makes the same dataset."""
 
     def read(self) -> bytes:
         """All bytes at once: for small files only (fingerprints stream through ``open``)."""
@@ -170,20 +173,61 @@ def list_files(sources: list[str], ignored: Counter | None = None) -> list[RawFi
     ignored = Counter() if ignored is None else ignored
     files: list[RawFile] = []
     for source in sources:
+        start = len(files)
         if source == STDLIB_SOURCE:
             files += [_local(p, p.stat().st_size) for p in _stdlib_files()]
         elif source.startswith("s3://"):
             _s3_files(source, files, ignored)
         else:
             _local_files(source, files, ignored)
+        root = _root_of(source)
+        files[start:] = [replace(f, relative=_inside(f.name, root)) for f in files[start:]]
     return files
 
 
+def _root_of(source: str) -> str:
+    """The part of a source's file names that says where the corpus lives, not what it holds:
+    a folder, a file's folder, a glob's fixed folder, an S3 prefix, the standard library's folder."""
+    if source == STDLIB_SOURCE:
+        return str(stdlib_root())
+    if source.startswith("s3://"):
+        return source
+    path = Path(os.path.expanduser(source))
+    if any(ch in source for ch in "*?["):
+        fixed = []
+        for part in path.parts:
+            if any(ch in part for ch in "*?["):
+                break
+            fixed.append(part)
+        return str(Path(*fixed)) if fixed else ""
+    return str(path if path.is_dir() else path.parent)
+
+
+def _inside(name: str, root: str) -> str:
+    prefix = root.rstrip("/") + "/"
+    return name[len(prefix) :] if root and name.startswith(prefix) else name
+
+
+def relative_names(files: list[RawFile]) -> Callable[[str], str]:
+    """Maps a listed file's name, or a document's (``name:line``, ``name:row``), to the same
+    name inside its source (``RawFile.relative``): the names a dataset records."""
+    inside = {f.name: f.relative for f in files}
+
+    def relative(name: str) -> str:
+        if name in inside:
+            return inside[name]
+        base, sep, where = name.rpartition(":")
+        return inside[base] + sep + where if base in inside else name
+
+    return relative
+
+
 def listing_hash(files: list[RawFile]) -> str:
-    """Hash of the listing: names, sizes and listing problems (not contents)."""
+    """Hash of the listing: names inside their sources, sizes and listing problems (not
+    contents, not where the corpus lives)."""
     digest = hashlib.sha256()
     for f in files:
-        digest.update(f"{f.name}\t{f.size}\t{f.problem}\n".encode())
+        digest.update(f"{f.relative}\t{f.size}\t{f.problem}\n".encode())
     return digest.hexdigest()
 
 

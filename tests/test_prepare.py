@@ -55,6 +55,36 @@ def test_same_input_same_bytes_and_version_whatever_the_worker_count(tmp_path):
         assert a.is_dir() or a.read_bytes() == b.read_bytes(), a.name
 
 
+def test_the_same_corpus_elsewhere_is_the_same_dataset_and_the_same_training_order(tmp_path):
+    """Where the corpus and the store live is not an input. The loader's order is seeded by the
+    dataset version, so a version that named the paths gave another first batch, and another first
+    loss, to the same corpus in another folder (the continued-pretraining test's bound failed in
+    one fresh pytest folder of two)."""
+    from training.data import StreamingLoader
+
+    made = []
+    for place in ("here", "somewhere/else"):
+        root, _ = mixed_corpus(tmp_path / place / "corpus")  # names in folders, JSONL records, skips
+        store = open_store(str(tmp_path / place / "store"))
+        data = tiny_data(sources=[str(root)], max_documents=0)
+        trained = prepare_dataset(data, tiny_tokenizer(), store)
+        # Continued pretraining: a tokenizer reused from this store by its key.
+        reused = prepare_dataset(data, tiny_tokenizer(), store, tokenizer_key=f"{trained.prefix}/tokenizer.json")
+        made.append((store, trained, reused))
+    (here, *here_refs), (there, *there_refs) = made
+    for a, b in zip(here_refs, there_refs, strict=True):
+        assert a.version == b.version
+        keys = here.list(a.prefix)
+        assert keys == there.list(b.prefix) and len(keys) > 4
+        for key in keys:
+            content = here.get_bytes(key)
+            assert content == there.get_bytes(key), key
+            assert str(tmp_path).encode() not in content, f"{key} names where the files were"
+        loaders = [StreamingLoader.for_split(ref, "train", 8, seed=0)[0] for ref in (a, b)]
+        with loaders[0] as one, loaders[1] as other:
+            assert all(np.array_equal(one.batch(step).tokens, other.batch(step).tokens) for step in range(3))
+
+
 def test_shards_written_while_streaming_equal_packing_everything(tmp_path):
     rng = np.random.default_rng(0)
     docs = [rng.integers(0, 300, size=rng.integers(1, 90)).astype(np.int32) for _ in range(200)]
@@ -82,7 +112,7 @@ def test_given_tokenizer_is_reused(tmp_path):
     )
     manifest = load_manifest(store, again)
     assert manifest["tokenizer"]["sha256"] == load_manifest(store, first)["tokenizer"]["sha256"]
-    assert manifest["config"]["tokenizer_from"] == store.url(key) and again.stats["tokenizer_sample_bytes"] == 0
+    assert manifest["config"]["tokenizer_from"] == key and again.stats["tokenizer_sample_bytes"] == 0
 
 
 def test_missing_source_is_a_clear_error(tmp_path):
@@ -122,7 +152,7 @@ def test_tokenizer_file_is_used_instead_of_training(tmp_path):
     path = tmp_path / "tok" / "tokenizer.json"
     store.download(f"{first.prefix}/tokenizer.json", path)
     again = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0), tiny_tokenizer(file=str(path)), store)
-    assert load_manifest(store, again)["config"]["tokenizer_from"] == str(path)
+    assert load_manifest(store, again)["config"]["tokenizer_from"] == "tokenizer.file"
     assert again.stats["tokenizer_sample_bytes"] == 0 and again.stats["train_tokens"] == first.stats["train_tokens"]
     with pytest.raises(DataError, match="tokenizer.file"):
         prepare_dataset(tiny_data(sources=[str(root)]), tiny_tokenizer(file=str(tmp_path / "none.json")), store)
