@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,6 +24,8 @@ import yaml
 
 from common.docfields import documented
 from common.errors import ConfigError
+from common.names import name_problem as _name_problem
+from common.names import spec_problem
 from common.settings import from_dict, problems_error
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.validation import ValidationConfig
@@ -41,8 +42,6 @@ from training.config import (
 
 __all__ = ["PipelineConfig", "RegistryConfig", "from_dict", "launch_world", "load_config", "parse_config"]
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-"""Registry model names and aliases (an alias is not all digits: those are version numbers)."""
 RESERVED_ALIAS = "latest"
 """The alias the registry moves to every new version."""
 
@@ -51,12 +50,10 @@ _deferred: ContextVar[bool] = ContextVar("pipeline_config_deferred", default=Fal
 
 
 def name_problem(path: str, value: str, alias: bool = False) -> list[str]:
-    what = "an alias" if alias else "a name"
-    if not NAME.fullmatch(value):
-        return [f"{path} is {value!r}: use {what} of 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"]
-    if alias and value.isdigit():
-        return [f"{path} is {value!r}: an alias cannot be all digits (NAME:{value} means version {value})"]
-    return []
+    """The setting ``path`` as a registry name or alias: the rule of ``common.names``, which the
+    registry enforces too."""
+    problem = _name_problem(value, alias=alias)
+    return [f"{path} is {value!r}: {problem}"] if problem else []
 
 
 @documented
@@ -131,13 +128,11 @@ class PipelineConfig:
                 f"data.seq_len={self.data.seq_len} is not divisible by parallel.tensor_parallel={tp}: "
                 "sequence parallelism splits each sequence over the tensor-parallel ranks"
             )
-        if self.train.init_from:
-            name, _, which = self.train.init_from.partition(":")
-            if not NAME.fullmatch(name) or not (not which or which.isdigit() or NAME.fullmatch(which)):
-                out.append(
-                    f"train.init_from is {self.train.init_from!r}: use NAME, NAME:VERSION or NAME:ALIAS of a "
-                    "registered model (e.g. gpt-tiny:latest), or '' to train from scratch"
-                )
+        if self.train.init_from and spec_problem(self.train.init_from):
+            out.append(
+                f"train.init_from is {self.train.init_from!r}: use NAME, NAME:VERSION or NAME:ALIAS of a "
+                "registered model (e.g. gpt-tiny:latest), or '' to train from scratch"
+            )
         if world_size is not None:
             out += self.data.path_problems() + self.tokenizer.path_problems()
             if tp >= 1 and pp >= 1:

@@ -5,8 +5,17 @@ weights and meta), the tokenizer and, when the evaluation produced them, its
 ``evaluation.json`` and the Hugging Face export ``hf/`` (``from_pretrained`` loads it).
 A version is first *claimed* with a conditional create, so concurrent registrations
 never write into the same directory; it becomes visible only when ``_COMMITTED`` is
-written last. ``models/<name>/aliases/<alias>.json``
-points at a version and is replaced in a single write.
+written last. Every object of a version is created only if absent (S3 ``If-None-Match: *``),
+so nothing committed is ever overwritten: a replayed write fails loudly.
+``models/<name>/aliases/<alias>.json`` points at a version; it is created only if absent and
+replaced only if unchanged since it was read (its ETag: S3 ``If-Match``, a locked
+compare-and-swap locally). A move that loses a race reads the alias again and decides again:
+``latest`` only moves forward, and the quality gate's alias moves only while the holder the
+candidate was compared with still holds it (``register``).
+
+Names and aliases follow ``common.names`` (1-64 letters, digits, ``._-``, starting with a
+letter or digit; an alias is not all digits), checked before the store is touched; every key
+that becomes a local path is checked to stay inside its folder (``Store.relative``).
 
 The card is a ``common.contracts.ModelCard``, built here alone (``register``) and read back
 through the type (``read_card``); a card.json that does not fit it is a RegistryError.
@@ -16,8 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
+import random
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,19 +62,60 @@ from common.contracts import (
     model_root,
 )
 from common.errors import ConfigError, UserError
-from storage import AlreadyCommitted, Store, StoreError
+from common.names import VERSION, name_problem
+from storage import COMMIT_MARKER, AlreadyCommitted, PreconditionFailed, Store, StoreError
 
 CLAIM = "_CLAIMED"
+LATEST = "latest"
+"""The alias every registration moves to its version (forward only)."""
+ALIAS_ATTEMPTS = 50
+"""Conditional alias writes tried before giving up when other writers keep winning."""
+ROW_SETTINGS = ("batch_size", "max_batches")
+"""The evaluation settings that, with the dataset version, fix which validation rows are scored."""
+
+log = logging.getLogger(__name__)
 
 
 class RegistryError(UserError, LookupError):
     """A model or version that does not exist, or a registration that cannot proceed."""
 
 
+def check_name(name: object) -> str:
+    """``name`` if it is a valid model name (``common.names``), else a RegistryError naming it."""
+    problem = name_problem(name)
+    if problem:
+        raise RegistryError(f"invalid model name {name!r}: {problem}")
+    return name  # type: ignore[return-value]
+
+
+def check_alias(alias: object) -> str:
+    """``alias`` if it is a valid alias (``common.names``), else a RegistryError naming it."""
+    problem = name_problem(alias, alias=True)
+    if problem:
+        raise RegistryError(f"invalid alias {alias!r}: {problem}")
+    return alias  # type: ignore[return-value]
+
+
+def parse_spec(spec: object) -> tuple[str, int | None, str]:
+    """``NAME``, ``NAME:VERSION`` or ``NAME:ALIAS`` → (name, version or None, alias or ''),
+    checked against the naming rule without touching the store; NAME alone means ``latest``."""
+    if not isinstance(spec, str):
+        raise RegistryError(f"invalid model spec {spec!r}: use NAME, NAME:VERSION or NAME:ALIAS")
+    name, colon, which = spec.partition(":")
+    check_name(name)
+    if not colon:
+        return name, None, LATEST
+    if VERSION.fullmatch(which):
+        return name, int(which), ""
+    if which.isascii() and which.isdigit():
+        raise RegistryError(f"invalid version {which!r} in {spec!r}: versions are 1, 2, 3, ... (no leading zeros)")
+    return name, None, check_alias(which)
+
+
 def _versions(store: Store, name: str, committed_only: bool = True) -> list[int]:
     found = []
     for child in store.children(model_root(name)):
-        if child.isdigit() and (not committed_only or store.is_committed(model_prefix(name, int(child)))):
+        if VERSION.fullmatch(child) and (not committed_only or store.is_committed(model_prefix(name, int(child)))):
             found.append(int(child))
     return sorted(found)
 
@@ -97,13 +151,29 @@ def register(
     report: EvalReport,
     *,
     config: dict[str, Any] | None = None,
-    gate: GateDecision | None = None,
+    gate_alias: str = "",
+    gate_tolerance: float = 0.0,
     execution_id: str = "",
-    aliases: tuple[str, ...] = ("latest",),
+    aliases: tuple[str, ...] = (LATEST,),
 ) -> ModelRef:
     """Register the evaluated checkpoint of ``report`` as a new version of ``name``: copy its
     weights, the tokenizer and the evaluation outputs (``report.outputs``, when set), write the
-    card, commit, move ``aliases``. ``config`` is the pipeline config as asked (a dict)."""
+    card, commit, move ``aliases`` (``latest`` only forward). ``config`` is the pipeline config
+    as asked (a dict).
+
+    With ``gate_alias`` the quality gate decides whether the candidate takes that alias too
+    (``gate_for_holder``), against the holder read again here, just before the card records
+    the decision: the figures measured by the evaluation when the holder is still the one it
+    compared with, else the new holder's recorded bits per byte when they are on the same
+    validation rows, else the alias is kept. The alias is then moved only if that holder still
+    holds it (conditional on its ETag); if another registration moved it in between, the
+    decision is taken again against the new holder and the alias moves only if the candidate
+    passes against it as well (the card keeps the first decision; the log says so)."""
+    check_name(name)
+    for alias in (*aliases, *filter(None, [gate_alias])):
+        check_alias(alias)
+    if gate_alias in aliases:
+        raise RegistryError(f"alias {gate_alias!r} is moved by every registration: the quality gate cannot guard it")
     ckpt = report.checkpoint
     for needed in filter(None, (ckpt.prefix, report.outputs)):
         if not store.is_committed(needed):
@@ -115,27 +185,31 @@ def register(
     with tempfile.TemporaryDirectory(prefix="pretrain-register-") as tmp:
         staging = Path(tmp)
         copied = []
-        for key in store.list(ckpt.prefix):
-            rel = key[len(ckpt.prefix) + 1 :]
+        for key in store.list(f"{ckpt.prefix}/"):
+            rel = store.relative(ckpt.prefix, key)  # stays inside the staging folder
             if rel.startswith(f"{CHECKPOINT_MODEL}/") or rel == CHECKPOINT_META:
                 store.download(key, staging / ENTRY_CHECKPOINT / rel)
                 copied.append(rel)
         store.download(f"{ckpt.dataset.prefix}/{TOKENIZER}", staging / TOKENIZER)
         if report.outputs:
-            for key in store.list(report.outputs):
-                rel = key[len(report.outputs) + 1 :]
+            for key in store.list(f"{report.outputs}/"):
+                rel = store.relative(report.outputs, key)
                 if rel == EVAL_RESULTS:
                     store.download(key, staging / ENTRY_EVALUATION)
                 elif rel.startswith(f"{HF_EXPORT}/"):
                     store.download(key, staging / rel)
                     hf_export = HF_EXPORT
-        store.upload_dir(staging, prefix)
+        store.upload_dir(staging, prefix, if_absent=True)  # a version's objects are only ever created
     if store.exists(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}"):
         # The copy's own list: the files it holds, with the digests committed with the run (a
         # file that is not listed there stays unlisted, and loading the entry refuses it).
         digests = store.get_json(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}")
         digests["files"] = {rel: digests["files"][rel] for rel in copied if rel in digests["files"]}
-        store.put_json(f"{prefix}/{ENTRY_CHECKPOINT}/{CHECKPOINT_DIGESTS}", digests)
+        store.put_json(f"{prefix}/{ENTRY_CHECKPOINT}/{CHECKPOINT_DIGESTS}", digests, if_absent=True)
+    decision = None
+    if gate_alias:  # the holder now, not the one find_gate_holder saw before the evaluation
+        holder = _read_alias(store, name, gate_alias)[0]
+        decision = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, (config or {}).get("evaluation"))
     card = ModelCard(
         name=name,
         version=version,
@@ -164,21 +238,92 @@ def register(
         layouts=list(ckpt.layouts),
         config=config or {},
         code=code_revision(),
-        gate=gate,
+        gate=decision,
         hf_export=hf_export,
     )
-    store.put_json(card_key(prefix), card.to_dict())
-    store.put_bytes(f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode())
+    store.put_json(card_key(prefix), card.to_dict(), if_absent=True)
+    store.put_bytes(f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode(), if_absent=True)
     store.commit(prefix, {"version": version})
     for alias in aliases:
-        set_alias(store, name, alias, version)
+        if alias == LATEST:  # never back to an older version a slower registration claimed
+            _move_alias(store, name, alias, lambda holder: version if holder is None or holder < version else None)
+        else:
+            _move_alias(store, name, alias, lambda holder: version)
+    if decision is not None and decision.promoted:
+        compared_with = decision.baseline
+
+        def still_passes(holder: int | None) -> int | None:
+            entry = model_prefix(name, holder) if holder is not None else ""
+            if entry == compared_with or holder == version:
+                return version
+            again = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, (config or {}).get("evaluation"))
+            if again.promoted:
+                return version
+            log.warning(
+                "%s:%s moved to %s while %s:%s was registered (the card records the decision against %s): %s",
+                name, gate_alias, entry, name, version, compared_with or "no holder", again.reason,
+            )  # fmt: skip
+            return None
+
+        _move_alias(store, name, gate_alias, still_passes)
     return ModelRef(store=store.uri, name=name, version=version, prefix=prefix)
 
 
+def _read_alias(store: Store, name: str, alias: str) -> tuple[int | None, str | None]:
+    """The version ``name:alias`` points at and the alias object's ETag; (None, None) if there is none."""
+    key = alias_key(name, alias)
+    for attempt in range(3):
+        try:
+            record, etag = store.get_json_with_etag(key)
+            break
+        except StoreError:
+            if not store.exists(key):
+                return None, None
+            if attempt == 2:
+                raise  # it exists and cannot be read
+            # created between the read and the check: read it again
+        except ValueError as e:
+            raise RegistryError(f"{store.url(key)} is not JSON: {e}") from e
+    version = record.get("version") if isinstance(record, dict) else None
+    if type(version) is not int or version < 1:
+        raise RegistryError(f"{store.url(key)} does not name a version ({record!r}): promote a version to {name}:{alias} again")
+    return version, etag
+
+
+def _move_alias(store: Store, name: str, alias: str, decide: Callable[[int | None], int | None]) -> int | None:
+    """Point ``name:alias`` at ``decide(holder)`` (None: leave it), ``holder`` being the version
+    it points at now; the write is conditional on the alias being what ``decide`` saw (created
+    only if absent, replaced only if its ETag is unchanged). A lost race reads the alias again
+    and decides again. Returns the version the alias holds afterwards."""
+    key = alias_key(name, alias)
+    for attempt in range(ALIAS_ATTEMPTS):
+        holder, etag = _read_alias(store, name, alias)
+        target = decide(holder)
+        if target is None or target == holder:
+            return holder
+        if not store.is_committed(model_prefix(name, target)):
+            raise RegistryError(f"{name}:{target} is not a committed version")
+        record = {"version": target, "updated_at": _now()}
+        try:
+            if etag is None:
+                store.put_json(key, record, if_absent=True)
+            else:
+                store.put_json(key, record, if_match=etag)
+            return target
+        except (AlreadyCommitted, PreconditionFailed):
+            time.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))  # someone else moved it: again
+    raise RegistryError(f"{name}:{alias} kept changing under {ALIAS_ATTEMPTS} attempts to move it; try again")
+
+
 def set_alias(store: Store, name: str, alias: str, version: int) -> None:
+    """Point ``name:alias`` at ``version`` (a committed one), whoever moved it last."""
+    check_name(name)
+    check_alias(alias)
+    if type(version) is not int or version < 1:
+        raise RegistryError(f"invalid version {version!r}: versions are 1, 2, 3, ...")
     if not store.is_committed(model_prefix(name, version)):
         raise RegistryError(f"{name}:{version} is not a committed version")
-    store.put_json(alias_key(name, alias), {"version": version, "updated_at": _now()})
+    _move_alias(store, name, alias, lambda holder: version)
 
 
 def read_card(store: Store, entry: str) -> ModelCard:
@@ -200,6 +345,8 @@ def list_models(store: Store) -> list[dict[str, Any]]:
     """One row per committed version: name, version, aliases, key metrics."""
     rows = []
     for name in store.children(MODELS):
+        if name_problem(name):  # a folder no registration could have made
+            continue
         aliases = _aliases(store, name)
         for version in _versions(store, name):
             card = read_card(store, model_prefix(name, version))
@@ -219,24 +366,29 @@ def list_models(store: Store) -> list[dict[str, Any]]:
 
 
 def _aliases(store: Store, name: str) -> dict[str, int]:
+    """Every alias of ``name`` and its version (files that are not an alias's are left out)."""
     out = {}
-    for key in store.list(aliases_prefix(name)):
-        if key.endswith(".json"):
-            out[Path(key).stem] = store.get_json(key)["version"]
+    folder = aliases_prefix(name)
+    for key in store.list(folder):
+        alias = key[len(folder) :].removesuffix(".json")
+        if key.endswith(".json") and not name_problem(alias, alias=True):
+            try:
+                version = _read_alias(store, name, alias)[0]
+            except RegistryError:
+                continue
+            if version is not None:
+                out[alias] = version
     return out
 
 
 def resolve(store: Store, spec: str) -> tuple[str, int]:
-    """``NAME``, ``NAME:VERSION`` or ``NAME:ALIAS`` → (name, version); NAME alone means latest."""
-    name, _, which = spec.partition(":")
-    which = which or "latest"
-    if which.isdigit():
-        version = int(which)
-    else:
-        try:
-            version = store.get_json(alias_key(name, which))["version"]
-        except StoreError as e:
-            raise RegistryError(f"model {name!r} has no alias {which!r} in {store.uri}") from e
+    """``NAME``, ``NAME:VERSION`` or ``NAME:ALIAS`` → (name, version); NAME alone means latest.
+    A name or alias outside ``common.names`` is refused before the store is read."""
+    name, version, which = parse_spec(spec)
+    if version is None:
+        version = _read_alias(store, name, which)[0]
+        if version is None:
+            raise RegistryError(f"model {name!r} has no alias {which!r} in {store.uri}")
     if not store.is_committed(model_prefix(name, version)):
         raise RegistryError(f"model {name}:{version} does not exist in {store.uri}")
     return name, version
@@ -264,7 +416,7 @@ def show(store: Store, spec: str) -> Entry:
         card=read_card(store, prefix),
         aliases=sorted(a for a, v in _aliases(store, name).items() if v == version),
         uri=store.url(prefix),
-        files=[store.url(k) for k in store.list(prefix)],
+        files=[store.url(k) for k in store.list(f"{prefix}/")],
     )
 
 
@@ -280,7 +432,8 @@ def gate_decision(candidate_bpb: float, baseline: str, baseline_bpb: float, tole
 
 
 def gate(report: EvalReport, alias: str, tolerance: float) -> GateDecision:
-    """The quality gate's decision on ``report`` for ``alias``, as its card records it."""
+    """The quality gate's decision on ``report`` for ``alias`` against the holder the evaluation
+    compared it with (``report.baseline``), as its card records it."""
     promoted, reason = gate_decision(report.bits_per_byte, report.baseline, report.baseline_bits_per_byte, tolerance)
     return GateDecision(
         alias=alias,
@@ -293,23 +446,89 @@ def gate(report: EvalReport, alias: str, tolerance: float) -> GateDecision:
     )
 
 
+def _recorded_bits_per_byte(store: Store, entry: str, report: EvalReport, evaluation: dict[str, Any] | None) -> float | None:
+    """The bits per byte ``entry``'s card records, if they were measured on the rows ``report``
+    was: the same dataset version, the same row settings (``ROW_SETTINGS`` of the evaluation
+    section) and as many tokens; else None."""
+    if not isinstance(evaluation, dict) or any(evaluation.get(k) is None for k in ROW_SETTINGS):
+        return None
+    card = read_card(store, entry)
+    theirs = card.config.get("evaluation") or {}
+    figure = card.metrics.get("bits_per_byte")
+    same_rows = (
+        card.lineage.dataset_version == report.checkpoint.dataset.version
+        and all(theirs.get(k) == evaluation[k] for k in ROW_SETTINGS)
+        and card.metrics.get("val_tokens") == report.tokens_evaluated
+    )
+    return float(figure) if same_rows and isinstance(figure, int | float) and figure >= 0 else None
+
+
+def gate_for_holder(
+    store: Store,
+    name: str,
+    report: EvalReport,
+    alias: str,
+    tolerance: float,
+    holder: int | None,
+    evaluation: dict[str, Any] | None,
+) -> GateDecision:
+    """The gate's decision for ``report`` against ``holder`` (the version holding ``alias`` now).
+
+    The holder the evaluation compared with: its figures (``gate``). Another one (the alias
+    moved during the evaluation): its recorded bits per byte if they are on the same validation
+    rows (``evaluation``: the candidate's evaluation section), else the alias is kept."""
+    entry = model_prefix(name, holder) if holder is not None else ""
+    if entry == report.baseline:
+        return gate(report, alias, tolerance)
+    then = report.baseline or "no model"
+    if not entry:
+        promoted, reason = True, f"holder changed during evaluation ({then} then, none now): the candidate takes it"
+        figure = None
+    else:
+        figure = _recorded_bits_per_byte(store, entry, report, evaluation)
+        if figure is None:
+            promoted = False
+            reason = (
+                f"holder changed during evaluation: alias kept, re-run to compare ({entry} holds {alias} now, "
+                f"the evaluation compared with {then}; {entry}'s recorded figures are not on the same validation rows)"
+            )
+        else:
+            promoted, decided = gate_decision(report.bits_per_byte, entry, figure, tolerance)
+            reason = f"holder changed during evaluation ({then} then, {entry} now; its recorded figures, same rows): {decided}"
+    return GateDecision(
+        alias=alias,
+        baseline=entry,
+        baseline_bits_per_byte=figure,
+        candidate_bits_per_byte=report.bits_per_byte,
+        tolerance=tolerance,
+        promoted=promoted,
+        reason=reason,
+    )
+
+
 def promote(store: Store, spec: str, alias: str) -> int:
     """Point ``alias`` at the version ``spec`` names; returns that version."""
-    if not alias or "/" in alias or alias.isdigit():
-        raise RegistryError(f"invalid alias {alias!r}: use a name such as production")
+    check_alias(alias)
     name, version = resolve(store, spec)
     set_alias(store, name, alias, version)
     return version
 
 
 def download(store: Store, spec: str, dest: str | Path) -> Path:
-    """Copy a committed version's files to ``dest``; returns the folder."""
+    """Copy a committed version's files to ``dest``; returns the folder.
+
+    Every key of the version's folder is checked to stay inside it before anything is written:
+    a planted key (``..``, an absolute or empty part) writes nothing anywhere."""
     name, version = resolve(store, spec)
     prefix = model_prefix(name, version)
     target = Path(dest)
-    for key in store.list(prefix):
-        if not key.endswith(("/_COMMITTED", f"/{CLAIM}")):
-            store.download(key, target / key[len(prefix) + 1 :])
+    try:
+        planned = [(key, store.relative(prefix, key)) for key in store.list(f"{prefix}/")]
+    except StoreError as e:
+        raise RegistryError(f"{name}:{version} holds a key outside its folder, nothing was downloaded: {e}") from e
+    for key, rel in planned:
+        if rel not in (COMMIT_MARKER, CLAIM):
+            store.download(key, target / rel)
     return target
 
 

@@ -1,5 +1,23 @@
 """Object storage shared by every stage: local directories and S3-compatible stores."""
 
-from storage.store import COMMIT_MARKER, AlreadyCommitted, Store, StoreError, check_key, default_store_uri, open_store
+from storage.store import (
+    COMMIT_MARKER,
+    AlreadyCommitted,
+    PreconditionFailed,
+    Store,
+    StoreError,
+    check_key,
+    default_store_uri,
+    open_store,
+)
 
-__all__ = ["COMMIT_MARKER", "AlreadyCommitted", "Store", "StoreError", "check_key", "default_store_uri", "open_store"]
+__all__ = [
+    "COMMIT_MARKER",
+    "AlreadyCommitted",
+    "PreconditionFailed",
+    "Store",
+    "StoreError",
+    "check_key",
+    "default_store_uri",
+    "open_store",
+]

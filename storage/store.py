@@ -12,11 +12,20 @@ conditional create), so a crash mid-write never leaves anything that looks compl
 Deleting a directory removes its marker first, so a half-deleted one never looks complete
 either. ``list(prefix)`` means the folder ``prefix/`` on every backend: ``models/gpt/1``
 never matches ``models/gpt/10/...``.
+
+Conditional writes: ``if_absent`` creates an object only if none exists (``AlreadyCommitted``
+otherwise); ``if_match=etag`` replaces it only if it is still the object read with that ETag
+(``get_bytes_with_etag``; ``PreconditionFailed`` otherwise). S3: ``If-None-Match: *`` and
+``If-Match`` (SeaweedFS 4.48 honours both, on PutObject and on CompleteMultipartUpload); local:
+an exclusive hard link, and a compare-and-swap under an exclusive ``flock`` of the folder's
+lock file, the ETag being the content's sha256.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -39,6 +48,27 @@ class StoreError(UserError, RuntimeError):
 
 class AlreadyCommitted(StoreError):
     """A conditional create found the object already there."""
+
+
+class PreconditionFailed(StoreError):
+    """A write conditional on an object's ETag found the object changed since it was read, or gone."""
+
+
+LOCK_NAME = ".tmp-lock"
+"""A local folder's lock file for compare-and-swap writes (named like a temporary file, so that
+listings and commits leave it out)."""
+
+
+def _conditions(if_absent: bool, if_match: str | None) -> None:
+    if if_absent and if_match is not None:
+        raise ValueError("a write is conditional on absence or on an ETag, not both")
+    if if_match is not None and not if_match:
+        raise ValueError("if_match needs the ETag the object was read with")
+
+
+def content_etag(data: bytes) -> str:
+    """A local object's ETag: the sha256 of its content."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _key_problem(key: str) -> str:
@@ -152,13 +182,19 @@ class Store:
     uri: str
 
     # -- primitives every backend implements ------------------------------------------
-    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> None:
+        """Write ``key``. ``if_absent``: only if it does not exist (AlreadyCommitted otherwise);
+        ``if_match``: only if it is still the object whose ETag that is (PreconditionFailed otherwise)."""
         raise NotImplementedError
 
-    def put_file(self, key: str, path: str | Path) -> None:
+    def put_file(self, key: str, path: str | Path, *, if_absent: bool = False) -> None:
         raise NotImplementedError
 
     def get_bytes(self, key: str) -> bytes:
+        raise NotImplementedError
+
+    def get_bytes_with_etag(self, key: str) -> tuple[bytes, str]:
+        """The object and its ETag, for a later ``put_bytes(..., if_match=etag)``."""
         raise NotImplementedError
 
     def download(self, key: str, path: str | Path) -> None:
@@ -185,20 +221,26 @@ class Store:
     def url(self, key: str) -> str:
         return f"{self.uri.rstrip('/')}/{key}"
 
-    def put_json(self, key: str, obj: Any, *, if_absent: bool = False) -> None:
-        self.put_bytes(key, json.dumps(obj, indent=2, sort_keys=True).encode(), if_absent=if_absent)
+    def put_json(self, key: str, obj: Any, *, if_absent: bool = False, if_match: str | None = None) -> None:
+        self.put_bytes(key, json.dumps(obj, indent=2, sort_keys=True).encode(), if_absent=if_absent, if_match=if_match)
 
     def get_json(self, key: str) -> Any:
         return json.loads(self.get_bytes(key))
 
-    def upload_dir(self, local_dir: str | Path, prefix: str) -> list[str]:
+    def get_json_with_etag(self, key: str) -> tuple[Any, str]:
+        data, etag = self.get_bytes_with_etag(key)
+        return json.loads(data), etag
+
+    def upload_dir(self, local_dir: str | Path, prefix: str, *, if_absent: bool = False) -> list[str]:
+        """Upload every file under ``local_dir`` to the folder ``prefix``; ``if_absent``: each one
+        only if its key does not exist yet (AlreadyCommitted at the first that does)."""
         local_dir = Path(local_dir)
         folder = check_key(prefix, folder=True, what="prefix")
         keys = []
         for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
             rel = path.relative_to(local_dir).as_posix()
             key = f"{folder}/{rel}" if folder else rel
-            self.put_file(key, path)
+            self.put_file(key, path, if_absent=if_absent)
             keys.append(key)
         return keys
 
@@ -301,13 +343,21 @@ class LocalStore(Store):
             raise
         return tmp
 
-    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> None:
+        _conditions(if_absent, if_match)
         path = self._path(key)
+        if if_match is not None:
+            self._replace_if_match(key, path, data, if_match)
+            return
         created = self._makedirs(path.parent)
         tmp = self._write_temp(path.parent, data, sync=if_absent)
         if not if_absent:
             _replace(tmp, path)
             return
+        self._link_new(tmp, path, key, created)
+
+    def _link_new(self, tmp: str, path: Path, key: str, created: list[Path]) -> None:
+        """Give the fsynced temporary file ``tmp`` the name ``path`` if nothing has it yet."""
         try:
             os.link(tmp, path)  # atomic and exclusive: fails if ``path`` exists
         except FileExistsError as e:
@@ -329,16 +379,45 @@ class LocalStore(Store):
             dst.flush()
             os.fsync(dst.fileno())
 
-    def put_file(self, key: str, path: str | Path) -> None:
+    def _replace_if_match(self, key: str, path: Path, data: bytes, etag: str) -> None:
+        """Compare-and-swap: under an exclusive lock of the folder's lock file (every such write
+        to the folder takes it), replace ``path`` only if its content still has ``etag``."""
+        folder = path.parent
+        try:
+            lock = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except FileNotFoundError as e:
+            raise PreconditionFailed(f"{self.url(key)} does not exist: nothing to replace") from e
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = path.read_bytes()
+            except FileNotFoundError as e:
+                raise PreconditionFailed(f"{self.url(key)} does not exist: nothing to replace") from e
+            if content_etag(current) != etag:
+                raise PreconditionFailed(f"{self.url(key)} changed since it was read (ETag {etag[:12]}…)")
+            _replace(self._write_temp(folder, data, sync=True), path)
+            _fsync_dir(folder)
+        finally:
+            os.close(lock)  # releases the lock
+
+    def put_file(self, key: str, path: str | Path, *, if_absent: bool = False) -> None:
         dest = self._path(key)
-        self._makedirs(dest.parent)
-        _replace(self._write_temp(dest.parent, source=path), dest)
+        created = self._makedirs(dest.parent)
+        tmp = self._write_temp(dest.parent, source=path, sync=if_absent)
+        if if_absent:
+            self._link_new(tmp, dest, key, created)
+        else:
+            _replace(tmp, dest)
 
     def get_bytes(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError as e:
             raise StoreError(f"{self.url(key)} does not exist") from e
+
+    def get_bytes_with_etag(self, key: str) -> tuple[bytes, str]:
+        data = self.get_bytes(key)  # writes are renames: one whole object, whose hash is its ETag
+        return data, content_etag(data)
 
     def open_read(self, key: str):
         try:
@@ -497,31 +576,105 @@ class S3Store(Store):
         except (ClientError, BotoCoreError) as e:
             raise self._explain(e, key) from e
 
-    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+    multipart_threshold = 64 * 1024 * 1024
+    """Conditional file uploads above this size go in parts (``put_file(..., if_absent=True)``)."""
+    multipart_chunk = 16 * 1024 * 1024
+    """Part size of those uploads (S3: at least 5 MiB, at most 10,000 parts)."""
+
+    def _conditional(self, key: str, fn, *, if_absent: bool, if_match: str | None, **kwargs):
+        """``fn(**kwargs)`` with the condition's header; a failed precondition raised as
+        AlreadyCommitted (``if_absent``) or PreconditionFailed (``if_match``)."""
         from botocore.exceptions import ClientError
 
-        # Writes are checked like local paths: what we write can be downloaded anywhere.
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(check_key(key)), "Body": data}
         if if_absent:
             kwargs["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
         try:
-            self._call(key, self.client.put_object, **kwargs)
+            return self._call(key, fn, **kwargs)
         except StoreError as e:
             cause = e.__cause__
-            if isinstance(cause, ClientError) and cause.response["Error"].get("Code") in {
-                "PreconditionFailed",
-                "412",
-                "ConditionalRequestConflict",
-            }:
+            code = cause.response["Error"].get("Code") if isinstance(cause, ClientError) else None
+            # 409 ConditionalRequestConflict: another conditional write to the key was in flight.
+            if if_absent and code in {"PreconditionFailed", "412", "ConditionalRequestConflict"}:
                 raise AlreadyCommitted(f"{self.url(key)} already exists") from cause
+            if if_match is not None and code in {"PreconditionFailed", "412", "ConditionalRequestConflict", "NoSuchKey", "404"}:
+                raise PreconditionFailed(f"{self.url(key)} changed since it was read, or is gone ({code})") from cause
             raise
 
-    def put_file(self, key: str, path: str | Path) -> None:
-        # upload_file does multipart with per-part checksums for large files.
-        self._call(key, self.client.upload_file, Filename=str(path), Bucket=self.bucket, Key=self._key(check_key(key)))
+    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> None:
+        _conditions(if_absent, if_match)
+        # Writes are checked like local paths: what we write can be downloaded anywhere.
+        full = self._key(check_key(key))
+        put = self.client.put_object
+        self._conditional(key, put, if_absent=if_absent, if_match=if_match, Bucket=self.bucket, Key=full, Body=data)
+
+    def put_file(self, key: str, path: str | Path, *, if_absent: bool = False) -> None:
+        full = self._key(check_key(key))
+        if not if_absent:
+            # upload_file does multipart with per-part checksums for large files.
+            self._call(key, self.client.upload_file, Filename=str(path), Bucket=self.bucket, Key=full)
+            return
+        # upload_file cannot send If-None-Match: one conditional PUT, or parts and a conditional
+        # CompleteMultipartUpload (what a bucket policy requiring the header lets through).
+        size = os.path.getsize(path)
+        if size <= self.multipart_threshold:
+            with open(path, "rb") as body:
+                put = self.client.put_object
+                self._conditional(key, put, if_absent=True, if_match=None, Bucket=self.bucket, Key=full, Body=body)
+            return
+        create = self.client.create_multipart_upload
+        upload_id = self._call(key, create, Bucket=self.bucket, Key=full, ChecksumAlgorithm="CRC32")["UploadId"]
+        try:
+            parts = self._upload_parts(key, full, upload_id, Path(path), size)
+            self._conditional(
+                key,
+                self.client.complete_multipart_upload,
+                if_absent=True,
+                if_match=None,
+                Bucket=self.bucket,
+                Key=full,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            except Exception:  # noqa: BLE001 - the upload's own error is the one to raise
+                pass
+            raise
+
+    def _upload_parts(self, key: str, full: str, upload_id: str, path: Path, size: int) -> list[dict[str, Any]]:
+        chunk = max(self.multipart_chunk, -(-size // 10_000))
+        starts = range(0, size, chunk)
+
+        def part(number: int, start: int) -> dict[str, Any]:
+            with open(path, "rb") as f:
+                data = os.pread(f.fileno(), min(chunk, size - start), start)
+            resp = self._call(
+                key,
+                self.client.upload_part,
+                Bucket=self.bucket,
+                Key=full,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=data,
+                ChecksumAlgorithm="CRC32",
+            )
+            done = {"ETag": resp["ETag"], "PartNumber": number}
+            if resp.get("ChecksumCRC32"):
+                done["ChecksumCRC32"] = resp["ChecksumCRC32"]
+            return done
+
+        with ThreadPoolExecutor(max_workers=min(8, len(starts))) as pool:
+            return list(pool.map(part, range(1, len(starts) + 1), starts))
 
     def get_bytes(self, key: str) -> bytes:
         return self.open_read(key).read()
+
+    def get_bytes_with_etag(self, key: str) -> tuple[bytes, str]:
+        resp = self._call(key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))
+        return resp["Body"].read(), resp["ETag"]
 
     def open_read(self, key: str):
         resp = self._call(key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))

@@ -8,7 +8,7 @@ from flytekit import current_context, task
 
 from common.contracts import EvalReport, ModelRef, model_prefix
 from pipeline.config import PipelineConfig, RegistryConfig
-from registry.registry import RegistryError, check_continuable, gate, register, resolve
+from registry.registry import RegistryError, check_continuable, read_card, register, resolve
 from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task
@@ -71,15 +71,24 @@ def _execution_id() -> str:
 @as_messages
 def register_model(report: EvalReport, registry: RegistryConfig, config: PipelineConfig) -> ModelRef:
     """Register the evaluated checkpoint as a new immutable version, move ``latest``, and move
-    the gate alias too when the candidate is not worse than its holder (decision on the card)."""
-    decision = gate(report, registry.gate_alias, registry.gate_tolerance)
-    print(f"quality gate: {decision.reason}")
-    return register(
-        open_store(report.checkpoint.store),
+    the gate alias too when the candidate is not worse than its holder (decision on the card).
+
+    The holder is read again at registration: if the alias moved while the candidate was being
+    evaluated, the gate compares with the new holder's recorded bits per byte on the same
+    validation rows, or keeps the alias ("holder changed during evaluation: alias kept, re-run
+    to compare"); the alias moves only if the holder compared with still holds it
+    (``registry.register``)."""
+    store = open_store(report.checkpoint.store)
+    ref = register(
+        store,
         registry.model_name,
         report,
         config=dataclasses.asdict(config),
-        gate=decision,
+        gate_alias=registry.gate_alias,
+        gate_tolerance=registry.gate_tolerance,
         execution_id=_execution_id(),
-        aliases=("latest", registry.gate_alias) if decision.promoted else ("latest",),
     )
+    decision = read_card(store, ref.prefix).gate
+    holder = _entry(report.checkpoint.store, f"{registry.model_name}:{registry.gate_alias}")
+    print(f"quality gate: {decision.reason if decision else 'not applied'}; {registry.gate_alias} is {holder or 'unset'}")
+    return ref

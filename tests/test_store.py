@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import AlreadyCommitted, StoreError, open_store
+from storage import AlreadyCommitted, PreconditionFailed, StoreError, open_store
 from storage.store import S3Store
 
 
@@ -189,3 +189,82 @@ def test_concurrent_writes_of_one_key_never_collide(tmp_path):
     assert not errors, errors
     assert store.get_bytes("k/w.bin") in {s.read_bytes() for s in sources}
     assert sorted(p.name for p in (tmp_path / "store" / "k").iterdir()) == ["small", "w.bin"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Conditional writes: create only if absent, replace only if unchanged (ETag)
+
+
+def test_replace_only_if_unchanged(store):
+    """put_bytes(if_match=etag) replaces the object read with that ETag and nothing else: a stale
+    ETag, a wrong one or a missing object is refused and leaves the object as it was (S3: the
+    server's If-Match; SeaweedFS answers 412)."""
+    with pytest.raises(StoreError, match="does not exist"):
+        store.get_bytes_with_etag("aliases/prod.json")
+    with pytest.raises(PreconditionFailed):
+        store.put_bytes("aliases/prod.json", b"v0", if_match="0" * 32)  # nothing there to replace
+    store.put_bytes("aliases/prod.json", b"v1", if_absent=True)
+    data, etag = store.get_bytes_with_etag("aliases/prod.json")
+    assert data == b"v1" and etag
+    store.put_bytes("aliases/prod.json", b"v2", if_match=etag)
+    assert store.get_bytes("aliases/prod.json") == b"v2"
+    with pytest.raises(PreconditionFailed, match="changed since it was read"):
+        store.put_bytes("aliases/prod.json", b"v3", if_match=etag)  # stale: v1's ETag
+    assert store.get_bytes_with_etag("aliases/prod.json")[0] == b"v2"
+    with pytest.raises(ValueError):
+        store.put_bytes("aliases/prod.json", b"v3", if_absent=True, if_match=etag)
+    with pytest.raises(AlreadyCommitted):
+        store.put_json("aliases/prod.json", {"v": 4}, if_absent=True)
+    assert store.list("aliases/") == ["aliases/prod.json"]  # the local lock file is no object
+
+
+def test_compare_and_swap_loses_no_update_under_contention(store):
+    """Four writers increment one counter by read, change, conditional write, retry on a lost
+    race: every increment lands (no lost update), on the local store and on the real server."""
+    store.put_json("ctr.json", {"n": 0}, if_absent=True)
+    clients = [open_store(store.uri) for _ in range(4)]
+
+    def work(i: int) -> None:
+        for _ in range(5):
+            while True:
+                value, etag = clients[i].get_json_with_etag("ctr.json")
+                try:
+                    clients[i].put_json("ctr.json", {"n": value["n"] + 1}, if_match=etag)
+                    break
+                except PreconditionFailed:
+                    continue  # lost the race: read again
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.get_json("ctr.json") == {"n": 20}
+
+
+def test_files_are_created_only_if_absent(store, tmp_path):
+    """put_file/upload_dir with if_absent never replace an object (S3: also in parts, where the
+    conditional CompleteMultipartUpload is what refuses it)."""
+    if isinstance(store, S3Store):
+        store.multipart_threshold = store.multipart_chunk = 5 * 1024 * 1024  # S3's smallest part
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(11 * 1024 * 1024))  # three parts on S3
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"small")
+    store.put_file("v/1/big.bin", big, if_absent=True)
+    store.put_file("v/1/small.bin", small, if_absent=True)
+    assert store.get_bytes("v/1/big.bin") == big.read_bytes()
+    other = tmp_path / "other.bin"
+    other.write_bytes(os.urandom(6 * 1024 * 1024))
+    for path in (other, small):
+        with pytest.raises(AlreadyCommitted):
+            store.put_file("v/1/big.bin", path, if_absent=True)
+    assert store.get_bytes("v/1/big.bin") == big.read_bytes()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "small.bin").write_bytes(b"replayed")
+    with pytest.raises(AlreadyCommitted):
+        store.upload_dir(folder, "v/1", if_absent=True)
+    assert store.get_bytes("v/1/small.bin") == b"small"
+    if isinstance(store, S3Store):  # no multipart upload left behind by the refused one
+        assert not store.client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix).get("Uploads")
