@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import json
 import logging
 import tempfile
 from array import array
@@ -39,7 +40,7 @@ from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.dedup import Deduplicator, band_keys, digest_key, shingle_hashes, signature
 from data_prep.parallel import WorkerPool, trainer_threads
 from data_prep.readers import Skips, iter_documents
-from data_prep.shards import ShardInfo, ShardWriter, token_dtype
+from data_prep.shards import ShardInfo, ShardWriter, StoredShard, token_dtype
 from data_prep.sources import DataError, Document, RawFile, list_files, listing_hash, relative_names
 from data_prep.tokenizer import EOD_TOKEN, byte_fallback_ids, set_encoder, train_tokenizer, worker_encoder
 from storage import AlreadyCommitted, Store, open_store
@@ -413,13 +414,37 @@ def _stats(scan: Scan, encoded: Encoded) -> dict[str, int]:
 
 
 def load_manifest(store: Store, ref: DatasetRef) -> dict:
+    """The committed manifest of ``ref``, checked to hash to ``ref.version``: the shard digests it
+    records are what every reader checks the shards against, so it must be the one prepared."""
     if not store.is_committed(ref.prefix):
         raise DataError(f"dataset {store.url(ref.prefix)} is not committed: rerun the prepare step")
-    return store.get_json(f"{ref.prefix}/{MANIFEST}")
+    data = store.get_bytes(f"{ref.prefix}/{MANIFEST}")
+    actual = hashlib.sha256(data).hexdigest()[:16]  # as manifests.version_of
+    if actual != ref.version:
+        raise DataError(
+            f"{store.url(f'{ref.prefix}/{MANIFEST}')} hashes to version {actual}, not {ref.version}: "
+            "the dataset was modified after it was committed; prepare it again"
+        )
+    return json.loads(data)
+
+
+def stored_shards(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[StoredShard]:
+    """The split's shards, each with the sha256 the manifest records: readers check it (``read_shard``)."""
+    return [StoredShard(store.url(f"{ref.prefix}/{s['name']}"), s["sha256"]) for s in manifest["splits"][split]["shards"]]
 
 
 def shard_urls(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[str]:
-    return [store.url(f"{ref.prefix}/{s['name']}") for s in manifest["splits"][split]["shards"]]
+    """The split's shard URLs alone (reading them this way checks nothing: see ``stored_shards``)."""
+    return [shard.url for shard in stored_shards(store, ref, manifest, split)]
 
 
-__all__ = ["DatasetRef", "ShardInfo", "content_hash", "prepare_dataset", "load_manifest", "shard_urls", "scan_corpus"]
+__all__ = [
+    "DatasetRef",
+    "ShardInfo",
+    "content_hash",
+    "prepare_dataset",
+    "load_manifest",
+    "shard_urls",
+    "stored_shards",
+    "scan_corpus",
+]

@@ -11,14 +11,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import tarfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 import webdataset as wds
-from webdataset.gopen import gopen_schemes
 
 from data_prep.sources import DataError
 from storage import open_store
@@ -134,11 +133,21 @@ class ShardWriter:
         return sum(s.tokens for s in self.shards)
 
 
-def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_kw) -> IO[bytes]:
-    if mode != "rb":
-        raise ValueError("s3:// shards are written through the store, not gopen")
-    bucket, _, key = url[len("s3://") :].partition("/")
-    return _bucket_store(bucket).open_read(key)
+@dataclass(frozen=True)
+class StoredShard:
+    """A committed shard to read: where it is and the sha256 its manifest records."""
+
+    url: str
+    sha256: str
+
+
+def _read_bytes(url: str) -> bytes:
+    """The whole object at ``url``: a local path or ``s3://bucket/key``."""
+    if url.startswith("s3://"):
+        bucket, _, key = url[len("s3://") :].partition("/")
+        return _bucket_store(bucket).get_bytes(key)
+    with open(url, "rb") as f:
+        return f.read()
 
 
 @functools.cache
@@ -147,37 +156,76 @@ def _bucket_store(bucket: str):
     return open_store(f"s3://{bucket}")
 
 
-def register_s3_scheme() -> None:
-    """Let WebDataset open ``s3://`` URLs: it has no scheme of its own, so stream objects through boto3."""
-    gopen_schemes.setdefault("s3", _gopen_s3)
+def check_digest(data: bytes, url: str, sha256: str) -> None:
+    """Raise DataError unless ``data`` (the shard at ``url``) has the ``sha256`` its manifest records."""
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
+        raise DataError(
+            f"shard {url}: sha256 {actual}, the manifest records {sha256}: "
+            "the dataset was modified after it was committed; prepare it again"
+        )
 
 
-def _every_node(src):
-    # Each rank reads every shard: the global order is decided after loading.
-    yield from src
+def read_shard(shard: StoredShard | str) -> np.ndarray:
+    """The packed rows of one shard, ``[rows, seq_len + 1]``.
+
+    A ``StoredShard`` is read whole and its sha256 checked against the manifest's before a
+    byte of it is parsed: a shard is small (about 0.5 MB by default; the loader holds decoded
+    windows of them anyway), so holding it until it is checked costs one shard of memory,
+    and no row of a modified shard is ever used. A bare path or URL is read unchecked: only
+    for shards this process has just written (tests, tools), never for a committed dataset.
+    """
+    url = shard if isinstance(shard, str) else shard.url
+    data = _read_bytes(url)
+    if not isinstance(shard, str):
+        check_digest(data, url, shard.sha256)
+    return parse_shard(data, url)
 
 
-def iter_shard_arrays(urls: list[str]) -> Iterator[np.ndarray]:
-    """The token arrays of the shards at ``urls`` (local paths or s3:// URLs), in order."""
-    register_s3_scheme()
-    # No .decode(): its default decoders unpickle .pyd/.pickle members and torch.load .pth ones.
-    # A shard holds what we wrote, one tokens.npy per sample, loaded without pickle.
-    dataset = wds.WebDataset(urls, shardshuffle=False, nodesplitter=_every_node, workersplitter=None)
-    for sample in dataset:
-        yield _tokens(sample)
-
-
-def _tokens(sample: dict) -> np.ndarray:
-    members = sorted(k for k in sample if not k.startswith("__"))
-    if members != [TOKENS]:
-        where = f"{sample.get('__url__', '?')}, sample {sample.get('__key__', '?')}"
-        raise DataError(f"shard {where} holds {members}, not just {TOKENS}: not written by this pipeline; prepare it again")
-    return np.load(io.BytesIO(sample[TOKENS]), allow_pickle=False)
-
-
-def read_rows(urls: list[str]) -> np.ndarray:
-    """All packed rows of the shards at ``urls`` as one ``[rows, seq_len + 1]`` array."""
-    arrays = list(iter_shard_arrays(urls))
+def parse_shard(data: bytes, url: str) -> np.ndarray:
+    """The rows of a shard's bytes. No generic decoders (WebDataset's ``.decode()`` unpickles
+    ``.pyd``/``.pickle`` members and ``torch.load``s ``.pth`` ones): a shard holds what we
+    wrote, one ``tokens.npy`` per sample, loaded without pickle."""
+    arrays = [_tokens(key, members, url) for key, members in _samples(data, url)]
     if not arrays:
-        raise ValueError(f"no samples in shards {urls}")
+        raise DataError(f"shard {url} holds no samples: not written by this pipeline; prepare it again")
+    return np.concatenate(arrays)
+
+
+def _samples(data: bytes, url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """WebDataset's grouping: consecutive members ``<key>.<ext>`` form the sample ``key``."""
+    key, members = None, {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:  # uncompressed, as written
+        for info in tar:
+            folder, _, base = info.name.rpartition("/")
+            stem, dot, ext = base.partition(".")
+            if not info.isfile() or not dot:
+                raise DataError(f"shard {url} holds {info.name!r}: not written by this pipeline; prepare it again")
+            name = f"{folder}/{stem}" if folder else stem
+            if name != key:
+                if key is not None:
+                    yield key, members
+                key, members = name, {}
+            members[ext] = tar.extractfile(info).read()
+    if key is not None:
+        yield key, members
+
+
+def _tokens(key: str, members: dict[str, bytes], url: str) -> np.ndarray:
+    if sorted(members) != [TOKENS]:
+        raise DataError(
+            f"shard {url}, sample {key} holds {sorted(members)}, not just {TOKENS}: "
+            "not written by this pipeline; prepare it again"
+        )
+    rows = np.load(io.BytesIO(members[TOKENS]), allow_pickle=False)
+    if rows.ndim != 2:
+        raise DataError(f"shard {url}, sample {key}: {TOKENS} has shape {rows.shape}, not [rows, seq_len + 1]")
+    return rows
+
+
+def read_rows(shards: Sequence[StoredShard | str]) -> np.ndarray:
+    """All packed rows of ``shards`` as one ``[rows, seq_len + 1]`` array (see ``read_shard``)."""
+    arrays = [read_shard(shard) for shard in shards]
+    if not arrays:
+        raise ValueError(f"no samples in shards {shards}")
     return np.concatenate(arrays)

@@ -32,7 +32,8 @@ from common.docfields import documented
 from common.errors import UserError
 from common.settings import at_least
 from data_prep.prepare import load_manifest
-from data_prep.shards import read_rows
+from data_prep.shards import check_digest, parse_shard
+from data_prep.sources import DataError
 from storage import Store
 
 
@@ -74,7 +75,12 @@ class ValidationConfig:
 
 
 class ValidationFailed(UserError, RuntimeError):
-    """The dataset failed its expectations; the message lists each failure."""
+    """The dataset failed its expectations; the message lists each failure, ``validation``
+    holds what the gate computed (for a report built in the task)."""
+
+    def __init__(self, message: str, validation: Validation | None = None) -> None:
+        super().__init__(message)
+        self.validation = validation
 
 
 @dataclass
@@ -93,33 +99,53 @@ class Outcome:
         return f"{where}: {self.expectation} failed (observed {self.observed}; expected {self.expected})"
 
 
-def _read_back(data: bytes) -> int:
-    """Sequences in a shard's bytes as stored, or -1 if they do not decode as a shard."""
-    with tempfile.NamedTemporaryFile(suffix=".tar") as f:
-        f.write(data)
-        f.flush()
-        try:
-            return len(read_rows([f.name]))
-        except Exception:
-            return -1
+@dataclass
+class Validation:
+    """What the gate computed, pass or fail."""
+
+    outcomes: list[Outcome]
+    """Every expectation's verdict."""
+    modified: list[str]
+    """One line per shard whose bytes are not those its manifest records (expected and actual sha256)."""
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.success]
 
 
-def _tables(store: Store, ref: DatasetRef) -> tuple[dict[str, pd.DataFrame], dict]:
-    """The three tables the suites check, built from what is in the store now."""
+def _read_back(data: bytes, url: str, sha256: str) -> tuple[int, str]:
+    """Sequences in a shard's bytes as stored (-1 if they are not the manifest's or do not decode
+    as a shard: a modified shard is never parsed), and the digest problem ("" if none)."""
+    try:
+        check_digest(data, url, sha256)
+    except DataError as e:
+        return -1, str(e)
+    try:
+        return len(parse_shard(data, url)), ""
+    except Exception:
+        return -1, ""
+
+
+def _tables(store: Store, ref: DatasetRef) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
+    """The three tables the suites check, built from what is in the store now, and the shards
+    whose digest differs from the manifest's."""
     manifest = load_manifest(store, ref)
     docs = pd.read_csv(io.BytesIO(store.get_bytes(f"{ref.prefix}/{DOC_STATS}")))
-    rows = []
+    rows, modified = [], []
     for split, info in manifest["splits"].items():
         for shard in info["shards"]:
             key = f"{ref.prefix}/{shard['name']}"
             data = store.get_bytes(key) if store.exists(key) else b""
+            sequences, problem = _read_back(data, store.url(key), shard["sha256"]) if data else (-1, "")
+            if problem:
+                modified.append(problem)
             rows.append(
                 {
                     "shard": shard["name"],
                     "split": split,
                     "named_for_split": shard["name"].startswith(f"shards/{split}-"),
                     "manifest_sequences": shard["sequences"],
-                    "stored_sequences": _read_back(data) if data else -1,
+                    "stored_sequences": sequences,
                     "manifest_bytes": shard["bytes"],
                     "stored_bytes": len(data),
                     "sha256_matches": hashlib.sha256(data).hexdigest() == shard["sha256"],
@@ -141,7 +167,7 @@ def _tables(store: Store, ref: DatasetRef) -> tuple[dict[str, pd.DataFrame], dic
             }
         ]
     )
-    return {"documents": docs, "shards": pd.DataFrame(rows), "dataset": summary}, manifest
+    return {"documents": docs, "shards": pd.DataFrame(rows), "dataset": summary}, manifest, modified
 
 
 def great_expectations():
@@ -260,10 +286,10 @@ def _run_suites(tables: dict[str, pd.DataFrame], suites: dict[str, list], site: 
     return outcomes
 
 
-def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> list[Outcome]:
+def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> Validation:
     """Run the suites; store the results, the suite, the report and GE's Data Docs under
-    ``<dataset>/validation/`` (pass or fail); return the failed outcomes (empty = pass)."""
-    tables, manifest = _tables(store, ref)
+    ``<dataset>/validation/`` (pass or fail); return what was computed (no failures = pass)."""
+    tables, manifest, modified = _tables(store, ref)
     suites = _suites(config, manifest)
     prefix = validation_prefix(ref.prefix)
     with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp:
@@ -278,13 +304,14 @@ def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) ->
     # The suite as run, thresholds included, recorded with the dataset it judged.
     recorded = {name: [e.configuration.to_json_dict() for e in expectations] for name, expectations in suites.items()}
     store.put_json(f"{prefix}/{VALIDATION_SUITES}", recorded)
-    store.put_bytes(f"{prefix}/{VALIDATION_REPORT}", report_html(ref, outcomes).encode())
+    store.put_bytes(f"{prefix}/{VALIDATION_REPORT}", report_html(ref, outcomes, modified).encode())
     store.commit(prefix, {"success": not failures})
-    return failures
+    return Validation(outcomes, modified)
 
 
-def report_html(ref: DatasetRef, outcomes: list[Outcome]) -> str:
-    """A self-contained page (no CDN assets: it must render in a Flyte Deck and offline)."""
+def report_html(ref: DatasetRef, outcomes: list[Outcome], modified: list[str] = ()) -> str:
+    """A self-contained page (no CDN assets: it must render in a Flyte Deck and offline); every
+    value in it is escaped (shard names, observed values: they come from the data)."""
     failed = sum(not o.success for o in outcomes)
     verdict = f"FAILED: {failed} of {len(outcomes)} expectations" if failed else f"PASSED: all {len(outcomes)} expectations"
     rows = "\n".join(
@@ -299,19 +326,31 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
 <h1>Dataset {escape(ref.version)}</h1><h2 class="{"bad" if failed else "ok"}">{verdict}</h2>
 <table><tr><th></th><th>suite</th><th>column</th><th>expectation</th><th>observed</th><th>expected</th></tr>
 {rows}</table>
+{_modified_html(modified)}
 <p>Great Expectations Data Docs for every suite: <code>validation/site/index.html</code> beside this report.</p>
 </body></html>"""
 
 
-def check_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> None:
-    """Raise ValidationFailed, listing each failed expectation, unless the dataset passes."""
-    failures = validate_dataset(store, ref, config)
+def _modified_html(modified: list[str]) -> str:
+    if not modified:
+        return ""
+    items = "".join(f"<li>{escape(line)}</li>" for line in modified)
+    return f'<h3 class="bad">Shards modified after the dataset was committed</h3><ul>{items}</ul>'
+
+
+def check_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> Validation:
+    """What the gate computed, if the dataset passes; otherwise raise ValidationFailed, listing
+    each failed expectation and each modified shard, and carrying the same ``Validation``."""
+    validation = validate_dataset(store, ref, config)
+    failures = validation.failures
     if failures:
         report = store.url(f"{validation_prefix(ref.prefix)}/{VALIDATION_REPORT}")
-        lines = "\n".join(f"  - {f.line()}" for f in failures)
+        lines = "\n".join([*(f"  - {f.line()}" for f in failures), *(f"  - {m}" for m in validation.modified)])
         raise ValidationFailed(
-            f"dataset {ref.version} failed {len(failures)} expectation(s); training was not started.\n{lines}\nReport: {report}"
+            f"dataset {ref.version} failed {len(failures)} expectation(s); training was not started.\n{lines}\nReport: {report}",
+            validation,
         )
+    return validation
 
 
-__all__ = ["ValidationConfig", "ValidationFailed", "check_dataset", "validate_dataset"]
+__all__ = ["Validation", "ValidationConfig", "ValidationFailed", "check_dataset", "report_html", "validate_dataset"]

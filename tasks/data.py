@@ -8,13 +8,13 @@ from typing import Annotated
 
 from flytekit import Deck, HashMethod, task
 
-from common.contracts import TOKENIZER, VALIDATION_REPORT, VALIDATION_SITE, DatasetRef, validation_prefix
+from common.contracts import TOKENIZER, DatasetRef
 from common.hashing import config_hash
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import prepare_dataset
 from data_prep.sources import content_fingerprint
-from data_prep.validation import ValidationConfig, check_dataset
-from storage import Store, open_store
+from data_prep.validation import Validation, ValidationConfig, ValidationFailed, check_dataset, report_html
+from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import data_task
@@ -60,18 +60,18 @@ def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetR
     """Great Expectations gate: raises, listing every failed expectation, before training starts."""
     store = open_store(dataset.store)
     try:
-        check_dataset(store, dataset, validation)
-    finally:
-        _validation_decks(store, validation_prefix(dataset.prefix))
+        result = check_dataset(store, dataset, validation)
+    except ValidationFailed as failed:
+        if failed.validation is not None:
+            _validation_decks(dataset, failed.validation)
+        raise
+    _validation_decks(dataset, result)
     return dataset
 
 
-def _validation_decks(store: Store, prefix: str) -> None:
-    """Our summary, then GE's Data Docs page of each suite, as Decks (pass or fail)."""
-    if store.exists(f"{prefix}/{VALIDATION_REPORT}"):
-        Deck("Data validation", store.get_bytes(f"{prefix}/{VALIDATION_REPORT}").decode())
-    pages = f"{prefix}/{VALIDATION_SITE}/validations/"
-    for key in store.list(pages):
-        if key.endswith(".html"):
-            suite = key.removeprefix(pages).split("/", 1)[0]
-            Deck(f"Data Docs: {suite}", store.get_bytes(key).decode())
+def _validation_decks(dataset: DatasetRef, result: Validation) -> None:
+    """The gate's report as a Deck (pass or fail), rendered here from the outcomes this task
+    computed, every value escaped: never HTML read back from the bucket, which anyone who can
+    write there could have replaced. GE's Data Docs pages are not shown: they are stored beside
+    the report, and GE's templates do not escape the data values they show."""
+    Deck("Data validation", report_html(dataset, result.outcomes, result.modified))

@@ -31,8 +31,8 @@ import torch
 
 from common.contracts import DatasetRef
 from common.errors import UserError
-from data_prep.prepare import load_manifest, shard_urls
-from data_prep.shards import iter_shard_arrays, read_rows
+from data_prep.prepare import load_manifest, stored_shards
+from data_prep.shards import StoredShard, read_rows, read_shard
 from storage import open_store
 
 LOADER_FORMAT = "shard-window-v1"
@@ -43,16 +43,19 @@ class LoaderStateError(UserError, ValueError):
 
 
 def load_split(ref: DatasetRef, split: str) -> tuple[np.ndarray, dict]:
-    """All rows of a split (``[rows, seq_len + 1]``) and the manifest: for the small validation split."""
+    """All rows of a split (``[rows, seq_len + 1]``) and the manifest: for the small validation split.
+    Each shard's sha256 is checked against the manifest before its rows are used."""
     store = open_store(ref.store)
     manifest = load_manifest(store, ref)
-    return read_rows(shard_urls(store, ref, manifest, split)), manifest
+    return read_rows(stored_shards(store, ref, manifest, split)), manifest
 
 
 @dataclass(frozen=True)
 class Shard:
     url: str
     sequences: int
+    sha256: str | None = None
+    """The manifest's digest, checked before the shard's rows are used (``for_split`` always sets it)."""
 
 
 @dataclass
@@ -155,7 +158,8 @@ class StreamingLoader:
         store = open_store(ref.store)
         manifest = load_manifest(store, ref)
         counts = [int(s["sequences"]) for s in manifest["splits"][split]["shards"]]
-        shards = [Shard(url, n) for url, n in zip(shard_urls(store, ref, manifest, split), counts, strict=True)]
+        stored = stored_shards(store, ref, manifest, split)
+        shards = [Shard(s.url, n, s.sha256) for s, n in zip(stored, counts, strict=True)]
         return cls(shards, global_batch_size, seed, ref.version, **kwargs), manifest
 
     # -- order ------------------------------------------------------------------------
@@ -238,7 +242,7 @@ class StreamingLoader:
 
     @staticmethod
     def _read_shard(shard: Shard) -> np.ndarray:
-        rows = np.concatenate(list(iter_shard_arrays([shard.url])))
+        rows = read_shard(shard.url if shard.sha256 is None else StoredShard(shard.url, shard.sha256))
         if len(rows) != shard.sequences:
             raise ValueError(f"shard {shard.url} holds {len(rows)} sequences, the manifest says {shard.sequences}")
         return rows
