@@ -10,7 +10,9 @@
   layout (world size, TP) is unchanged;
 - ``meta.json``: step, layout, the history of layouts that trained the run's steps so far
   (``layouts``, a list of ``common.contracts.LayoutSpan``), configs, the loader state and the
-  optimizer's step count.
+  optimizer's step count;
+- ``digests.json``: the sha256 of every other file, computed from the staged bytes before the
+  upload and written by rank 0 just before the commit.
 
 A megatron optimizer (pipeline parallelism, the distributed optimizer: ``training.step``) saves
 its own sharded state into ``model/`` instead of the moments above; it resumes on the same
@@ -19,14 +21,25 @@ layout only (``training.optimizer_state``).
 The directory counts only once rank 0 has written ``_COMMITTED`` after every rank's files
 are uploaded, so a crash at any point, or a store that goes away mid-upload, leaves nothing
 that a resume would pick up.
+
+Nothing in a checkpoint runs code when it is loaded. After a download, before anything is
+read, every file must be listed in ``digests.json`` with its sha256 (``verify``). Then the
+files are read as data only: megatron's ``.metadata`` (a pickle) through an unpickler that
+knows only the classes of torch's checkpoint metadata, ``common.pt``, the sharded objects and
+the RNG states with ``torch.load(weights_only=True)``, ``metadata.json`` and ``meta.json`` as
+JSON; the load strategies are ours, not chosen by the checkpoint's ``metadata.json``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import json
 import os
+import pickle
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -37,12 +50,26 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.contracts import CHECKPOINT_META, CHECKPOINT_MODEL, checkpoint_prefix, checkpoints_prefix, step_of_checkpoint
-from storage import Store
+from common.contracts import (
+    CHECKPOINT_DIGESTS,
+    CHECKPOINT_META,
+    CHECKPOINT_MODEL,
+    checkpoint_prefix,
+    checkpoints_prefix,
+    step_of_checkpoint,
+)
+from common.errors import UserError
+from storage import COMMIT_MARKER, Store
 from training import optimizer_state
 from training.model import checkpoint_group
 
 OPTIMIZER_PREFIX = "optimizer.state"
+DIGESTS_FORMAT = "sha256-v1"
+DCP_METADATA = ".metadata"  # torch DCP's global metadata file, a pickle
+
+
+class CheckpointIntegrityError(UserError, ValueError):
+    """A checkpoint whose files are not those committed, or that would run code if loaded: nothing was loaded."""
 
 
 def committed_steps(store: Store, run_prefix: str) -> list[int]:
@@ -122,16 +149,237 @@ def _optimizer_step(optimizer) -> float:
     return steps.pop() if steps else 0.0
 
 
+# -- digests: what was committed is what loads ----------------------------------------
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    """Relative paths of the files under ``folder``, sorted."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def _gather_digests(staging: Path) -> dict[str, str] | None:
+    """Collective: the sha256 of every file staged on every node, on rank 0 (None elsewhere).
+
+    Each node stages only its own ranks' files and its local leader uploads them, so no rank
+    sees all the files: the ranks of a node split their node's files between them (after the
+    barrier that ends the writes), and rank 0 gathers every node's share. The digests are of
+    the staged bytes, so a file that changes during or after the upload is caught at load.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    mine = _files(staging)[local_rank::local_world] if local_rank < local_world else []
+    share = {rel: _sha256(staging / rel) for rel in mine}
+    group = checkpoint_group()
+    shares: list[dict[str, str] | None] = [None] * dist.get_world_size(group) if dist.get_rank() == 0 else []
+    dist.gather_object(share, shares if dist.get_rank() == 0 else None, dst=0, group=group)
+    if dist.get_rank() != 0:
+        return None
+    digests: dict[str, str] = {}
+    for part in shares:
+        for rel, digest in (part or {}).items():
+            if digests.setdefault(rel, digest) != digest:  # two nodes staged different bytes under one name
+                raise RuntimeError(f"checkpoint file {rel} was staged with different contents on two nodes")
+    return dict(sorted(digests.items()))
+
+
+def verify(folder: Path, where: str) -> None:
+    """Raise CheckpointIntegrityError unless ``folder`` (a downloaded checkpoint, ``where`` its
+    URL) holds exactly the files its ``digests.json`` lists, each with the listed sha256."""
+    listing = folder / CHECKPOINT_DIGESTS
+    if not listing.is_file():
+        raise CheckpointIntegrityError(
+            f"checkpoint {where} has no {CHECKPOINT_DIGESTS}: its files cannot be checked, so it is not loaded "
+            "(written by a release that did not record digests, or modified); train or register it again"
+        )
+    try:
+        recorded = json.loads(listing.read_bytes())
+        expected = recorded["files"]
+        if recorded.get("format") != DIGESTS_FORMAT or not all(isinstance(v, str) for v in expected.values()):
+            raise ValueError(f"format {recorded.get('format')!r}")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointIntegrityError(
+            f"checkpoint {where}: {CHECKPOINT_DIGESTS} is not a digest list ({e}); nothing was loaded"
+        ) from e
+    present = {rel for rel in _files(folder) if rel not in (CHECKPOINT_DIGESTS, COMMIT_MARKER)}
+    problems = [
+        f"{rel} is not listed in {CHECKPOINT_DIGESTS} (not committed with it)" for rel in sorted(present - expected.keys())
+    ]
+    problems += [f"{rel} is missing" for rel in sorted(expected.keys() - present)]
+    for rel in sorted(present & expected.keys()):
+        actual = _sha256(folder / rel)
+        if actual != expected[rel]:
+            problems.append(f"{rel} has sha256 {actual}, {CHECKPOINT_DIGESTS} records {expected[rel]}")
+    if problems:
+        raise CheckpointIntegrityError(
+            f"checkpoint {where} is not the one committed: {'; '.join(problems)}. "
+            "It was modified after it was committed; nothing was loaded"
+        )
+
+
+# -- reading as data only ------------------------------------------------------------
+# The classes a torch DCP ``.metadata`` pickle refers to (torch 2.x, as megatron writes it),
+# each a dataclass, enum or value type whose construction runs no code of the file's choosing.
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.distributed.checkpoint.planner": {"SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData"},
+    "torch": {"Size"},
+    "torch.serialization": {"_get_layout"},  # torch.layout by name, from a fixed table
+    "collections": {"OrderedDict"},
+}
+
+
+_DTYPES = {name for name, value in vars(torch).items() if isinstance(value, torch.dtype)}  # torch.float32, ...
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a DCP ``.metadata`` file, refusing every global outside the allow-list."""
+
+    def find_class(self, module: str, name: str):
+        if name in _METADATA_CLASSES.get(module, ()) or (module == "torch" and name in _DTYPES):
+            return super().find_class(module, name)
+        raise CheckpointIntegrityError(
+            f"checkpoint metadata refers to {module}.{name}, which checkpoint metadata never holds: "
+            "it could run code, so nothing was loaded"
+        )
+
+    def persistent_load(self, pid):
+        raise CheckpointIntegrityError("checkpoint metadata holds a persistent reference: nothing was loaded")
+
+
+def read_dcp_metadata(path: Path):
+    """A DCP ``.metadata`` file, unpickled with the allow-list and checked to name only files
+    beside it (``relative_path`` is where the reader will open tensor data)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    with open(path, "rb") as f:
+        metadata = _MetadataUnpickler(f).load()
+    if not isinstance(metadata, Metadata):
+        raise CheckpointIntegrityError(f"{path} holds a {type(metadata).__name__}, not checkpoint metadata")
+    for info in (metadata.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if not isinstance(rel, str) or not rel or "/" in rel or "\\" in rel or rel in (".", ".."):
+            raise CheckpointIntegrityError(f"{path} points tensor data at {rel!r}, outside the checkpoint folder")
+    return metadata
+
+
+@functools.cache
+def _safe_strategies() -> tuple[type, type]:
+    """megatron's torch_dist load strategies, reading data only (classes made on first use:
+    megatron is heavy to import)."""
+    from megatron.core.dist_checkpointing.mapping import CheckpointingException
+    from megatron.core.dist_checkpointing.strategies import torch as mcore_torch
+    from megatron.core.dist_checkpointing.strategies.cached_metadata_filesystem_reader import CachedMetadataFileSystemReader
+    from megatron.core.dist_checkpointing.strategies.common import COMMON_STATE_FNAME, TorchCommonLoadStrategy
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(CachedMetadataFileSystemReader):
+        """torch's FileSystemReader reads ``.metadata`` with a plain ``pickle.load``."""
+
+        def read_metadata(self, *args, **kwargs):
+            if self._cached_metadata is None:
+                metadata = read_dcp_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
+                if getattr(metadata, "storage_meta", None) is None:
+                    metadata.storage_meta = StorageMeta()
+                metadata.storage_meta.load_id = self.load_id
+                self._cached_metadata = metadata
+            return self._cached_metadata
+
+    class Planner(mcore_torch.MCoreLoadPlanner):
+        """torch's planner loads sharded objects (bytes items) with ``weights_only=False``."""
+
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            loaded = torch.load(value, map_location="cpu", weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    @contextmanager
+    def ours() -> Iterator[None]:
+        # megatron makes its reader and planner inside each call, by these module names: the one
+        # place where ours replace them, for the duration of a call of the strategy below.
+        saved = mcore_torch._get_filesystem_reader, mcore_torch.MCoreLoadPlanner
+        mcore_torch._get_filesystem_reader = lambda path, cache_metadata=False: Reader(path)
+        mcore_torch.MCoreLoadPlanner = Planner
+        try:
+            yield
+        finally:
+            mcore_torch._get_filesystem_reader, mcore_torch.MCoreLoadPlanner = saved
+
+    class ShardedLoad(mcore_torch.TorchDistLoadShardedStrategy):
+        def load(self, *args, **kwargs):
+            with ours():
+                return super().load(*args, **kwargs)
+
+        def load_tensors_metadata(self, *args, **kwargs):
+            with ours():
+                return super().load_tensors_metadata(*args, **kwargs)
+
+        def load_sharded_metadata(self, *args, **kwargs):
+            with ours():
+                return super().load_sharded_metadata(*args, **kwargs)
+
+    class CommonLoad(TorchCommonLoadStrategy):
+        """megatron's ``torch.load`` of ``common.pt`` does not say ``weights_only`` (an environment
+        variable can turn it off); sharded objects load through ShardedLoad instead."""
+
+        def load_common(self, checkpoint_dir):
+            path = Path(checkpoint_dir) / COMMON_STATE_FNAME
+            if not path.is_file():
+                raise CheckpointingException(f"Common file {path} does not exist")
+            return torch.load(path, map_location="cpu", weights_only=True)
+
+        def load_sharded_objects(self, sharded_objects_state_dict, checkpoint_dir):
+            raise CheckpointingException("sharded objects load through the torch_dist strategy")
+
+    return ShardedLoad, CommonLoad
+
+
+def _dist_load(request: dict, folder: Path) -> dict:
+    """``dist_checkpointing.load`` of ``request`` from the verified ``folder``, data only."""
+    from megatron.core import dist_checkpointing
+
+    # Checked here first for a clear error: torch turns a failing read_metadata inside its load
+    # into a warning and an AssertionError ("metadata is None") after trying other files.
+    read_dcp_metadata(folder / DCP_METADATA)
+    sharded, common = _safe_strategies()
+    return dist_checkpointing.load(request, str(folder), sharded_strategy=sharded(), common_strategy=common())
+
+
 # -- random-number generators ------------------------------------------------------
+# Saved as tensors, lists, ints, floats and strings only, so that it loads with
+# ``torch.load(weights_only=True)``: numpy's and Python's states are converted, exactly.
 def _rng_state() -> dict:
     from megatron.core import tensor_parallel
 
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    version, mt, gauss_next = random.getstate()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "megatron": tensor_parallel.get_cuda_rng_tracker().get_states(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),  # uint32 words
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": {"version": version, "state": list(mt), "gauss_next": gauss_next},
     }
 
 
@@ -143,8 +391,21 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
     if state["megatron"]:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+def load_rng_state(path: Path) -> dict:
+    """A rank's saved RNG states, as data only (``weights_only=True``: no pickle of the file's choosing runs)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message goes on to suggest weights_only=False: keep only what it refused.
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        why = f"it refers to {refused.group(1)}, which could run code" if refused else str(e).splitlines()[0]
+        raise CheckpointIntegrityError(f"{path} is not RNG state saved by this release ({why}); nothing was loaded") from e
 
 
 # -- save and load ----------------------------------------------------------------
@@ -180,10 +441,12 @@ def save(
         if not store.is_committed(prefix):  # leftovers of an upload that never committed
             store.delete_prefix(prefix)
     _barrier()
+    digests = _gather_digests(staging)  # collective; rank 0's
     if _local_leader():
         store.upload_dir(staging, prefix)
     _barrier()
     if rank == 0:
+        store.put_json(f"{prefix}/{CHECKPOINT_DIGESTS}", {"format": DIGESTS_FORMAT, "files": digests})
         store.commit(prefix, {"step": step})
         for old in committed_steps(store, run_prefix)[:-keep] if keep > 0 else []:
             store.delete_prefix(checkpoint_prefix(run_prefix, old))
@@ -194,19 +457,22 @@ def save(
 
 
 def fetch(store: Store, prefix: str, dest: Path, committed_at: str | None = None) -> Path:
-    """Download a checkpoint to ``dest`` (once per node: call on local leaders). It must be
-    committed, or ``committed_at`` (an enclosing directory, e.g. a registry entry) must be."""
+    """Download a checkpoint to ``dest`` (once per node: call on local leaders) and check every
+    file against its ``digests.json`` (CheckpointIntegrityError, nothing loaded, if one differs,
+    is missing or was added). It must be committed, or ``committed_at`` (an enclosing
+    directory, e.g. a registry entry) must be."""
     if not store.is_committed(committed_at or prefix):
         raise FileNotFoundError(f"checkpoint {store.url(prefix)} is not committed")
     shutil.rmtree(dest, ignore_errors=True)
-    return store.download_dir(prefix, dest)
+    store.download_dir(prefix, dest)
+    verify(dest, store.url(prefix))
+    return dest
 
 
 def load_model(model, local_dir: Path) -> None:
-    """Load model weights saved at any TP or PP size into this rank's shard of ``model``."""
-    from megatron.core import dist_checkpointing
-
-    state = dist_checkpointing.load(model.sharded_state_dict(), str(local_dir / CHECKPOINT_MODEL))
+    """Load model weights saved at any TP or PP size into this rank's shard of ``model``
+    (``local_dir``: a checkpoint ``fetch`` checked)."""
+    state = _dist_load(model.sharded_state_dict(), local_dir / CHECKPOINT_MODEL)
     state.pop(optimizer_state.KEY, None)  # the common (unsharded) part of a megatron optimizer comes back too
     model.load_state_dict(state)
 
@@ -246,7 +512,7 @@ def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
             _load_torch_optimizer(staging, model, optimizer, meta)
         rng_file = staging / "rng" / f"rank-{dist.get_rank():05d}.pt"
         if meta.get("layout") == layout and rng_file.exists():
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+            _set_rng_state(load_rng_state(rng_file))
     return meta
 
 
@@ -262,11 +528,9 @@ def restores_optimizer(meta: dict, optimizer, layout: dict) -> bool:
 
 def _load_megatron_optimizer(staging: Path, model, optimizer, meta: dict) -> None:
     """Weights and a megatron optimizer's sharded state, saved by one on this layout."""
-    from megatron.core import dist_checkpointing
-
     request = model.sharded_state_dict()
     request[optimizer_state.KEY] = optimizer_state.sharded(optimizer, model, is_loading=True)
-    state = dist_checkpointing.load(request, str(staging / CHECKPOINT_MODEL))
+    state = _dist_load(request, staging / CHECKPOINT_MODEL)
     loaded = state.pop(optimizer_state.KEY)
     model.load_state_dict(state)
     optimizer_state.restore(optimizer, loaded, meta)
@@ -274,12 +538,10 @@ def _load_megatron_optimizer(staging: Path, model, optimizer, meta: dict) -> Non
 
 def _load_torch_optimizer(staging: Path, model, optimizer, meta: dict) -> None:
     """Weights and torch AdamW moments, both resharded to this layout."""
-    from megatron.core import dist_checkpointing
-
     _init_adam_state(optimizer)
     model_state = model.sharded_state_dict()
     optim_state = _optimizer_sharded_state(model_state, optimizer)
-    loaded = dist_checkpointing.load({**model_state, **optim_state}, str(staging / CHECKPOINT_MODEL))
+    loaded = _dist_load({**model_state, **optim_state}, staging / CHECKPOINT_MODEL)
     model.load_state_dict({k: v for k, v in loaded.items() if k not in optim_state})
     step = torch.tensor(float(meta["optimizer_step"]))
     for p in _optimizer_params(optimizer):
