@@ -7,14 +7,19 @@ batches are queued or running at any time, and results come back in input order.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+log = logging.getLogger(__name__)
+EXIT_GRACE_S = 60  # seconds workers have to exit after a graceful close
+TERMINATE_GRACE_S = 10  # … after SIGTERM
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -86,14 +91,31 @@ class WorkerPool:
             yield done, result.get()
 
     def close(self, failed: bool = False) -> None:
-        """Let the workers finish and exit; after a failure, stop them at once."""
-        if self._pool is not None:
+        """Let the workers finish and exit; after a failure, stop them at once. A worker still
+        alive after the grace period (one that ignores SIGTERM, or is stuck) is killed: a hung
+        close would hang its caller, the whole prepare step with it."""
+        if self._pool is None:
+            return
+        pool, self._pool = self._pool, None
+
+        def stop() -> None:
             if failed:
-                self._pool.terminate()
+                pool.terminate()
             else:
-                self._pool.close()
-            self._pool.join()
-            self._pool = None
+                pool.close()
+            pool.join()
+
+        # Not SIGKILL first: an idle worker holds the task queue's lock while it waits, and
+        # terminate() takes that lock, so a worker killed holding it would hang terminate().
+        stopper = threading.Thread(target=stop, name="worker-pool-close", daemon=True)
+        stopper.start()
+        stopper.join(TERMINATE_GRACE_S if failed else EXIT_GRACE_S)
+        if stopper.is_alive():
+            stuck = [w for w in pool._pool if w.is_alive()]  # the Pool has no public handle on its processes
+            for worker in stuck:
+                os.kill(worker.pid, signal.SIGKILL)
+            log.warning("killed %d data-prep worker(s) that had not exited when the pool closed", len(stuck))
+            stopper.join()
 
     def __enter__(self) -> WorkerPool:
         return self

@@ -43,3 +43,22 @@ def test_workers_do_not_inherit_the_parents_sigterm_handler():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert seen == {"default"}
+
+
+def _hang_ignoring_sigterm(x: int) -> int:
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
+    return x
+
+
+def test_a_failure_stops_even_a_worker_that_ignores_sigterm():
+    import time
+
+    pool = WorkerPool(2)
+    pending = [pool._pool.apply_async(_hang_ignoring_sigterm, (i,)) for i in range(2)]
+    time.sleep(1.0)  # both workers are inside the call, SIGTERM ignored
+    start = time.monotonic()
+    pool.close(failed=True)  # Pool.terminate() alone would wait for them forever
+    assert time.monotonic() - start < 30 and not any(p.ready() and p.successful() for p in pending)
