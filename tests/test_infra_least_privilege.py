@@ -9,12 +9,14 @@ import itertools
 import re
 
 import pytest
+import yaml
 
 from tests.helpers import (
     CLUSTER_PROFILES,
     DOMAINS,
     INFRA,
     PROJECT,
+    ROOT,
     flyte_values,
     load_docs,
     load_json,
@@ -407,3 +409,10 @@ def test_imagespecs_hand_the_environment_to_root():
         for spec in (data_image(cluster), training_image(cluster)):
             assert spec.commands and spec.commands[-1] == ROOT_OWNED_PYTHON, (path.stem, spec.name)
     assert ROOT_OWNED_PYTHON == "chown -R root:root /opt/micromamba && chmod -R go-w /opt/micromamba"
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_presets_use_the_domains_own_store(preset: str) -> None:
+    """A preset naming the undivided s3://pretrain/store would be denied by every domain's roles."""
+    store = yaml.safe_load((ROOT / "configs" / preset).read_text()).get("store", "")
+    assert store == "" or store.rstrip("/") in {f"s3://pretrain/store/{d}" for d in DOMAINS}
