@@ -115,7 +115,9 @@ class WorkerPool:
             for worker in stuck:
                 os.kill(worker.pid, signal.SIGKILL)
             log.warning("killed %d data-prep worker(s) that had not exited when the pool closed", len(stuck))
-            stopper.join()
+            # A worker killed while holding the task queue's lock leaves terminate() waiting on it
+            # for ever: after one more grace period the pool is abandoned (its thread is a daemon).
+            stopper.join(TERMINATE_GRACE_S)
 
     def __enter__(self) -> WorkerPool:
         return self
