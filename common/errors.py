@@ -24,7 +24,7 @@ class ConfigError(UserError, ValueError):
 
 
 def user_error_in(error: BaseException) -> UserError | None:
-    """The first UserError along ``error``'s chain of causes, outermost first, or None.
+    """The deepest UserError along ``error``'s chain of causes and contexts, or None.
 
     Flyte re-raises a task's exception wrapped, or as a copy whose message it prefixes
     ("Failed to convert outputs of task …"); the deepest one carries the user's words."""
