@@ -42,6 +42,9 @@ CHECKPOINT_DIGESTS = "digests.json"
 """Every file of a checkpoint folder and its sha256, written at commit, checked before a load."""
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
+STEP_TIMES = "step_times.jsonl"
+HEALTH = "health.jsonl"
+DIAGNOSTICS = "diagnostics"
 EVAL_RESULTS = "results.json"
 HF_EXPORT = "hf"
 CARD = "card.json"
@@ -87,6 +90,26 @@ def metrics_key(run: str) -> str:
 
 def tensorboard_prefix(run: str) -> str:
     return f"{run}/{TENSORBOARD}"
+
+
+def step_times_key(run: str) -> str:
+    """Every rank's step-time breakdown, one line per (step, rank)."""
+    return f"{run}/{STEP_TIMES}"
+
+
+def health_key(run: str) -> str:
+    """Loss-health events (NaN/Inf, spikes, skipped batches), one line each."""
+    return f"{run}/{HEALTH}"
+
+
+def profile_prefix(run: str, first: int, last: int) -> str:
+    """A profiled window's traces, where TensorBoard's profiler plugin looks for them."""
+    return f"{tensorboard_prefix(run)}/plugins/profile/steps_{first:07d}-{last:07d}"
+
+
+def diagnostics_prefix(run: str) -> str:
+    """Stacks and collective flight-recorder dumps written when ranks stall."""
+    return f"{run}/{DIAGNOSTICS}"
 
 
 def eval_prefix(run: str, key: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from common.docfields import documented
@@ -16,6 +16,13 @@ class Kernels(StrEnum):
 
     TRITON = "triton"
     TORCH = "torch"
+
+
+class BadLossAction(StrEnum):
+    """``train.on_bad_loss``: what a non-finite or spiking loss does."""
+
+    STOP = "stop"
+    SKIP = "skip"
 
 
 class Recompute(StrEnum):
@@ -165,9 +172,45 @@ class TrainConfig:
     """Also write the per-step metrics as TensorBoard event files to <run>/tensorboard/."""
     peak_flops: float = 0.0
     """Peak FLOP/s of one device for MFU (0 = the GPU's data-sheet figure; on CPU a measured matmul rate)."""
+    log_every: int = 10
+    """Print a step line every N steps (the first and last steps always print); metrics record every step."""
+    profile: str = ""
+    """Steps to profile with torch.profiler on every rank, 'FIRST-LAST' or 'STEP' (1-based, e.g. '11-13';
+    '' = off): one gzip'd Chrome trace per rank under <run>/tensorboard/plugins/profile/ (Perfetto,
+    TensorBoard), and on a GPU a CUDA memory snapshot per rank (pytorch.org/memory_viz)."""
+    profile_stacks: bool = False
+    """Record Python stacks in the profile (larger traces, more overhead)."""
+    straggler_every: int = 10
+    """Every N steps the ranks exchange their step times; the slowest rank and its ratio to the median are
+    logged (0 = off)."""
+    straggler_ratio: float = 1.5
+    """A rank whose busy time (step time minus collective waits) exceeds this × the median rank's is slow."""
+    straggler_windows: int = 3
+    """Warn when the same rank is slow this many exchange windows in a row."""
+    loss_spike_factor: float = 4.0
+    """A loss above this × the running median of the last 50 accepted steps is a spike (0 = only NaN/Inf
+    count as bad); checked from step 20 on."""
+    on_bad_loss: BadLossAction = BadLossAction.STOP
+    """A NaN/Inf or spiking loss: 'stop' (fail with the step, loss and the batch's shards and rows) or 'skip'
+    (drop the batch's update, record the event and go on)."""
+    max_skipped_steps: int = 10
+    """With on_bad_loss 'skip', training stops anyway once this many steps were skipped."""
 
     def __post_init__(self) -> None:
         self.recompute = as_choice(Recompute, self.recompute)
+        self.on_bad_loss = as_choice(BadLossAction, self.on_bad_loss)
+
+    def profile_window(self) -> tuple[int, int] | None:
+        """``profile`` as (first, last) step, or None when off or unreadable (see ``problems``)."""
+        text = self.profile.strip()
+        if not text:
+            return None
+        first, _, last = text.partition("-")
+        try:
+            window = int(first), int(last or first)
+        except ValueError:
+            return None
+        return window if 1 <= window[0] <= window[1] else None
 
     def problems(self) -> list[str]:
         """Every setting of this section that cannot work, one line each."""
@@ -191,7 +234,36 @@ class TrainConfig:
         out += at_least("train.checkpoint_every", self.checkpoint_every, 1, " (the last step is always saved)")
         out += at_least("train.shuffle_window_shards", self.shuffle_window_shards, 1)
         out += at_least("train.peak_flops", self.peak_flops, 0, " (0 = the device's data-sheet figure)")
+        out += at_least("train.log_every", self.log_every, 1)
+        if self.profile.strip() and self.profile_window() is None:
+            out.append(f"train.profile is {self.profile!r}: give steps as 'FIRST-LAST' or 'STEP' (1-based), e.g. '11-13'")
+        out += at_least("train.straggler_every", self.straggler_every, 0, " (0 = off)")
+        if not self.straggler_ratio > 1:
+            out.append(f"train.straggler_ratio is {self.straggler_ratio}: must be > 1 (typical 1.2 … 2)")
+        out += at_least("train.straggler_windows", self.straggler_windows, 1)
+        if self.loss_spike_factor != 0 and not self.loss_spike_factor > 1:
+            out.append(f"train.loss_spike_factor is {self.loss_spike_factor}: must be > 1 or 0 = off (typical 3 … 5)")
+        out += choice_problem("train.on_bad_loss", self.on_bad_loss, BadLossAction)
+        out += at_least("train.max_skipped_steps", self.max_skipped_steps, 0)
         return out
+
+    def identity(self) -> TrainConfig:
+        """This config with the settings that only observe a run (console, profiles, straggler checks,
+        TensorBoard, the MFU peak) at their defaults: what names the run, so turning on a profile
+        resumes the same run instead of starting another."""
+        return replace(self, **{name: getattr(TrainConfig, name) for name in OBSERVING_FIELDS})
+
+
+OBSERVING_FIELDS = (
+    "tensorboard",
+    "peak_flops",
+    "log_every",
+    "profile",
+    "profile_stacks",
+    "straggler_every",
+    "straggler_ratio",
+    "straggler_windows",
+)
 
 
 @documented

@@ -193,6 +193,21 @@ class StreamingLoader:
             self._request(key)
         return Batch(tokens=torch.from_numpy(np.concatenate(parts).astype(np.int64)), wait_s=waited)
 
+    def origin(self, step: int) -> dict:
+        """Where step ``step``'s global batch came from: each shard's URL and the rows read from it
+        (indices inside the shard), so a bad batch can be inspected."""
+        shards: dict[int, list[int]] = {}
+        for key, rows in self.order.locate(self.positions(step)):
+            members = self.order.shards_of(key)
+            starts = np.cumsum([0, *self.order.counts[members]])
+            for index in self.order.row_permutation(key)[rows].tolist():
+                at = int(np.searchsorted(starts, index, side="right") - 1)
+                shards.setdefault(int(members[at]), []).append(index - int(starts[at]))
+        return {
+            "step": step + 1,
+            "shards": [{"shard": self.shards[i].url, "rows": sorted(rows)} for i, rows in shards.items()],
+        }
+
     # -- state ------------------------------------------------------------------------
     def state_dict(self, step: int) -> dict:
         """What a checkpoint records: enough to check that a resume continues the same sequence."""

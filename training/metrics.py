@@ -32,6 +32,7 @@ import torch
 
 from common.contracts import tensorboard_prefix
 from training.config import ModelConfig, TrainConfig
+from training.timing import BREAKDOWN_KEYS
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's data sheets, per GPU: (bf16, fp32).
 # Matched in order against torch.cuda.get_device_name(): the more specific names first.
@@ -56,6 +57,8 @@ TENSORBOARD_TAGS = (
     "mfu",
     "peak_memory_mib",
     "data_wait_fraction",
+    *BREAKDOWN_KEYS,
+    "slowest_ratio",
 )
 
 
@@ -198,6 +201,11 @@ class StepMetrics:
                 if scalars.get(key) is not None:
                     self._writer.add_scalar(f"train/{key}", scalars[key], record["step"])
         return extra
+
+    def log_scalar(self, tag: str, value: float, step: int) -> None:
+        """A figure known only after the step's record was logged (the checkpoint's save time)."""
+        if self._writer is not None:
+            self._writer.add_scalar(tag, value, step)
 
     def upload(self) -> None:
         """Copy the TensorBoard event files to the store (rank 0; others return at once)."""

@@ -14,6 +14,7 @@ from common.errors import ConfigError
 from common.settings import problems_error
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, Recompute, layout_problems, world_problems
+from training.diagnostics import enable_flight_recorder
 
 # A gloo group with its own, longer timeout for waits around checkpoint uploads (see checkpoint_group).
 _checkpoint_group = None
@@ -41,6 +42,7 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
         if standalone or "RANK" not in os.environ:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
+            enable_flight_recorder()
             dist.init_process_group(backend=backend, timeout=timeout)
         _checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=parallel.checkpoint_timeout_s))
     world = dist.get_world_size()

@@ -15,6 +15,10 @@ Two implementations behind one interface (``TrainStep``), chosen by ``build_step
   model-parallel group; with ``use_distributed_optimizer`` the state sharded over
   data-parallel ranks). On a GPU this is megatron as shipped, in bf16 with fp32 main weights.
 
+Each step times its phases on the ``StepTimer`` it is given (forward+backward, collectives,
+optimizer) and asks ``accept`` (the loss-health check) before it updates anything: a batch whose
+loss is refused leaves weights and optimizer state untouched.
+
 Both compute the same thing: the mean over micro-batches of each micro-batch's mean token
 loss, gradients averaged over data-parallel ranks, clipped to ``grad_clip`` by the global norm,
 AdamW with betas (0.9, 0.95), eps 1e-8, weight decay on matrices only, the learning rate given
@@ -23,8 +27,8 @@ per step. Every rank returns the same loss and gradient norm.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,9 +37,27 @@ from common.settings import problems_error
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, TrainConfig, batch_problems
 from training.model import build_gpt, mean_loss
+from training.timing import StepTimer
 
 BETAS = (0.9, 0.95)
 EPS = 1e-8
+
+
+class StepResult(NamedTuple):
+    loss: float
+    """Mean loss of the step's batch over all data-parallel ranks."""
+    grad_norm: float
+    """Global gradient norm before clipping (NaN when the update was refused)."""
+    applied: bool
+    """False when ``accept`` refused the loss: nothing was updated."""
+
+
+Accept = Callable[[float], bool]
+"""Shown the step's mean loss (the same on every rank) before the update: False drops the update."""
+
+
+def accept_all(loss: float) -> bool:
+    return True
 
 
 class TrainStep(Protocol):
@@ -44,8 +66,8 @@ class TrainStep(Protocol):
     optimizer: object
     """torch AdamW, or a megatron optimizer (``sharded_state_dict``) for ``MegatronStep``."""
 
-    def step(self, batch: torch.Tensor, lr: float) -> tuple[float, float]:
-        """One optimizer step on this rank's rows of the global batch: (mean loss, gradient norm)."""
+    def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
+        """One optimizer step on this rank's rows of the global batch."""
         ...
 
     def num_parameters(self) -> int:
@@ -123,29 +145,37 @@ class LocalStep:
     def num_parameters(self) -> int:
         return count_parameters(self.model)
 
-    def step(self, batch: torch.Tensor, lr: float) -> tuple[float, float]:
+    def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
         from megatron.core import parallel_state as ps
 
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=self.params[0].device)
-        for micro in batch.split(self.cfg.micro_batch_size):
-            loss = mean_loss(self.model, micro) / self.accumulation
-            loss.backward()
-            loss_sum += loss.detach()
+        with timer.phase("forward_backward"):
+            for micro in batch.split(self.cfg.micro_batch_size):
+                loss = mean_loss(self.model, micro) / self.accumulation
+                loss.backward()
+                loss_sum += loss.detach()
         tp_group = ps.get_tensor_model_parallel_group()
-        _all_reduce_grads(self.params, ps.get_data_parallel_group(), average_over=ps.get_data_parallel_world_size())
-        if self.sequence_parallel:  # norm weights saw only this rank's slice of the sequence
-            _all_reduce_grads([p for p in self.params if getattr(p, "sequence_parallel", False)], tp_group)
-        norm = _grad_norm(self.params, tp_group, ps.get_tensor_model_parallel_rank())
-        if self.cfg.grad_clip > 0:
-            scale = torch.clamp(self.cfg.grad_clip / (norm + 1e-6), max=1.0)
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return _mean_over_data_parallel(loss_sum), norm.item()
+        with timer.phase("collective"):
+            mean = _mean_over_data_parallel(loss_sum)
+        if not accept(mean):
+            self.optimizer.zero_grad(set_to_none=True)
+            return StepResult(mean, float("nan"), False)
+        with timer.phase("collective"):
+            _all_reduce_grads(self.params, ps.get_data_parallel_group(), average_over=ps.get_data_parallel_world_size())
+            if self.sequence_parallel:  # norm weights saw only this rank's slice of the sequence
+                _all_reduce_grads([p for p in self.params if getattr(p, "sequence_parallel", False)], tp_group)
+            norm = _grad_norm(self.params, tp_group, ps.get_tensor_model_parallel_rank())
+        with timer.phase("optimizer"):
+            if self.cfg.grad_clip > 0:
+                scale = torch.clamp(self.cfg.grad_clip / (norm + 1e-6), max=1.0)
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(mean, norm.item(), True)
 
 
 def _all_reduce_grads(params: list[torch.nn.Parameter], group, average_over: int = 1) -> None:
@@ -195,7 +225,9 @@ class MegatronStep:
         )
         self.ddp = DistributedDataParallel(config, ddp_config, model)
         # The schedule calls this after the last backward: DP reduction, tied embedding, SP norms.
-        config.finalize_model_grads_func = finalize_model_grads
+        config.finalize_model_grads_func = self._finalize_grads
+        self._finalize = finalize_model_grads
+        self._timer: StepTimer | None = None
         optimizer_config = OptimizerConfig(
             optimizer="adam",
             lr=cfg.lr,
@@ -217,6 +249,11 @@ class MegatronStep:
     def num_parameters(self) -> int:
         return count_parameters(self.model)
 
+    def _finalize_grads(self, *args, **kwargs):
+        # Called inside the schedule: its time is the collectives', not forward+backward's.
+        with self._timer.phase("collective"):
+            return self._finalize(*args, **kwargs)
+
     def _forward_step(self, data: Iterator[torch.Tensor], model: torch.nn.Module):
         from training.layers import mean_token_loss
 
@@ -231,36 +268,43 @@ class MegatronStep:
             output = self.model(inputs, positions, None)
         return output, _report_loss
 
-    def step(self, batch: torch.Tensor, lr: float) -> tuple[float, float]:
+    def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = self.cfg.weight_decay * group.get("wd_mult", 1.0)
-        self.ddp.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        losses = get_forward_backward_func()(
-            forward_step_func=self._forward_step,
-            data_iterator=iter(batch.split(self.cfg.micro_batch_size)),
-            model=[self.ddp],
-            num_microbatches=self.accumulation,
-            seq_length=self.seq_len,
-            micro_batch_size=self.cfg.micro_batch_size,
-            forward_only=False,
-        )
-        with cpu_compat.cuda_type_names():
-            _, norm, _ = self.optimizer.step()
-            if norm is None:  # clipping off: the optimizer did not compute it
-                norm = self.optimizer.get_grad_norm()
+        self._timer = timer
+        with timer.phase("forward_backward"):  # pipeline sends and receives included
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            losses = get_forward_backward_func()(
+                forward_step_func=self._forward_step,
+                data_iterator=iter(batch.split(self.cfg.micro_batch_size)),
+                model=[self.ddp],
+                num_microbatches=self.accumulation,
+                seq_length=self.seq_len,
+                micro_batch_size=self.cfg.micro_batch_size,
+                forward_only=False,
+            )
         # Only the last stage computed the loss: it tells the other stages.
         loss = torch.zeros((), dtype=torch.float32, device=next(self.model.parameters()).device)
         if self.last_stage:
             loss += torch.stack([m["loss"] for m in losses]).float().mean()
-        pp_group = ps.get_pipeline_model_parallel_group()
-        if dist.get_world_size(pp_group) > 1:
-            dist.broadcast(loss, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
-        return _mean_over_data_parallel(loss), float(norm)
+        with timer.phase("collective"):
+            pp_group = ps.get_pipeline_model_parallel_group()
+            if dist.get_world_size(pp_group) > 1:
+                dist.broadcast(loss, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
+            mean = _mean_over_data_parallel(loss)
+        if not accept(mean):
+            return StepResult(mean, float("nan"), False)  # the next step zeroes the gradient buffers
+        # The optimizer's own collectives (gradient norm, the distributed optimizer's all-gather) count here.
+        with timer.phase("optimizer"), cpu_compat.cuda_type_names():
+            _, norm, _ = self.optimizer.step()
+            if norm is None:  # clipping off: the optimizer did not compute it
+                norm = self.optimizer.get_grad_norm()
+        return StepResult(mean, float(norm), True)
 
 
 def _report_loss(loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

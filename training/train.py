@@ -9,6 +9,7 @@ checkpoints and resumes from the latest committed one.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from common.codeversion import code_version
 from common.contracts import (
     ENTRY_CHECKPOINT,
     METRICS,
+    STEP_TIMES,
     CheckpointRef,
     DatasetRef,
     Layout,
@@ -33,8 +35,10 @@ from common.contracts import (
     checkpoint_prefix,
     describe_layouts,
     extend_layouts,
+    health_key,
     metrics_key,
     run_prefix,
+    step_times_key,
 )
 from common.errors import ConfigError
 from common.hashing import config_hash
@@ -42,9 +46,14 @@ from storage import open_store
 from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import StreamingLoader
+from training.diagnostics import write_diagnostics
+from training.health import LossHealth
 from training.metrics import StepMetrics
 from training.model import init_distributed, shutdown_distributed
+from training.profiling import WindowProfiler
 from training.step import build_step, micro_batches
+from training.stragglers import StragglerMonitor
+from training.timing import StepTimer, phase_key
 from training.watchdog import Progress, Watchdog, explain
 
 
@@ -56,7 +65,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig, base_model: str = "") -> str:
-    return config_hash(dataset.version, model, train_cfg, base_model, code_version("training.train"))
+    return config_hash(dataset.version, model, train_cfg.identity(), base_model, code_version("training.train"))
 
 
 def train(
@@ -112,6 +121,31 @@ def _resume_note(run: str, start: int, steps: int, history: list[LayoutSpan], la
     return f"resumed {run} from step {start}"
 
 
+def _jsonl(records: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def _saved_lines(store, prefix: str, name: str, start: int) -> list[dict]:
+    """A checkpoint's copy of a JSONL file, its records up to step ``start``."""
+    key = f"{prefix}/{name}"
+    if not store.exists(key):
+        return []
+    return [r for r in map(json.loads, store.get_bytes(key).decode().splitlines()) if r["step"] <= start]
+
+
+def _step_line(record: dict, steps: int) -> str:
+    line = (
+        f"step {record['step']:>5}/{steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
+        f"grad_norm {record['grad_norm']:.3f} | {record['tokens_per_s']:,.0f} tok/s"
+    )
+    if record.get("mfu") is not None:
+        line += f" | MFU {record['mfu']:.1%}"
+    line += f" | data {record['data_wait_fraction']:.0%}"
+    if "skipped" in record:
+        line += " | SKIPPED (bad loss)"
+    return line
+
+
 def _train(
     dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, base_model: str, progress: Progress
 ) -> CheckpointRef:
@@ -133,9 +167,12 @@ def _train(
 
     store = open_store(dataset.store)
     run = run_prefix(run_id(dataset, model_cfg, cfg, base_model))
+    progress.world_size = dist.get_world_size()
+    progress.diagnose = lambda reason: write_diagnostics(store, run, rank, reason)
     layout = Layout(dist.get_world_size(), parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer)
     history: list[LayoutSpan] = []  # the layouts that trained steps 1..start
     metrics: list[dict] = []
+    step_times: list[dict] = []  # every rank's breakdown, gathered at each straggler exchange (rank 0)
     start = 0
     done = checkpoint.committed_steps(store, run)
     if done:
@@ -144,11 +181,9 @@ def _train(
         resumed = checkpoint.load(store, checkpoint_prefix(run, start), model, optimizer, asdict(layout))
         loader.check_resume(resumed["loader"], start)
         history = _layouts_of(resumed)
-        # The checkpoint's own copy: the run's metrics.jsonl may predate a crash right after the commit.
-        saved_metrics = f"{checkpoint_prefix(run, start)}/{METRICS}"
-        if store.exists(saved_metrics):
-            lines = store.get_bytes(saved_metrics).decode().splitlines()
-            metrics = [m for m in map(json.loads, lines) if m["step"] <= start]
+        # The checkpoint's own copies: the run's files may predate a crash right after the commit.
+        metrics = _saved_lines(store, checkpoint_prefix(run, start), METRICS, start)
+        step_times = _saved_lines(store, checkpoint_prefix(run, start), STEP_TIMES, start)
         if rank == 0:
             restored = checkpoint.restores_optimizer(resumed, optimizer, asdict(layout))
             print(_resume_note(run, start, cfg.steps, history, layout, restored), flush=True)
@@ -163,6 +198,12 @@ def _train(
     n_params = trainer.num_parameters()
     tokens_per_step = cfg.global_batch_size * seq_len
     meter = StepMetrics.for_training(model_cfg, cfg, seq_len, dist.get_world_size(), params[0], store, run, rank == 0)
+    timer = StepTimer(params[0].device, on_phase=progress.at)
+    health = LossHealth(cfg, [m["loss"] for m in metrics if "skipped" not in m])
+    health.events = [m["health"] for m in metrics if "health" in m]
+    health.skipped = sum(1 for m in metrics if "skipped" in m)
+    stragglers = StragglerMonitor(cfg, params[0].device)
+    profiler = WindowProfiler(cfg, store, run, rank, params[0].device)
 
     def save(step: int) -> str:
         meta = {
@@ -175,35 +216,54 @@ def _train(
             "loader": loader.state_dict(step),
         }
         progress.enter(f"checkpoint save at step {step}", parallel.checkpoint_timeout_s)
+        progress.at(step, "checkpoint")
         loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
-        jsonl = "".join(json.dumps(m) + "\n" for m in metrics).encode()
-        prefix = checkpoint.save(store, run, step, model, optimizer, meta, cfg.keep_checkpoints, {METRICS: jsonl})
+        files = {METRICS: _jsonl(metrics), STEP_TIMES: _jsonl(step_times)}
+        prefix = checkpoint.save(store, run, step, model, optimizer, meta, cfg.keep_checkpoints, files)
         if rank == 0:
-            store.put_bytes(metrics_key(run), jsonl)
+            _publish(store, run, metrics, step_times, health.events)
             meter.upload()
         return prefix
 
     prefix = checkpoint_prefix(run, start) if done else ""
     for step in range(start, cfg.steps):
         progress.enter(f"step {step + 1}", parallel.stall_timeout_s)
-        t0 = time.perf_counter()
-        lr = lr_at(step, cfg)
-        batch = loader.batch(step, dp_rank, dp_size)
-        loss_value, norm = trainer.step(batch.tokens, lr)
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(f"loss is {loss_value} at step {step + 1}: lower train.lr or check the data")
-        dt = time.perf_counter() - t0
-        record = {"step": step + 1, "loss": loss_value, "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_step / dt}
+        profiler.before_step(step + 1)
+        timer.start(step + 1)
+        with timer.phase("data"):
+            lr = lr_at(step, cfg)
+            batch = loader.batch(step, dp_rank, dp_size)
+        origin = functools.partial(loader.origin, step)
+        result = trainer.step(batch.tokens, lr, timer, functools.partial(health.judge, step + 1, origin=origin))
+        dt = timer.elapsed()
+        breakdown = timer.breakdown()
+        record = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm}
+        record["tokens_per_s"] = tokens_per_step / dt
+        if not result.applied:
+            record["skipped"] = True
+            record["health"] = health.events[-1]
+        record |= breakdown
+        stragglers.record(step + 1, dt, breakdown)
+        if stragglers.due(step + 1):
+            summary, lines = stragglers.exchange()
+            record |= summary
+            if rank == 0:
+                step_times.extend(lines)
+                if "straggler_warning" in summary:
+                    print(f"WARNING: {summary['straggler_warning']}", file=sys.stderr, flush=True)
         record |= meter.measure(record, dt, batch.wait_s)
         metrics.append(record)
-        if rank == 0:
-            print(
-                f"step {step + 1:>5}/{cfg.steps} | loss {loss_value:.4f} | lr {lr:.2e} | "
-                f"grad_norm {record['grad_norm']:.3f} | {record['tokens_per_s']:,.0f} tok/s",
-                flush=True,
-            )
+        profiler.after_step(step + 1)
+        if rank == 0 and ((step + 1) % cfg.log_every == 0 or step == start or step + 1 == cfg.steps or not result.applied):
+            print(_step_line(record, cfg.steps), flush=True)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            t0 = time.perf_counter()
             prefix = save(step + 1)
+            record[phase_key("checkpoint")] = time.perf_counter() - t0  # after the save: its own copy lacks it
+            meter.log_scalar("time/checkpoint_s", record[phase_key("checkpoint")], step + 1)
+    profiler.finish(cfg.steps)
+    if rank == 0 and metrics:
+        _publish(store, run, metrics, step_times, health.events)
     meter.close()
     if not prefix:
         raise ConfigError(f"train.steps={cfg.steps} leaves nothing to train")
@@ -220,6 +280,8 @@ def _train(
         "tokens_trained": float(cfg.steps * tokens_per_step),
         "world_size": float(layouts[-1].layout.world_size),
     }
+    if health.skipped:
+        summary["skipped_steps"] = float(health.skipped)
     mfus = sorted(m["mfu"] for m in final if m.get("mfu") is not None)
     if mfus:  # unknown GPUs have no peak to compare with
         summary["mfu"] = mfus[len(mfus) // 2]
@@ -233,3 +295,10 @@ def _train(
         summary=summary,
         layouts=layouts,
     )
+
+
+def _publish(store, run: str, metrics: list[dict], step_times: list[dict], events: list[dict]) -> None:
+    """The run's current metrics, per-rank step times and health events (rank 0)."""
+    store.put_bytes(metrics_key(run), _jsonl(metrics))
+    store.put_bytes(step_times_key(run), _jsonl(step_times))
+    store.put_bytes(health_key(run), _jsonl(events))

@@ -1,0 +1,87 @@
+"""Where a training step's time goes, per rank: data wait, forward+backward, collectives,
+optimizer, checkpoint, and the rest.
+
+Phases are measured, not inferred: each is timed around the code that does it, and on a GPU the
+device is synchronised at the phase's edges so that queued kernels count where they were
+launched (a few synchronisations per step; without them the time of the forward would show up
+in whichever phase first waits for the GPU). Phases nest: megatron runs the gradient reduction
+inside its pipeline schedule, and that time is the collective's, taken out of forward+backward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+PHASES = ("data", "forward_backward", "collective", "optimizer", "checkpoint")
+"""What a step's time is split into; the rest of the step is 'other'. 'collective' is time spent
+in the gradient reduction and the other collectives, including waiting for slower ranks."""
+
+
+def phase_key(phase: str) -> str:
+    """The metrics record key of a phase's seconds."""
+    return f"time_{phase}_s"
+
+
+BREAKDOWN_KEYS = tuple(phase_key(p) for p in (*PHASES, "other"))
+
+
+class StepTimer:
+    """Exclusive seconds per phase of the current step.
+
+    ``on_phase`` (if given) hears each phase's name as it starts, with the step: the hang
+    diagnostics use it to say what a rank was doing when it stopped.
+    """
+
+    def __init__(self, device: torch.device, on_phase=None) -> None:
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else None
+        self.on_phase = on_phase
+        self.step = 0
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._started = time.perf_counter()
+        self._nested: list[float] = []  # per open phase: seconds its inner phases took
+
+    def start(self, step: int) -> None:
+        """Begin step ``step`` (1-based): every phase back to zero."""
+        if self.sync:
+            self.sync()
+        self.step = step
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._started = time.perf_counter()
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Time measured elsewhere (the loader's wait for shard reads)."""
+        self.seconds[phase] += seconds
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.on_phase is not None:
+            self.on_phase(self.step, name)
+        if self.sync:
+            self.sync()
+        t0 = time.perf_counter()
+        self._nested.append(0.0)
+        try:
+            yield
+        finally:
+            if self.sync:
+                self.sync()
+            elapsed = time.perf_counter() - t0
+            inner = self._nested.pop()
+            self.seconds[name] += elapsed - inner
+            if self._nested:
+                self._nested[-1] += elapsed
+
+    def elapsed(self) -> float:
+        """Seconds since ``start``."""
+        return time.perf_counter() - self._started
+
+    def breakdown(self) -> dict[str, float]:
+        """The step's seconds per phase, 'other' being what no phase covered (Python, logging)."""
+        total = self.elapsed()
+        record = {phase_key(p): s for p, s in self.seconds.items()}
+        record[phase_key("other")] = max(0.0, total - sum(self.seconds.values()))
+        return record
