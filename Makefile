@@ -33,6 +33,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_tokenize.py
 	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_kernels.py
+	$(BIN)/python benchmarks/bench_observability.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
