@@ -23,25 +23,24 @@ import json
 import logging
 import tempfile
 from array import array
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
 from common.contracts import DOC_STATS, MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
 from common.settings import problems_error
 from data_prep import manifest as manifests
 from data_prep.clean import clean_text, content_hash, length_problem
 from data_prep.config import DataConfig, TokenizerConfig
+from data_prep.console import PassProgress, log_skip_summary, skip_summary
 from data_prep.dedup import Deduplicator, band_keys, digest_key, shingle_hashes, signature
 from data_prep.parallel import WorkerPool, trainer_threads
 from data_prep.readers import Skips, iter_documents
 from data_prep.shards import ShardInfo, ShardWriter, StoredShard, token_dtype
-from data_prep.sources import DataError, Document, RawFile, list_files, listing_hash, relative_names
+from data_prep.sources import DataError, Document, Ignored, RawFile, list_files, listing_hash, relative_names
 from data_prep.tokenizer import EOD_TOKEN, byte_fallback_ids, set_encoder, train_tokenizer, worker_encoder
 from storage import AlreadyCommitted, Store, open_store
 
@@ -116,21 +115,13 @@ def _batches(items: Iterable, size_of) -> Iterator[list]:
         yield batch
 
 
-def _progress(files: list[RawFile], desc: str) -> Iterator[RawFile]:
-    """The files, with a byte progress bar (shown on a terminal only)."""
-    with tqdm(total=sum(f.size for f in files), desc=desc, unit="B", unit_scale=True, disable=None, mininterval=1) as bar:
-        for f in files:
-            yield f
-            bar.update(f.size)
-
-
 # --- pass 1 ---------------------------------------------------------------------------
 @dataclass
 class Scan:
     """What the scan pass decided, compactly: one verdict byte per document read."""
 
     files: list[RawFile]
-    ignored: dict[str, int]
+    ignored: Ignored
     skips: Skips = field(default_factory=Skips)
     verdicts: bytearray = field(default_factory=bytearray)
     kept_keys: array = field(default_factory=lambda: array("Q"))
@@ -149,8 +140,10 @@ class Scan:
 def _scan(data: DataConfig, scan: Scan, pool: WorkerPool, sample_bytes: int) -> Iterator[str]:
     """Run the scan pass; yields the tokenizer's training sample as it goes."""
     dedup = Deduplicator(data.near_dedup)
-    docs = iter_documents(_progress(scan.files, "scan"), data.text_field, max_doc_bytes(data), scan.skips)
+    progress = PassProgress("scan", sum(f.size for f in scan.files))
+    docs = iter_documents(progress.files(scan.files), data.text_field, max_doc_bytes(data), scan.skips)
     for batch, (reasons, keys, bands, splits) in pool.map_ordered(_scan_batch, _batches(docs, lambda d: len(d.text))):
+        progress.add_documents(len(batch))
         passing = np.flatnonzero([not r for r in reasons])
         verdicts = dedup.judge(keys[passing], bands[passing] if bands is not None else None)
         for i, verdict in zip(passing, verdicts, strict=True):
@@ -170,21 +163,25 @@ def _scan(data: DataConfig, scan: Scan, pool: WorkerPool, sample_bytes: int) -> 
                 yield text
             if data.max_documents and scan.kept >= data.max_documents:
                 scan.dedup_bytes = dedup.nbytes
+                progress.finish()
                 return
     scan.dedup_bytes = dedup.nbytes
+    progress.finish()
 
 
 def scan_corpus(data: DataConfig, pool: WorkerPool, tokenizer_config: TokenizerConfig | None) -> tuple[Scan, Tokenizer | None]:
     """Pass 1. With a tokenizer config, also trains the tokenizer on the scan's sample."""
-    ignored: Counter = Counter()
+    ignored = Ignored()
     files = list_files(data.sources, ignored)
-    scan = Scan(files=files, ignored=dict(ignored))
+    scan = Scan(files=files, ignored=ignored)
     tokenizer = None
     if tokenizer_config is not None:
         tokenizer = train_tokenizer(_scan(data, scan, pool, tokenizer_config.train_bytes), tokenizer_config)
     else:
         for _ in _scan(data, scan, pool, 0):
             pass
+    # Before the check: a corpus with nothing usable fails, and the summary says why.
+    log_skip_summary(skip_summary(scan.skips, scan.ignored, relative_names(files)))
     _check_kept(data, scan)
     return scan, tokenizer
 
@@ -217,10 +214,10 @@ class Encoded:
     sources_digest: hashlib._Hash = field(default_factory=hashlib.sha256)
 
 
-def _kept_documents(data: DataConfig, scan: Scan) -> Iterator[tuple[Document, int]]:
+def _kept_documents(data: DataConfig, scan: Scan, progress: PassProgress) -> Iterator[tuple[Document, int]]:
     """The kept documents again, with their split, by their position in the scan."""
-    quiet = Skips(quiet=True)  # already counted and logged by the scan
-    docs = iter_documents(_progress(scan.files, "encode"), data.text_field, max_doc_bytes(data), quiet)
+    quiet = Skips(quiet=True)  # already counted and reported by the scan
+    docs = iter_documents(progress.files(scan.files), data.text_field, max_doc_bytes(data), quiet)
     for ordinal, doc in enumerate(docs):
         if ordinal >= len(scan.verdicts):
             return
@@ -239,11 +236,13 @@ def encode_corpus(data: DataConfig, scan: Scan, pool: WorkerPool, staging: Path,
     result = Encoded(writers)
     relative = relative_names(scan.files)  # names inside their sources: the dataset does not say where they live
     kept = 0
+    progress = PassProgress("encode", sum(f.size for f in scan.files))
     with open(staging / DOC_STATS, "w", newline="") as f:
         rows = csv.writer(f)
         rows.writerow(["source", "sha256", "split", "chars", "tokens", "byte_fallback"])
-        batches = _batches(_kept_documents(data, scan), lambda d: len(d[0].text))
+        batches = _batches(_kept_documents(data, scan, progress), lambda d: len(d[0].text))
         for batch, encoded in pool.map_ordered(_encode_batch, batches):
+            progress.add_documents(len(batch))
             for (doc, verdict), (digest, chars, nbytes, ids, fallback) in zip(batch, encoded, strict=True):
                 if kept >= scan.kept or digest_key(bytes.fromhex(digest)) != scan.kept_keys[kept]:
                     raise DataError(
@@ -261,6 +260,7 @@ def encode_corpus(data: DataConfig, scan: Scan, pool: WorkerPool, staging: Path,
                 if split == "val":
                     result.val_bytes += nbytes
                     result.val_doc_tokens += len(ids)
+    progress.finish()
     if kept != scan.kept:
         raise DataError(
             f"the sources {data.sources} yielded {kept} of the {scan.kept} documents the scan kept: rerun once they are stable"
@@ -326,11 +326,12 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
         scan, trained = scan_corpus(data, pool, None if given else tokenizer_config)
     tokenizer = given or trained
     assert tokenizer is not None
+    skipped = sum(scan.skips.counts.values())
     log.info(
-        "scan: %d documents read, %d kept; skipped %s; tokenizer %s",
-        scan.documents,
-        scan.kept,
-        dict(scan.skips.counts),
+        "scan: %s documents read, %s kept%s; tokenizer %s",
+        f"{scan.documents:,}",
+        f"{scan.kept:,}",
+        f", {skipped:,} inputs skipped (by reason above)" if skipped else "",
         given_from or f"trained on {scan.sample_bytes:,} bytes",
     )
     eod_id = tokenizer.token_to_id(EOD_TOKEN)

@@ -3,13 +3,12 @@
 Nothing here holds more than one document (capped by ``max_doc_bytes``) or one Parquet
 batch in memory: a file or JSONL line that outgrows the cap is abandoned while streaming
 and counted as ``too_long``. Every input that does not become a document is counted in
-``Skips`` by reason, with the first few names kept as examples and logged.
+``Skips`` by reason, with the first few names kept as examples (and summarised by the prepare step).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import tempfile
 import zlib
@@ -20,8 +19,6 @@ from itertools import chain
 
 from data_prep.formats import compression_of, decompressed, kind_of
 from data_prep.sources import Document, RawFile
-
-log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 SNIFF = 8192
@@ -39,22 +36,32 @@ def _zstd_errors() -> tuple[type[BaseException], ...]:
 
 
 class Skips:
-    """Counts of skipped inputs by reason, with a few example names per reason."""
+    """Counts of skipped inputs by reason, with a few example names per reason.
+
+    Nothing is logged per input: a corpus with a million bad records would print a million
+    lines. The prepare step logs one summary at the end of its scan (``console.skip_summary``).
+    """
 
     def __init__(self, quiet: bool = False) -> None:
         self.counts: Counter = Counter()
         self.examples: dict[str, list[str]] = {}
+        self.problems: set[str] = set()
+        """Reasons that are problem inputs (a broken file), not mere filtering (a duplicate)."""
+        self.details: dict[str, str] = {}
+        """Per reason, what the first such input said about itself (a Parquet file's columns)."""
         self.quiet = quiet
+        """A second count of inputs already reported (the encode pass): not to be summarised."""
 
-    def add(self, reason: str, name: str, n: int = 1, problem: bool = True) -> None:
-        """Count ``n`` skips; the first few of a reason are logged, as warnings if they are
-        ``problem`` inputs (not mere filtering)."""
+    def add(self, reason: str, name: str, n: int = 1, problem: bool = True, detail: str = "") -> None:
+        """Count ``n`` skips; ``problem`` inputs are reported as warnings, filtering as information."""
         self.counts[reason] += n
+        if problem:
+            self.problems.add(reason)
+        if detail:
+            self.details.setdefault(reason, detail)
         examples = self.examples.setdefault(reason, [])
         if len(examples) < EXAMPLES_PER_REASON:
             examples.append(name)
-            if not self.quiet:
-                log.log(logging.WARNING if problem else logging.INFO, "skipped %s: %s", name, reason)
 
 
 class _Broken(Exception):
@@ -166,8 +173,8 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
             return
         schema = parquet.schema_arrow
         if text_field not in schema.names:
-            log.warning("%s has no column %r (columns: %s): set data.text_field", raw.name, text_field, schema.names)
-            skips.add("parquet_missing_text_field", raw.name)
+            detail = f"{raw.name} has the columns {', '.join(schema.names)}, not {text_field!r}: set data.text_field"
+            skips.add("parquet_missing_text_field", raw.name, detail=detail)
             return
         if not (pa.types.is_string(schema.field(text_field).type) or pa.types.is_large_string(schema.field(text_field).type)):
             skips.add("parquet_text_not_string", raw.name)

@@ -34,6 +34,32 @@ class DataError(UserError, ValueError):
     """Bad input the user must fix: the message names the source and the remedy."""
 
 
+class Ignored(Counter):
+    """Files left out for their suffix: a count per suffix, and the first few names of each."""
+
+    EXAMPLES = 3
+
+    def __init__(self, counts: dict[str, int] | None = None) -> None:
+        super().__init__(counts or {})
+        self.examples: dict[str, list[str]] = {}
+
+    def relative_to(self, root: str, since: dict[str, int]) -> None:
+        """Names found since ``since`` (each suffix's example count then), made relative to the source ``root``."""
+        for suffix, names in self.examples.items():
+            start = since.get(suffix, 0)
+            names[start:] = [_inside(n, root) for n in names[start:]]
+
+
+def _ignore(ignored: Counter, name: str) -> None:
+    """Count a file left out for its suffix (and keep its name, for an ``Ignored``)."""
+    suffix = Path(name).suffix.lower() or "(no suffix)"
+    ignored[suffix] += 1
+    if isinstance(ignored, Ignored):
+        names = ignored.examples.setdefault(suffix, [])
+        if len(names) < Ignored.EXAMPLES:
+            names.append(name)
+
+
 @dataclass(frozen=True)
 class RawFile:
     """One file to read: a display name, its size, and a way to stream its bytes."""
@@ -119,7 +145,7 @@ def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile
         elif kind_of(name):
             out.append(_local(path, st.st_size))
         else:
-            ignored[Path(name).suffix.lower() or "(no suffix)"] += 1
+            _ignore(ignored, str(path))
 
 
 def _local_path_files(path: Path, out: list[RawFile], ignored: Counter) -> None:
@@ -160,20 +186,21 @@ def _s3_files(source: str, out: list[RawFile], ignored: Counter) -> None:
             if kind_of(key):
                 out.append(RawFile(store.url(key), int(obj["Size"]), lambda k=key, s=store: s.open_read(k)))
             else:
-                ignored[Path(key).suffix.lower() or "(no suffix)"] += 1
+                _ignore(ignored, store.url(key))
     if not found:
         raise DataError(f"corpus source {source!r} holds no objects: check the bucket and prefix")
 
 
 def list_files(sources: list[str], ignored: Counter | None = None) -> list[RawFile]:
     """Every file the sources name, in a deterministic order. Files skipped for their
-    format are counted in ``ignored`` by suffix."""
+    format are counted in ``ignored`` by suffix (an ``Ignored`` also keeps a few names, inside their source)."""
     if not sources:
         raise DataError("no corpus sources configured: set data.sources")
     ignored = Counter() if ignored is None else ignored
     files: list[RawFile] = []
     for source in sources:
         start = len(files)
+        since = {suffix: len(names) for suffix, names in getattr(ignored, "examples", {}).items()}
         if source == STDLIB_SOURCE:
             files += [_local(p, p.stat().st_size) for p in _stdlib_files()]
         elif source.startswith("s3://"):
@@ -182,6 +209,8 @@ def list_files(sources: list[str], ignored: Counter | None = None) -> list[RawFi
             _local_files(source, files, ignored)
         root = _root_of(source)
         files[start:] = [replace(f, relative=_inside(f.name, root)) for f in files[start:]]
+        if isinstance(ignored, Ignored):
+            ignored.relative_to(root, since)
     return files
 
 

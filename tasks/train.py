@@ -16,6 +16,7 @@ from tasks.caching import cache_version
 from tasks.placement import CLUSTER, train_task
 from tasks.user_errors import as_messages
 from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.timing import BREAKDOWN_KEYS
 from training.train import train
 
 VERSION = cache_version(__name__)
@@ -37,5 +38,8 @@ def train_model(
     ref = train(dataset, model, parallel, train_cfg, base_model)
     if os.environ.get("RANK", "0") == "0":  # the launcher keeps rank 0's Decks only
         lines = open_store(ref.store).get_bytes(metrics_key(ref.run)).decode().splitlines()
-        Deck("Training curves", decks.training_curves([json.loads(line) for line in lines]))
+        records = [json.loads(line) for line in lines]
+        Deck("Training curves", decks.training_curves(records))
+        Deck("Step time", decks.step_time_breakdown(records, BREAKDOWN_KEYS))
+        Deck("Warnings", decks.run_warnings(records))
     return ref
