@@ -20,7 +20,8 @@ from training.launch import launch
 from training.train import train
 
 PROGRESS = re.compile(
-    r"^(scan|encode): (\d[\d,]*) documents, ([\d.,]+) of ([\d.,]+) MB \((\d+)%\), ([\d.,]+) MB/s, ETA (\d+s|\d+m\d\ds|\d+h\d\dm)$"
+    r"^(scan|encode): (\d[\d,]*) documents, ([\d.,]+) of ([\d.,]+) MB \((\d+)%\), ([\d.,]+) MB/s, "
+    r"ETA (\d+s|\d+m\d\ds|\d+h\d\dm|unknown)$"
 )
 FINAL = re.compile(r"^(scan|encode): done in \S+, (\d[\d,]*) documents, ([\d.,]+) MB read \(([\d.,]+) MB/s\)$")
 IGNORED = {"a.png": b"\x89PNG", "b.png": b"\x89PNG", "sub/c.png": b"\x89PNG", "d.bin": b"\x00", "Makefile": b"all:"}
