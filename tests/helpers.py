@@ -887,3 +887,22 @@ def registration_facts() -> dict[str, Any]:
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     facts["profiles"] = {Path(path).stem: f for path, f in facts["profiles"].items()}
     return facts
+
+
+def train_with_slow_rank(slow_rank: int, delay_s: float, *args):
+    """``training.train.train(*args)`` with rank ``slow_rank``'s every batch read ``delay_s`` slower (a
+    slow disk on one node): the straggler the exchange must name. The other ranks are untouched."""
+    import time
+
+    import training.data
+    from training.train import train
+
+    if int(os.environ.get("RANK", "0")) == slow_rank:
+        original = training.data.StreamingLoader.batch
+
+        def slow_batch(self, *batch_args, **batch_kwargs):
+            time.sleep(delay_s)
+            return original(self, *batch_args, **batch_kwargs)
+
+        training.data.StreamingLoader.batch = slow_batch
+    return train(*args)

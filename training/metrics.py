@@ -47,7 +47,8 @@ PEAK_FLOPS: list[tuple[str, float, float]] = [
 ]
 
 
-# Record keys logged to TensorBoard, as ``train/<key>``.
+# Record keys logged to TensorBoard, as ``train/<key>``: each step's breakdown (a stacked view of
+# where the time went), and at each straggler exchange the slowest rank's ratio.
 TENSORBOARD_TAGS = (
     "loss",
     "lr",
@@ -57,6 +58,7 @@ TENSORBOARD_TAGS = (
     "mfu",
     "peak_memory_mib",
     "data_wait_fraction",
+    "step_time_s",
     *BREAKDOWN_KEYS,
     "slowest_ratio",
 )
@@ -124,8 +126,8 @@ class StepMetrics:
     """Adds the derived figures to each step's record; on rank 0 also logs them to TensorBoard.
 
     TensorBoard writes into a local folder (the store may be S3); ``upload`` copies its event
-    files to ``<run>/tensorboard/`` whenever metrics.jsonl is saved, so the store holds exactly
-    the steps of the last committed checkpoint. A resumed run adds a new event file beside them.
+    files to ``<run>/tensorboard/`` after each checkpoint, once its step is logged, so the store
+    holds exactly the steps of the last committed checkpoint. A resumed run adds a new event file beside them.
     """
 
     def __init__(
@@ -184,7 +186,10 @@ class StepMetrics:
         )
 
     def measure(self, record: dict[str, Any], step_s: float, data_wait_s: float) -> dict[str, Any]:
-        """The derived figures of a step (``record`` holds step, loss, lr, grad_norm)."""
+        """The derived figures of a step (``record`` holds step, loss, lr, grad_norm) from its training
+        time ``step_s``. A checkpoint save then adds its seconds to the record's ``step_time_s`` and
+        ``time_checkpoint_s``, not to the throughput: tokens/s and MFU are those of the training.
+        ``log`` writes the record to TensorBoard once it is final."""
         flops_s = self.flops_per_token * self.tokens_per_step / step_s
         extra = {
             "step_time_s": step_s,
@@ -195,17 +200,15 @@ class StepMetrics:
             "peak_memory_mib": peak_memory_mib(self.device),
             "data_wait_fraction": min(1.0, data_wait_s / step_s),
         }
-        if self._writer is not None:
-            scalars = {**record, **extra}
-            for key in TENSORBOARD_TAGS:
-                if scalars.get(key) is not None:
-                    self._writer.add_scalar(f"train/{key}", scalars[key], record["step"])
         return extra
 
-    def log_scalar(self, tag: str, value: float, step: int) -> None:
-        """A figure known only after the step's record was logged (the checkpoint's save time)."""
-        if self._writer is not None:
-            self._writer.add_scalar(tag, value, step)
+    def log(self, record: dict[str, Any]) -> None:
+        """Write a step's final record to TensorBoard (rank 0; the tags of ``TENSORBOARD_TAGS`` it has)."""
+        if self._writer is None:
+            return
+        for key in TENSORBOARD_TAGS:
+            if record.get(key) is not None:
+                self._writer.add_scalar(f"train/{key}", record[key], record["step"])
 
     def upload(self) -> None:
         """Copy the TensorBoard event files to the store (rank 0; others return at once)."""

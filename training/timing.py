@@ -10,8 +10,9 @@ inside its pipeline schedule, and that time is the collective's, taken out of fo
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -30,19 +31,22 @@ BREAKDOWN_KEYS = tuple(phase_key(p) for p in (*PHASES, "other"))
 
 
 class StepTimer:
-    """Exclusive seconds per phase of the current step.
+    """Exclusive seconds per phase of the current step: a phase inside another counts only for
+    itself, and the outer one gets its time less the inner one's.
 
-    ``on_phase`` (if given) hears each phase's name as it starts, with the step: the hang
-    diagnostics use it to say what a rank was doing when it stopped.
+    ``on_phase`` (if given) hears each phase's name as it starts, with the step, and the outer
+    phase's name again when an inner one ends: the hang diagnostics use it to say what a rank was
+    doing when it stopped.
     """
 
-    def __init__(self, device: torch.device, on_phase=None) -> None:
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else None
+    def __init__(self, device: torch.device, on_phase: Callable[[int, str], None] | None = None) -> None:
+        # The rank's own device: a bare torch.cuda.synchronize() waits on the *current* device.
+        self.sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else None
         self.on_phase = on_phase
         self.step = 0
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._started = time.perf_counter()
-        self._nested: list[float] = []  # per open phase: seconds its inner phases took
+        self._open: list[tuple[str, list[float]]] = []  # per open phase: its name, the seconds its inner phases took
 
     def start(self, step: int) -> None:
         """Begin step ``step`` (1-based): every phase back to zero."""
@@ -50,6 +54,7 @@ class StepTimer:
             self.sync()
         self.step = step
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._open = []
         self._started = time.perf_counter()
 
     def add(self, phase: str, seconds: float) -> None:
@@ -58,30 +63,41 @@ class StepTimer:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Time the block as ``name`` (one of ``PHASES``)."""
+        if name not in self.seconds:
+            raise ValueError(f"unknown step phase {name!r}: use one of {', '.join(PHASES)}")
         if self.on_phase is not None:
             self.on_phase(self.step, name)
         if self.sync:
             self.sync()
         t0 = time.perf_counter()
-        self._nested.append(0.0)
+        inner = [0.0]
+        self._open.append((name, inner))
         try:
             yield
         finally:
             if self.sync:
                 self.sync()
             elapsed = time.perf_counter() - t0
-            inner = self._nested.pop()
-            self.seconds[name] += elapsed - inner
-            if self._nested:
-                self._nested[-1] += elapsed
+            self._open.pop()
+            self.seconds[name] += elapsed - inner[0]
+            if self._open:
+                outer, outer_inner = self._open[-1]
+                outer_inner[0] += elapsed
+                if self.on_phase is not None:  # back in the outer phase
+                    self.on_phase(self.step, outer)
 
     def elapsed(self) -> float:
         """Seconds since ``start``."""
         return time.perf_counter() - self._started
 
-    def breakdown(self) -> dict[str, float]:
-        """The step's seconds per phase, 'other' being what no phase covered (Python, logging)."""
-        total = self.elapsed()
+    def breakdown(self, total: float | None = None) -> dict[str, float]:
+        """The step's seconds per phase, 'other' being what no phase covered (Python, logging).
+
+        ``total`` is the step's time as the caller measured it (default: ``elapsed()`` now); the
+        values then sum to exactly that.
+        """
+        total = self.elapsed() if total is None else total
         record = {phase_key(p): s for p, s in self.seconds.items()}
         record[phase_key("other")] = max(0.0, total - sum(self.seconds.values()))
         return record

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import sys
-import time
 import traceback
 from dataclasses import asdict
 
@@ -141,6 +140,8 @@ def _step_line(record: dict, steps: int) -> str:
     if record.get("mfu") is not None:
         line += f" | MFU {record['mfu']:.1%}"
     line += f" | data {record['data_wait_fraction']:.0%}"
+    if "slowest_rank" in record:  # a straggler exchange ended with this step
+        line += f" | slowest rank {record['slowest_rank']} ({record['slowest_ratio']:.2f}× the others)"
     if "skipped" in record:
         line += " | SKIPPED (bad loss)"
     return line
@@ -222,7 +223,6 @@ def _train(
         prefix = checkpoint.save(store, run, step, model, optimizer, meta, cfg.keep_checkpoints, files)
         if rank == 0:
             _publish(store, run, metrics, step_times, health.events)
-            meter.upload()
         return prefix
 
     prefix = checkpoint_prefix(run, start) if done else ""
@@ -236,7 +236,7 @@ def _train(
         origin = functools.partial(loader.origin, step)
         result = trainer.step(batch.tokens, lr, timer, functools.partial(health.judge, step + 1, origin=origin))
         dt = timer.elapsed()
-        breakdown = timer.breakdown()
+        breakdown = timer.breakdown(dt)
         record = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm}
         record["tokens_per_s"] = tokens_per_step / dt
         if not result.applied:
@@ -244,7 +244,8 @@ def _train(
             record["health"] = health.events[-1]
         record |= breakdown
         stragglers.record(step + 1, dt, breakdown)
-        if stragglers.due(step + 1):
+        if stragglers.due(step + 1, last=step + 1 == cfg.steps):
+            progress.at(step + 1, "straggler exchange")
             summary, lines = stragglers.exchange()
             record |= summary
             if rank == 0:
@@ -256,11 +257,16 @@ def _train(
         profiler.after_step(step + 1)
         if rank == 0 and ((step + 1) % cfg.log_every == 0 or step == start or step + 1 == cfg.steps or not result.applied):
             print(_step_line(record, cfg.steps), flush=True)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            t0 = time.perf_counter()
-            prefix = save(step + 1)
-            record[phase_key("checkpoint")] = time.perf_counter() - t0  # after the save: its own copy lacks it
-            meter.log_scalar("time/checkpoint_s", record[phase_key("checkpoint")], step + 1)
+        saving = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
+        if saving:
+            with timer.phase("checkpoint"):
+                prefix = save(step + 1)
+            # The step is its training and its save (the checkpoint's own copy of the record lacks the save).
+            record[phase_key("checkpoint")] = timer.seconds["checkpoint"]
+            record["step_time_s"] = dt + timer.seconds["checkpoint"]
+        meter.log(record)
+        if saving:
+            meter.upload()  # rank 0: the event files, with this step's final record
     profiler.finish(cfg.steps)
     if rank == 0 and metrics:
         _publish(store, run, metrics, step_times, health.events)
