@@ -1,4 +1,4 @@
-"""The ``pretrain`` command: run the pipeline locally, start a local S3 store, browse the registry.
+"""The ``pretrain`` command: run the pipeline locally, start a local S3 store, browse the registry and the runs.
 
     pretrain run [--config configs/tiny-cpu.yaml]
     pretrain check [--config FILE]
@@ -7,6 +7,8 @@
     pretrain registry show NAME[:VERSION|:ALIAS] [--json] [--store URI]
     pretrain registry promote NAME:VERSION [--alias production] [--store URI]
     pretrain registry download NAME[:VERSION|:ALIAS] DEST [--store URI]
+    pretrain runs list [--json] [--store URI]
+    pretrain runs show RUN [--json] [--store URI]
 
 Errors the user can fix are printed as one line (``error: …``) with exit status 2; ``pretrain run`` also
 writes the full traceback of any failure to a log file (``common.errors.log_dir()``) and names it.
@@ -22,12 +24,14 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from common.errors import TRACEBACK_LABEL, traceback_note, user_error_in, write_traceback
 from pipeline.config import launch_world, load_config, parse_config
 from registry.registry import download, list_models, promote, show
 from storage import default_store_uri, open_store
+from training import runs
 
 
 def _store(args: argparse.Namespace):
@@ -143,6 +147,162 @@ def cmd_registry_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(seconds: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds)) if seconds is not None else ""
+
+
+def _num(value: float | None, spec: str, unknown: str = "-") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else unknown
+
+
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    store = _store(args)
+    rows = runs.list_runs(store)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no training runs in {store.uri}")
+    for row in rows:
+        planned = row["steps_planned"] if row["steps_planned"] is not None else "?"
+        checkpoint = row["last_checkpoint"] if row["last_checkpoint"] is not None else "none"
+        layout = (row["layout"] or "layout ?") + (f" (+{row['layouts'] - 1} earlier)" if row["layouts"] > 1 else "")
+        dataset = (row["dataset"] or "?")[: runs.SHORT_ID]
+        print(
+            f"{row['id']}  steps {row['steps_done']}/{planned}  checkpoint {checkpoint}  loss {_num(row['final_loss'], '.4f')}  "
+            f"{_num(row['tokens_per_s'], ',.0f')} tok/s  MFU {_num(row['mfu'], '.1%')}  {layout}  dataset {dataset}"
+            + (f"  {_when(row['modified'])}" if row["modified"] is not None else "")
+        )
+    return 0
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    run = runs.show(_store(args), args.run)
+    if args.json:
+        print(json.dumps(run, indent=2))
+        return 0
+    for line in _run_lines(run):
+        print(line)
+    return 0
+
+
+def _run_lines(run: dict) -> list[str]:
+    """``pretrain runs show`` in words, section by section."""
+    planned = run["steps_planned"] if run["steps_planned"] is not None else "?"
+    checkpoints = ", ".join(str(c["step"]) for c in run["checkpoints"]) or "none committed"
+    out = [f"run {run['id']}  {run['uri']}" + (f"  updated {_when(run['modified'])}" if run["modified"] is not None else "")]
+    out.append(f"  steps {run['steps_done']}/{planned}, checkpoints at {checkpoints}; dataset {run['dataset'] or '?'}")
+    out.append("layout:")
+    out += [f"  {span_text(span)}" for span in run["layout_history"]] or ["  not recorded (no committed checkpoint)"]
+    for section, values in run["config"].items():
+        if values:
+            out.append(f"{section}:")
+            out += _wrapped(", ".join(f"{k}={v}" for k, v in values.items()))
+    out.append("figures:")
+    skipped = f", {run['skipped_steps']} skipped" if run["skipped_steps"] else ""
+    out.append(
+        f"  loss {_num(run['first_loss'], '.4f')} -> {_num(run['final_loss'], '.4f')} "
+        f"(mean of the last {run['final_loss_steps']} applied steps{skipped})"
+    )
+    out.append(
+        f"  median {_num(run['tokens_per_s'], ',.0f')} tok/s, MFU {_num(run['mfu'], '.1%')}, data wait "
+        f"{_num(run['data_wait_fraction'], '.1%')}; peak memory {_num(run['peak_memory_mib'], ',.0f')} MiB"
+    )
+    if run["peak_flops_source"]:
+        out.append(f"  MFU's peak FLOP/s: {run['peak_flops_source']}")
+    out += _breakdown_lines(run["breakdown"])
+    out += _rank_lines(run["ranks"], run["stragglers"])
+    out.append(f"health: {_count(len(run['health']), 'event')}" if run["health"] else "health: no NaN/Inf or spiking loss")
+    for event in run["health"]:
+        shards = event.get("batch", {}).get("shards", [])
+        out.append(f"  step {event['step']}: {event['problem']} ({event.get('action', 'stopped')}); the batch's rows:")
+        out += [f"    {s['shard']} rows {s['rows'][0]}-{s['rows'][-1]} ({_count(len(s['rows']), 'row')})" for s in shards]
+        out += [] if shards else ["    not recorded"]
+    for evaluation in run["evaluations"]:
+        out.append(
+            f"evaluation at step {evaluation.get('step')}: val_loss {_num(evaluation.get('val_loss'), '.4f')}, "
+            f"perplexity {_num(evaluation.get('perplexity'), '.1f')}, bits/byte {_num(evaluation.get('bits_per_byte'), '.3f')}  "
+            f"{evaluation['uri']}"
+        )
+    return out + _file_lines(run["files"])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def span_text(span: dict) -> str:
+    layout = span["layout"]
+    tp, pp, world = layout["tensor_parallel"], layout["pipeline_parallel"], layout["world_size"]
+    return (
+        f"steps {span['first_step']}-{span['last_step']}: {world} ranks, tensor_parallel={tp}, pipeline_parallel={pp}, "
+        f"data_parallel={world // (tp * pp)}, distributed_optimizer={str(layout.get('distributed_optimizer', False)).lower()}"
+    )
+
+
+def _wrapped(text: str, width: int = 110) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _breakdown_lines(breakdown: dict) -> list[str]:
+    if not breakdown["phases"]:
+        return ["step time: no steps recorded"]
+    out = [
+        f"step time, rank 0: median step {_num(breakdown['median_step_s'], '.4f')} s; {breakdown['steps']} steps, "
+        f"checkpoint saves included, took {breakdown['wall_s']:.2f} s",
+        f"  {'phase':<18} {'median s':>9} {'total s':>9} {'share':>7}",
+    ]
+    for row in breakdown["phases"]:
+        out.append(
+            f"  {row['phase']:<18} {_num(row['median_s'], '9.4f')} {_num(row['total_s'], '9.3f')} {_num(row['share'], '7.1%')}"
+        )
+    return out
+
+
+def _rank_lines(ranks: dict, stragglers: dict) -> list[str]:
+    if not ranks["ranks"]:
+        return ["ranks: no step times exchanged (train.straggler_every: 0, or no exchange step reached)"]
+    out = [f"ranks ({ranks['steps']} steps exchanged; busy = step minus collective waits):"]
+    for row in ranks["ranks"]:
+        out.append(
+            f"  rank {row['rank']:<4} median step {_num(row['median_step_s'], '.4f')} s, "
+            f"collective {_num(row['median_s'].get('collective'), '.4f')} s, busy {row['busy_s']:.3f} s in all"
+        )
+    out.append(f"  slowest rank {ranks['slowest_rank']}: busy {_num(ranks['slowest_ratio'], '.2f')}× the median of the others'")
+    if stragglers["windows"]:
+        counts = ", ".join(f"rank {rank} in {n}" for rank, n in stragglers["slowest_counts"].items())
+        worst = stragglers["worst"]
+        out.append(
+            f"  straggler windows: {stragglers['windows']}; slowest {counts}; worst {worst['slowest_ratio']:.2f}× "
+            f"(rank {worst['slowest_rank']}, steps {worst['window'][0]}-{worst['window'][1]})"
+        )
+    out += [f"  WARNING at step {w['step']}: {w['message']}" for w in stragglers["warnings"]]
+    return out
+
+
+def _file_lines(files: dict) -> list[str]:
+    out = [
+        "files:",
+        f"  metrics      {files['metrics']}",
+        f"  step times   {files['step_times']}",
+        f"  health       {files['health']}",
+        f"  tensorboard  {files['tensorboard']}",
+    ]
+    for window in files["profiles"]:
+        out.append(f"  profile of steps {window['first']}-{window['last']} (Perfetto, TensorBoard's profiler):")
+        out += [f"    {uri}" for uri in window["traces"]]
+        if window["memory_snapshots"]:
+            out.append("    memory snapshots (pytorch.org/memory_viz):")
+            out += [f"    {uri}" for uri in window["memory_snapshots"]]
+    if not files["profiles"]:
+        out.append("  profiles     none (set train.profile, e.g. '11-13')")
+    out.append("  diagnostics" + ("" if files["diagnostics"] else "  none (written when ranks stall)"))
+    out += [f"    {uri}" for uri in files["diagnostics"]]
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pretrain", description="LLM pretraining pipeline")
     sub = p.add_subparsers(dest="command", required=True)
@@ -182,6 +342,17 @@ def parser() -> argparse.ArgumentParser:
     dl.add_argument("dest")
     dl.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
     dl.set_defaults(fn=cmd_registry_download)
+
+    runs_cmd = sub.add_parser("runs", help="training runs in the store").add_subparsers(dest="runs_command", required=True)
+    rl = runs_cmd.add_parser("list", help="every training run, most recently changed first")
+    rl.add_argument("--json", action="store_true")
+    rl.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    rl.set_defaults(fn=cmd_runs_list)
+    rs = runs_cmd.add_parser("show", help="one run: config, layouts, step-time breakdown, ranks, health, traces")
+    rs.add_argument("run", metavar="RUN", help="the run id or a unique prefix of it")
+    rs.add_argument("--json", action="store_true")
+    rs.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    rs.set_defaults(fn=cmd_runs_show)
     return p
 
 

@@ -203,6 +203,10 @@ class Store:
     def exists(self, key: str) -> bool:
         raise NotImplementedError
 
+    def modified(self, key: str) -> float | None:
+        """When ``key`` was last written (seconds since the epoch); None if it does not exist."""
+        raise NotImplementedError
+
     def list(self, prefix: str) -> list[str]:
         """All keys under ``prefix`` (recursive), sorted."""
         raise NotImplementedError
@@ -447,6 +451,10 @@ class LocalStore(Store):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def modified(self, key: str) -> float | None:
+        path = self._path(key)
+        return path.stat().st_mtime if path.is_file() else None
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix, folder=True)
@@ -706,6 +714,17 @@ class S3Store(Store):
             if e.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
                 return False
             raise self._explain(e, key) from e
+
+    def modified(self, key: str) -> float | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
+                return None
+            raise self._explain(e, key) from e
+        return head["LastModified"].timestamp()
 
     def _iter_keys(self, prefix: str) -> Iterator[str]:
         """Keys starting with the string ``prefix`` (relative to the store's own prefix)."""
