@@ -17,12 +17,13 @@ from training.stragglers import StragglerMonitor
 # Exchanges after steps 2, 4 and 6; a warning after two slow windows in a row, i.e. at step 4.
 #
 # The threshold: a tiny step here is ~20-60 ms of busy time per rank, and on a loaded 2-core machine
-# one rank can lose tens of milliseconds to the scheduler in a window, so an even run has seen
-# windows at 1.7x (the first window, with the first step's warm-up, is the noisiest). Rank 1 sleeps
-# DELAY_S per step, which puts its busy time at ~5-15x rank 0's. 3x sits between the two with
-# room on both sides, and an even run would have to be 3x off twice in a row to warn.
-RATIO = 3.0
-DELAY_S = 0.3
+# one rank can lose a few hundred milliseconds to the scheduler in a window: an even run has shown
+# windows at 1.38x, 3.91x and 1.07x (rank 0 lost ~0.2 s in one forward+backward). Rank 1 sleeps
+# DELAY_S per step, 2 s a window, which put it at 7-15x rank 0 with a 0.3 s delay and puts it far
+# above that with 1 s. 5x sits between the two with room on both sides, and an even run would have
+# to be 5x off twice in a row, the same rank, to warn.
+RATIO = 5.0
+DELAY_S = 1.0
 STEPS = TrainConfig(
     steps=6,
     micro_batch_size=4,
