@@ -205,9 +205,9 @@ class TrainConfig:
         text = self.profile.strip()
         if not text:
             return None
-        first, _, last = text.partition("-")
+        first, dash, last = text.partition("-")
         try:
-            window = int(first), int(last or first)
+            window = int(first), int(last if dash else first)
         except ValueError:
             return None
         return window if 1 <= window[0] <= window[1] else None
@@ -237,6 +237,8 @@ class TrainConfig:
         out += at_least("train.log_every", self.log_every, 1)
         if self.profile.strip() and self.profile_window() is None:
             out.append(f"train.profile is {self.profile!r}: give steps as 'FIRST-LAST' or 'STEP' (1-based), e.g. '11-13'")
+        elif self.profile_window() and self.profile_window()[0] > self.steps:
+            out.append(f"train.profile is {self.profile!r}: it starts after the last step (train.steps={self.steps})")
         out += at_least("train.straggler_every", self.straggler_every, 0, " (0 = off)")
         if not self.straggler_ratio > 1:
             out.append(f"train.straggler_ratio is {self.straggler_ratio}: must be > 1 (typical 1.2 … 2)")
@@ -249,8 +251,9 @@ class TrainConfig:
 
     def identity(self) -> TrainConfig:
         """This config with the settings that only observe a run (console, profiles, straggler checks,
-        TensorBoard, the MFU peak) at their defaults: what names the run, so turning on a profile
-        resumes the same run instead of starting another."""
+        TensorBoard, the MFU peak) and the reactions to a bad loss at their defaults: what names the run,
+        so turning on a profile, or following a stopped run's advice to set on_bad_loss: skip, resumes
+        the same run from its last checkpoint instead of starting another."""
         return replace(self, **{name: getattr(TrainConfig, name) for name in OBSERVING_FIELDS})
 
 
@@ -263,6 +266,10 @@ OBSERVING_FIELDS = (
     "straggler_every",
     "straggler_ratio",
     "straggler_windows",
+    # Until a bad loss comes they change nothing, and the steps before it trained the same.
+    "loss_spike_factor",
+    "on_bad_loss",
+    "max_skipped_steps",
 )
 
 
