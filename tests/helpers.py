@@ -941,3 +941,34 @@ def copy_run(source: Store, run: str, dest: Store, new_run: str = "") -> str:
     for key in source.list(f"{run}/"):
         dest.put_bytes(f"{new_run}{key[len(run) :]}", source.get_bytes(key))
     return new_run
+
+
+def train_with_bad_loss(bad_step: int, bad_ranks: tuple[int, ...] | None, *args):
+    """``training.train.train(*args)`` with step ``bad_step``'s loss (1-based) made NaN on the ranks
+    ``bad_ranks`` (None: all of them).
+
+    The loss function both step implementations call (``training.layers.mean_token_loss``: LocalStep
+    through ``training.model.mean_loss``, MegatronStep in its forward step) returns NaN, so its
+    gradients are NaN too and the step's data-parallel mean reaches ``TrainStep.step``'s accept hook
+    as a bad batch's would. The step is the one whose batch the loader last handed out.
+    """
+    import training.layers
+    from training.data import StreamingLoader
+    from training.train import train
+
+    rank = int(os.environ.get("RANK", "0"))
+    batch, loss = StreamingLoader.batch, training.layers.mean_token_loss
+    current = {"step": 0}
+
+    def batch_of_step(self, step: int, *a, **kw):
+        current["step"] = step + 1
+        return batch(self, step, *a, **kw)
+
+    def bad_loss(*a, **kw):
+        value = loss(*a, **kw)
+        bad = current["step"] == bad_step and (bad_ranks is None or rank in bad_ranks)
+        return value * float("nan") if bad else value
+
+    StreamingLoader.batch = batch_of_step
+    training.layers.mean_token_loss = bad_loss
+    return train(*args)

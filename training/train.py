@@ -46,7 +46,7 @@ from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import StreamingLoader
 from training.diagnostics import write_diagnostics
-from training.health import LossHealth
+from training.health import BadLossError, LossHealth
 from training.metrics import StepMetrics
 from training.model import init_distributed, shutdown_distributed
 from training.profiling import WindowProfiler
@@ -200,9 +200,7 @@ def _train(
     tokens_per_step = cfg.global_batch_size * seq_len
     meter = StepMetrics.for_training(model_cfg, cfg, seq_len, dist.get_world_size(), params[0], store, run, rank == 0)
     timer = StepTimer(params[0].device, on_phase=progress.at)
-    health = LossHealth(cfg, [m["loss"] for m in metrics if "skipped" not in m])
-    health.events = [m["health"] for m in metrics if "health" in m]
-    health.skipped = sum(1 for m in metrics if "skipped" in m)
+    health = LossHealth.restore(cfg, metrics)
     stragglers = StragglerMonitor(cfg, params[0].device)
     profiler = WindowProfiler(cfg, store, run, rank, params[0].device)
 
@@ -234,7 +232,15 @@ def _train(
             lr = lr_at(step, cfg)
             batch = loader.batch(step, dp_rank, dp_size)
         origin = functools.partial(loader.origin, step)
-        result = trainer.step(batch.tokens, lr, timer, functools.partial(health.judge, step + 1, origin=origin))
+        try:
+            result = trainer.step(batch.tokens, lr, timer, functools.partial(health.judge, step + 1, origin=origin))
+        except BadLossError:
+            # Every rank refused the same loss. The event (the batch's shards and rows) is stored before any
+            # rank exits: the launcher stops the others as soon as one fails.
+            if rank == 0:
+                _publish(store, run, metrics, step_times, health.events)
+            dist.barrier()
+            raise
         dt = timer.elapsed()
         breakdown = timer.breakdown(dt)
         record = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm}
