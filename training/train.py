@@ -281,12 +281,13 @@ def _train(
         raise ConfigError(f"train.steps={cfg.steps} leaves nothing to train")
 
     layouts = extend_layouts(history, start + 1, cfg.steps, layout)
-    last = metrics[-10:] or [{"loss": float("nan"), "tokens_per_s": 0.0}]
+    applied = [m for m in metrics if "skipped" not in m]  # a skipped step's loss may be NaN
+    last = applied[-10:] or [{"loss": float("nan"), "tokens_per_s": 0.0}]
     # Throughput is that of the layout that trained the last steps (this call's only if it trained them).
     final = [m for m in metrics if m["step"] >= layouts[-1].first_step]
     summary = {
         "final_train_loss": sum(m["loss"] for m in last) / len(last),
-        "first_train_loss": metrics[0]["loss"] if metrics else float("nan"),
+        "first_train_loss": applied[0]["loss"] if applied else float("nan"),
         "tokens_per_second": sorted(m["tokens_per_s"] for m in final)[len(final) // 2] if final else 0.0,
         "parameters": float(n_params),
         "tokens_trained": float(cfg.steps * tokens_per_step),
