@@ -972,3 +972,78 @@ def train_with_bad_loss(bad_step: int, bad_ranks: tuple[int, ...] | None, *args)
     StreamingLoader.batch = batch_of_step
     training.layers.mean_token_loss = bad_loss
     return train(*args)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hang diagnostics: a rank that stops or hangs in a chosen phase of a chosen step
+
+
+def start_launch(tmp_path: Path, fn, nproc: int, *args, env: dict | None = None, log_name: str = "train.log") -> subprocess.Popen:
+    """``launch(fn, nproc, *args)`` in its own process group, like ``start_training`` but for any
+    importable ``fn`` (a ``train_with_*`` fault injector); stdout and stderr go to ``log_name``."""
+    spec = tmp_path / f"{log_name}.pickle"
+    spec.write_bytes(pickle.dumps((fn, nproc, *args)))
+    log = open(tmp_path / log_name, "wb")
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(spec)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Rank ``rank`` stalls on entering ``phase`` (a ``training.timing.PHASES`` name) of step ``step``
+    (1-based): ``"stop"`` SIGSTOPs it (a hung node: it cannot run anything, its watchdog included),
+    ``"hang"`` sleeps in the phase for an hour (a read that never returns: its watchdog still runs)."""
+
+    how: str
+    rank: int
+    step: int
+    phase: str
+
+
+# Started by a rank before it stops itself: it SIGKILLs that rank once its peers have exited, as the
+# launcher's SIGTERM cannot end a stopped process (the launcher would wait 30 s more, then SIGKILL it).
+_RELEASE = (
+    "import signal, sys, psutil\n"
+    "me = psutil.Process(int(sys.argv[1]))\n"
+    "peers = [p for p in me.parent().children() if p.pid != me.pid and 'spawn_main' in ' '.join(p.cmdline())]\n"
+    "psutil.wait_procs(peers, timeout=float(sys.argv[2]))\n"
+    "me.send_signal(signal.SIGKILL)\n"
+)
+
+
+def train_with_stall(stall: Stall, *args):
+    """``training.train.train(*args)`` with ``stall`` injected: run in the spawned ranks."""
+    from training.timing import StepTimer
+    from training.train import train
+
+    if int(os.environ.get("RANK", "0")) == stall.rank:
+        original = StepTimer.phase
+
+        @contextmanager
+        def phase(timer, name: str):
+            with original(timer, name):  # the rank's progress says it is in this phase
+                if name == stall.phase and timer.step == stall.step:
+                    _stall(stall.how)
+                yield
+
+        StepTimer.phase = phase
+    return train(*args)
+
+
+def _stall(how: str) -> None:
+    import time
+
+    if how == "hang":
+        time.sleep(3600)
+    elif how == "stop":
+        time.sleep(2.5)  # the watchdog thread publishes the phase's heartbeat (it polls every second)
+        subprocess.Popen([sys.executable, "-c", _RELEASE, str(os.getpid()), "300"], cwd=ROOT)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    else:
+        raise ValueError(f"unknown stall {how!r}: use 'stop' or 'hang'")

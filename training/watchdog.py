@@ -8,6 +8,8 @@ Two mechanisms, because a rank can fail in two ways:
 - this rank stuck outside any collective (a read that never returns, a deadlock): the
   ``Watchdog`` thread notices that the current phase has lasted longer than its limit,
   prints every thread's stack with the rank and exits, so the launcher tears the job down.
+  A rank whose peers are behind it is only waiting for them: its watchdog gives theirs a head
+  start (``WAITING_GRACE_S``), so that the stuck rank's stacks are the ones stored.
 
 Either way the ranks that can still run store their stacks and flight-recorder dumps under
 ``<run>/diagnostics/`` (``training.diagnostics``), and the error names the step, the phase and
@@ -21,12 +23,18 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 from training.diagnostics import Heartbeats, describe_ranks, missing_ranks, read_heartbeats
 
 EXIT_STUCK = 86
 """Exit status of a rank the watchdog ended."""
+
+WAITING_GRACE_S = 30.0
+"""At most this long (and at most the limit again) a rank waiting for peers that are behind it
+lets its own watchdog wait past the limit: the launcher ends the job as soon as the first rank
+exits, and the one to store its stacks first should be the stuck one."""
 
 # Words of the backends' own errors (gloo, NCCL, the c10d layer under both).
 _BACKEND_SIGNS = ("gloo", "nccl", "c10d", "processgroup")
@@ -50,20 +58,48 @@ class Progress:
         """Stores this rank's diagnostics with a reason, returns where (set once the run is known)."""
 
     def enter(self, phase: str, limit_s: float) -> None:
-        """Start ``phase``, which may last ``limit_s`` seconds (0 = unbounded) before it counts as stuck."""
-        self.phase, self.limit_s, self.since = phase, limit_s, time.monotonic()
+        """Start ``phase``, which may last ``limit_s`` seconds (0 = unbounded) before it counts as stuck.
+        Where inside it the rank is stays unknown ('') until ``at``."""
+        self.phase, self.limit_s, self.since, self.detail = phase, limit_s, time.monotonic(), ""
 
     def at(self, step: int, detail: str) -> None:
         """Where inside the phase the rank is (a step's data, forward_backward, collective, …); the
         phase's clock keeps running."""
         self.step, self.detail = step, detail
 
-    def diagnostics(self, reason: str) -> str:
-        """Store this rank's diagnostics; ' Diagnostics: <urls>.' or '' for a message."""
+    def where(self) -> str:
+        """'step 3 (forward_backward)': the phase and where in it, for a message."""
+        return f"{self.phase} ({self.detail})" if self.detail and self.detail not in self.phase else self.phase
+
+    def heartbeat(self) -> dict:
+        """This rank's own position, as a heartbeat: fresher than the one in the store."""
+        return {"step": self.step, "phase": self.detail, "time": time.time()}
+
+    def diagnostics(self, reason: str, failure: BaseException | None = None) -> str:
+        """Store this rank's diagnostics; ' This rank's stacks …: <urls>.' or '' for a message.
+
+        ``failure``: the exception that ended the training thread; its traceback goes first, as it
+        shows where that thread was (the collective that timed out): its live stack is a handler's by now.
+        """
         if self.diagnose is None:
             return ""
-        urls = self.diagnose(reason)
+        if failure is not None:
+            trace = "".join(traceback.format_exception(failure))
+            reason = f"{reason}\n\nWhere the training thread failed (most recent call last):\n{trace}"
+        try:
+            urls = self.diagnose(reason)
+        except Exception as e:  # noqa: BLE001 - the diagnostics must not hide the failure they describe
+            return f" (Storing this rank's stacks failed: {e}.)"
         return f" This rank's stacks and collective records: {', '.join(urls)}." if urls else ""
+
+
+def behind(beats: dict[int, dict], rank: int, progress: Progress) -> list[int]:
+    """The other ranks behind this one, with this rank's own position taken from ``progress``
+    (its stored heartbeat may lag by a poll). Nobody is behind before the first step."""
+    if not progress.step:
+        return []
+    beats = {**beats, rank: progress.heartbeat()}
+    return [r for r in missing_ranks(beats, progress.world_size) if r != rank]
 
 
 def explain(error: BaseException, rank: int, progress: Progress, timeout_s: float) -> PeerFailure | None:
@@ -78,15 +114,21 @@ def explain(error: BaseException, rank: int, progress: Progress, timeout_s: floa
         return None
     first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     beats = read_heartbeats(progress.world_size)
-    missing = [r for r in missing_ranks(beats, progress.world_size) if r != rank]
-    who = f"ranks that did not arrive: {describe_ranks(beats, missing)}" if missing else "another rank died or is stuck"
-    where = f"{progress.phase} ({progress.detail})" if progress.detail not in progress.phase else progress.phase
-    saved = progress.diagnostics(f"collective failed during {where}: {first_line}")
+    missing = behind(beats, rank, progress)
+    if missing:
+        who = (
+            f"did not arrive: {describe_ranks(beats, missing)}; their own logs and nodes hold the cause "
+            "(a rank that was stopped, or hangs in a kernel or driver, logs nothing)"
+        )
+    else:
+        who = "another rank died or is stuck; the failed rank's own log holds the cause"
+    where = progress.where()
+    # The traceback goes into the stored stacks: the training thread's live stack is this handler's by now.
+    saved = progress.diagnostics(f"collective failed during {where}: {first_line}", error)
     return PeerFailure(
         f"rank {rank}: a collective with the other ranks failed during {where}, "
-        f"{time.monotonic() - progress.since:.0f} s into it; {who} "
-        f"(each collective waits at most parallel.collective_timeout_s={timeout_s:g} s). "
-        f"The failed rank's own log holds the cause.{saved} Backend said: {first_line}"
+        f"{time.monotonic() - progress.since:.0f} s into it (each collective waits at most "
+        f"parallel.collective_timeout_s={timeout_s:g} s); {who}.{saved} Backend said: {first_line}"
     )
 
 
@@ -111,18 +153,29 @@ class Watchdog:
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
             p = self.progress
-            if p.step:
+            if p.step and p.detail:
                 self.heartbeats.publish(p.step, p.detail)
             stuck_for = time.monotonic() - p.since
-            if p.limit_s and stuck_for > p.limit_s:
-                saved = p.diagnostics(f"watchdog: {p.phase} ({p.detail}) made no progress for {stuck_for:.0f} s")
-                print(
-                    f"[rank {self.rank}] watchdog: {p.phase} ({p.detail}) has made no progress for {stuck_for:.0f} s "
-                    f"(limit {p.limit_s:g} s): this rank is stuck; its stacks follow, then it exits "
-                    f"with status {EXIT_STUCK} so that the launcher ends the job.{saved}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-                sys.stderr.flush()
-                os._exit(EXIT_STUCK)  # a stuck main thread would never see an exception
+            if not p.limit_s or stuck_for <= p.limit_s:
+                continue
+            beats = self.heartbeats.read(p.world_size) if p.world_size > 1 else {}
+            waiting_for = behind(beats, self.rank, p)
+            if waiting_for and stuck_for <= p.limit_s + min(p.limit_s, WAITING_GRACE_S):
+                continue  # the ranks behind are the stuck ones: their watchdogs go first
+            self._end(p, stuck_for, describe_ranks(beats, waiting_for) if waiting_for else "")
+
+    def _end(self, p: Progress, stuck_for: float, waiting_for: str) -> None:
+        """Store and print this rank's stacks, then exit: a stuck main thread would never see an exception."""
+        where = p.where()
+        state = f"waiting for {waiting_for}, which did not arrive" if waiting_for else "this rank is stuck"
+        saved = p.diagnostics(f"watchdog: {where} made no progress for {stuck_for:.0f} s; {state}")
+        print(
+            f"[rank {self.rank}] watchdog: {where} has made no progress for {stuck_for:.0f} s "
+            f"(limit {p.limit_s:g} s): {state}; its stacks follow, then it exits "
+            f"with status {EXIT_STUCK} so that the launcher ends the job.{saved}",
+            file=sys.stderr,
+            flush=True,
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(EXIT_STUCK)
