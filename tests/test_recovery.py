@@ -81,7 +81,9 @@ def test_s3_server_stopped_mid_upload_leaves_no_checkpoint_to_resume(tiny_datase
 
 
 # -- dead and stuck ranks ---------------------------------------------------------
-LONG = TrainConfig(steps=100_000, micro_batch_size=4, global_batch_size=8, warmup_steps=2, checkpoint_every=100_000, seed=77)
+LONG = TrainConfig(
+    steps=100_000, micro_batch_size=4, global_batch_size=8, warmup_steps=2, checkpoint_every=100_000, seed=77, log_every=1
+)
 MODEL = tiny_model()
 TIMEOUT_S = 20
 
