@@ -912,28 +912,6 @@ def train_with_slow_rank(slow_rank: int, delay_s: float, *args):
 # Faults injected into training ranks (run by ``training.launch.launch`` in each spawned rank)
 
 
-def train_with_nan_loss(poison_call: int, *args):
-    """``training.train.train(*args)`` with rank 0's ``poison_call``-th micro-batch loss (1-based) made NaN.
-
-    The loss goes through the real data-parallel all-reduce, so every rank sees a NaN mean and the
-    loss-health check refuses the step everywhere. With one micro-batch per rank and step, call N is step N.
-    """
-    import training.step
-    from training.train import train
-
-    original = training.step.mean_loss
-    calls = 0
-
-    def poisoned(model, micro):
-        nonlocal calls
-        calls += 1
-        loss = original(model, micro)
-        return loss * float("nan") if calls == poison_call and int(os.environ.get("RANK", "0")) == 0 else loss
-
-    training.step.mean_loss = poisoned
-    return train(*args)
-
-
 def copy_run(source: Store, run: str, dest: Store, new_run: str = "") -> str:
     """Copy every object of the run ``run`` (``runs/<id>``) to ``dest`` through the store API, as
     ``new_run`` (default: the same prefix); returns the new prefix."""

@@ -17,7 +17,7 @@ import pytest
 from common.contracts import diagnostics_prefix, eval_prefix, profile_prefix
 from pipeline.cli import main as cli
 from storage import open_store
-from tests.helpers import copy_run, fresh_copy, run_metrics, tiny_model, train_with_nan_loss
+from tests.helpers import copy_run, fresh_copy, run_metrics, tiny_model, train_with_bad_loss
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
 
@@ -43,7 +43,7 @@ PARALLEL = ParallelConfig(tensor_parallel=1, collective_timeout_s=300)
 def profiled_run(tiny_dataset, tmp_path_factory):
     """One run for the module: steps 3-4 profiled, step 6's loss NaN on rank 0 (so the mean on both), skipped."""
     dataset = fresh_copy(tiny_dataset, tmp_path_factory.mktemp("runs-cli"))
-    return launch(train_with_nan_loss, 2, NAN_STEP, dataset, MODEL, PARALLEL, CFG)
+    return launch(train_with_bad_loss, 2, NAN_STEP, (0,), dataset, MODEL, PARALLEL, CFG)
 
 
 def pretrain(capsys, *args: str) -> tuple[int, str, str]:
