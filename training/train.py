@@ -184,6 +184,9 @@ def _train(
         history = _layouts_of(resumed)
         # The checkpoint's own copies: the run's files may predate a crash right after the commit.
         metrics = _saved_lines(store, checkpoint_prefix(run, start), METRICS, start)
+        # A checkpoint's copy of its own step's record lacks the save's time; the run's file has it once published.
+        published = {r["step"]: r for r in _saved_lines(store, run, METRICS, start)}
+        metrics = [published[r["step"]] if published.get(r["step"], {}).get("loss") == r["loss"] else r for r in metrics]
         step_times = _saved_lines(store, checkpoint_prefix(run, start), STEP_TIMES, start)
         if rank == 0:
             restored = checkpoint.restores_optimizer(resumed, optimizer, asdict(layout))
