@@ -102,6 +102,12 @@ def health_key(run: str) -> str:
     return f"{run}/{HEALTH}"
 
 
+TRACE_SUFFIX = ".pt.trace.json.gz"
+"""A rank's profiler trace: ``rank_NNNNN`` + this, the name TensorBoard's profiler plugin reads."""
+MEMORY_SNAPSHOT_SUFFIX = ".memory_snapshot.pickle"
+"""A rank's CUDA memory snapshot (pytorch.org/memory_viz)."""
+
+
 def profile_prefix(run: str, first: int, last: int) -> str:
     """A profiled window's traces, where TensorBoard's profiler plugin looks for them."""
     return f"{tensorboard_prefix(run)}/plugins/profile/steps_{first:07d}-{last:07d}"

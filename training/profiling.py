@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from common.contracts import profile_prefix
+from common.contracts import MEMORY_SNAPSHOT_SUFFIX, TRACE_SUFFIX, profile_prefix
 from storage import Store
 from training.config import TrainConfig
 
@@ -71,12 +71,12 @@ class WindowProfiler:
             packed = folder / "trace.json.gz"
             with trace.open("rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst)
-            self._put(f"{prefix}/rank_{self.rank:05d}.pt.trace.json.gz", packed)
+            self._put(f"{prefix}/rank_{self.rank:05d}{TRACE_SUFFIX}", packed)
             if self.device.type == "cuda":
                 snapshot = folder / "memory.pickle"
                 torch.cuda.memory._dump_snapshot(str(snapshot))
                 torch.cuda.memory._record_memory_history(enabled=None)
-                self._put(f"{prefix}/rank_{self.rank:05d}.memory_snapshot.pickle", snapshot)
+                self._put(f"{prefix}/rank_{self.rank:05d}{MEMORY_SNAPSHOT_SUFFIX}", snapshot)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 

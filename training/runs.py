@@ -28,6 +28,8 @@ from typing import Any
 from common.contracts import (
     CHECKPOINT_META,
     EVAL_RESULTS,
+    MEMORY_SNAPSHOT_SUFFIX,
+    TRACE_SUFFIX,
     checkpoint_prefix,
     checkpoints_prefix,
     diagnostics_prefix,
@@ -50,8 +52,6 @@ SHORT_ID = 12
 
 _PHASE_KEY = re.compile(r"^time_(?P<phase>.+)_s$")
 _WINDOW = re.compile(r"^steps_(?P<first>\d+)-(?P<last>\d+)$")
-TRACE_SUFFIX = ".pt.trace.json.gz"
-MEMORY_SNAPSHOT_SUFFIX = ".memory_snapshot.pickle"
 
 
 class RunNotFound(UserError, LookupError):
