@@ -2,23 +2,23 @@
 "profiling off"), and the straggler exchange, against a bare step, in one run.
 
 Two ranks (gloo on CPU, NCCL on a GPU; data parallel 2) train the same GPT on the same random
-batches. Blocks of steps alternate between three loops so that load from other processes hits
-all of them alike:
+batches. Steps go round-robin through three loops so that load from other processes hits all
+of them alike:
 
-  bare       ``TrainStep.step`` with a timer that times nothing, every update accepted, no watchdog
+  bare       ``TrainStep.step`` with a timer that times nothing, every update accepted, no progress
+             reported (the watchdog thread runs throughout, idle here)
   observed   what ``training.train`` runs with profiling off: the phase timer (CUDA syncs on a GPU),
              heartbeats from the watchdog thread, the loss-health check, the straggler monitor's
              per-step record, but no exchange (train.straggler_every 0)
   exchange   observed + the straggler all-gather every ``--every`` steps (default 10, the default)
 
-Each block's figure is its mean step time (the exchange happens on one step in ``every``); the
-ratios are per repeat (bare / observed, observed / exchange: below 1 is a cost), reported as
-the median and [min, max] over ``--repeats`` repeats.
-Goals (issue 16): each ≥ 0.99 (≤ 1 % added).
+Each loop's figure per repeat is its mean step time (the exchange happens on one step in
+``every``); the ratios are per repeat (bare / observed, observed / exchange: below 1 is a cost),
+reported as the median and [min, max] over ``--repeats`` repeats. Goals (issue 16): each ≥ 0.99 (≤ 1 % added).
 
 Last line: one JSON object with "ratios" and "spread" (and the mean step times, the machine).
 
-  python benchmarks/bench_observability.py [--repeats 5] [--steps 20] [--every 10] [--size small|tiny]
+  python benchmarks/bench_observability.py [--repeats 5] [--steps 40] [--every 10] [--size medium|small|tiny]
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from training.launch import launch
 
 SIZES = {
     "tiny": dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab=384, seq=64),
-    "small": dict(num_layers=4, hidden_size=256, num_attention_heads=4, vocab=8192, seq=256),
+    "medium": dict(num_layers=4, hidden_size=256, num_attention_heads=4, vocab=2048, seq=128),  # ~0.1-0.2 s a step
+    "small": dict(num_layers=4, hidden_size=256, num_attention_heads=4, vocab=8192, seq=256),  # bench_train's CPU shape
 }
 LOOPS = ("bare", "observed", "exchange")
 
@@ -98,12 +99,14 @@ def _ranks(size: str, repeats: int, steps: int, every: int) -> dict:
         step += 1
         trainer.step(batches[step % len(batches)], 1e-4, NullTimer())
     medians: dict[str, list[float]] = {name: [] for name in LOOPS}
+    counts = dict.fromkeys(LOOPS, 0)  # each loop's own step count: the exchange comes every ``every`` of its steps
     for _ in range(repeats):
-        for name in LOOPS:
-            timer, accept, monitor = loops[name]
-            times = []
-            for _ in range(steps):
+        times: dict[str, list[float]] = {name: [] for name in LOOPS}
+        for _ in range(steps):
+            for name in LOOPS:  # round-robin, step by step: drifts in machine load hit all three alike
+                timer, accept, monitor = loops[name]
                 step += 1
+                counts[name] += 1
                 t0 = time.perf_counter()
                 if isinstance(timer, StepTimer):
                     progress.enter(f"step {step}", 0)
@@ -111,23 +114,33 @@ def _ranks(size: str, repeats: int, steps: int, every: int) -> dict:
                 trainer.step(batches[step % len(batches)], 1e-4, timer, accept(step))
                 if isinstance(timer, StepTimer):
                     breakdown = timer.breakdown()
-                    (monitor or observer).record(step, timer.elapsed(), breakdown)
-                    if monitor is not None and monitor.due(step):
+                    (monitor or observer).record(counts[name], timer.elapsed(), breakdown)
+                    if monitor is not None and monitor.due(counts[name]):
                         monitor.exchange()
                 observer.rows.clear()
-                times.append(time.perf_counter() - t0)
-            # The mean, not the median: the exchange costs one step in ``every``, which a median hides.
-            medians[name].append(sum(times) / len(times))
+                times[name].append(time.perf_counter() - t0)
+        for name in LOOPS:  # the mean, not the median: the exchange costs one step in ``every``, which a median hides
+            medians[name].append(sum(times[name]) / len(times[name]))
     watchdog.stop()
     dist.barrier()
     return medians
 
 
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--size", choices=sorted(SIZES), default="medium")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=20, help="steps per block")
+    parser.add_argument("--steps", type=int, default=40, help="steps of each loop per repeat")
     parser.add_argument("--every", type=int, default=10, help="train.straggler_every of the exchange loop")
     args = parser.parse_args()
 
@@ -148,13 +161,13 @@ def main() -> None:
         "size": args.size,
         "ranks": 2,
         "repeats": args.repeats,
-        "steps_per_block": args.steps,
+        "steps_per_repeat": args.steps,
         "straggler_every": args.every,
         "step_ms": {name: statistics.median(medians[name]) * 1e3 for name in LOOPS},
         "ratios": {name: statistics.median(values) for name, values in ratios.items()},
         "spread": {name: [min(values), max(values)] for name, values in ratios.items()},
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": _cpu_model(),
             "cores": os.cpu_count(),
             "threads_per_rank": 1,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
