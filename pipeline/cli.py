@@ -32,6 +32,7 @@ from pipeline.config import launch_world, load_config, parse_config
 from registry.registry import download, list_models, promote, show
 from storage import default_store_uri, open_store
 from training import runs
+from training.health import row_ranges
 
 
 def _store(args: argparse.Namespace):
@@ -216,7 +217,7 @@ def _run_lines(run: dict) -> list[str]:
     for event in run["health"]:
         shards = event.get("batch", {}).get("shards", [])
         out.append(f"  step {event['step']}: {event['problem']} ({event.get('action', 'stopped')}); the batch's rows:")
-        out += [f"    {s['shard']} rows {s['rows'][0]}-{s['rows'][-1]} ({_count(len(s['rows']), 'row')})" for s in shards]
+        out += [f"    {s['shard']} rows {row_ranges(s['rows'], 8)} ({_count(len(s['rows']), 'row')})" for s in shards]
         out += [] if shards else ["    not recorded"]
     for evaluation in run["evaluations"]:
         out.append(

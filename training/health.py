@@ -98,13 +98,13 @@ def describe_batch(batch: dict, rows_shown: int = 8) -> str:
     shards = batch.get("shards", [])
     if not shards:
         return "unknown shards"
-    parts = [f"{s['shard']} rows {_row_ranges(s['rows'], rows_shown)}" for s in shards[:SHARDS_SHOWN]]
+    parts = [f"{s['shard']} rows {row_ranges(s['rows'], rows_shown)}" for s in shards[:SHARDS_SHOWN]]
     more = len(shards) - SHARDS_SHOWN
     text = ", ".join(parts) + (f" and {more} more shards" if more > 0 else "")
     return text + (" (every row: the event in the run's health.jsonl)" if more > 0 or "…" in text else "")
 
 
-def _row_ranges(rows: list[int], shown: int) -> str:
+def row_ranges(rows: list[int], shown: int) -> str:
     """Sorted row indices as '3, 7-9, 12' (the rows are shuffled, so rarely consecutive); after ``shown``
     runs, '… (N rows)'."""
     runs: list[list[int]] = []
