@@ -175,17 +175,7 @@ def start_training(tmp_path: Path, nproc: int, *args, env: dict | None = None, l
     """``launch(train, nproc, *args)`` in its own process group; stdout and stderr go to ``log_name``."""
     from training.train import train
 
-    spec = tmp_path / f"{log_name}.pickle"
-    spec.write_bytes(pickle.dumps((train, nproc, *args)))
-    log = open(tmp_path / log_name, "wb")
-    return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(spec)],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
+    return start_launch(tmp_path, train, nproc, *args, env=env, log_name=log_name)
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -957,8 +947,8 @@ def train_with_bad_loss(bad_step: int, bad_ranks: tuple[int, ...] | None, *args)
 
 
 def start_launch(tmp_path: Path, fn, nproc: int, *args, env: dict | None = None, log_name: str = "train.log") -> subprocess.Popen:
-    """``launch(fn, nproc, *args)`` in its own process group, like ``start_training`` but for any
-    importable ``fn`` (a ``train_with_*`` fault injector); stdout and stderr go to ``log_name``."""
+    """``launch(fn, nproc, *args)`` in its own process group, for any importable ``fn`` (``train``, a
+    ``train_with_*`` fault injector); stdout and stderr go to ``log_name``."""
     spec = tmp_path / f"{log_name}.pickle"
     spec.write_bytes(pickle.dumps((fn, nproc, *args)))
     log = open(tmp_path / log_name, "wb")
