@@ -84,6 +84,13 @@ def step_of_checkpoint(name: str) -> int | None:
     return int(digits) if name.startswith("step-") and digits.isdigit() else None
 
 
+def committed_steps(store, run: str) -> list[int]:
+    """The steps of the run's committed checkpoints, oldest first (``run`` is ``runs/<id>``; ``store``
+    is a ``storage.Store``, not imported here: common is a leaf)."""
+    steps = (step_of_checkpoint(name) for name in store.children(checkpoints_prefix(run)))
+    return sorted(s for s in steps if s is not None and store.is_committed(checkpoint_prefix(run, s)))
+
+
 def metrics_key(run: str) -> str:
     return f"{run}/{METRICS}"
 

@@ -55,8 +55,7 @@ from common.contracts import (
     CHECKPOINT_META,
     CHECKPOINT_MODEL,
     checkpoint_prefix,
-    checkpoints_prefix,
-    step_of_checkpoint,
+    committed_steps,
 )
 from common.errors import UserError
 from storage import COMMIT_MARKER, Store
@@ -70,12 +69,6 @@ DCP_METADATA = ".metadata"  # torch DCP's global metadata file, a pickle
 
 class CheckpointIntegrityError(UserError, ValueError):
     """A checkpoint whose files are not those committed, or that would run code if loaded: nothing was loaded."""
-
-
-def committed_steps(store: Store, run_prefix: str) -> list[int]:
-    """The steps of the run's committed checkpoints, oldest first."""
-    steps = (step_of_checkpoint(name) for name in store.children(checkpoints_prefix(run_prefix)))
-    return sorted(s for s in steps if s is not None and store.is_committed(checkpoint_prefix(run_prefix, s)))
 
 
 def _staging_dir(store: Store, key: str) -> Path:

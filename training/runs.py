@@ -31,13 +31,12 @@ from common.contracts import (
     MEMORY_SNAPSHOT_SUFFIX,
     TRACE_SUFFIX,
     checkpoint_prefix,
-    checkpoints_prefix,
+    committed_steps,
     diagnostics_prefix,
     eval_prefix,
     health_key,
     metrics_key,
     run_prefix,
-    step_of_checkpoint,
     step_times_key,
     tensorboard_prefix,
 )
@@ -93,12 +92,6 @@ def _jsonl(store: Store, key: str) -> list[dict]:
     if not store.exists(key):
         return []
     return [json.loads(line) for line in store.get_bytes(key).decode().splitlines() if line.strip()]
-
-
-def committed_steps(store: Store, run: str) -> list[int]:
-    """The steps of the run's committed checkpoints, oldest first (``run`` is ``runs/<id>``)."""
-    steps = (step_of_checkpoint(name) for name in store.children(checkpoints_prefix(run)))
-    return sorted(s for s in steps if s is not None and store.is_committed(checkpoint_prefix(run, s)))
 
 
 def _median(values: list[float]) -> float | None:

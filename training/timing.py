@@ -57,10 +57,6 @@ class StepTimer:
         self._open = []
         self._started = time.perf_counter()
 
-    def add(self, phase: str, seconds: float) -> None:
-        """Time measured elsewhere (the loader's wait for shard reads)."""
-        self.seconds[phase] += seconds
-
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time the block as ``name`` (one of ``PHASES``)."""
