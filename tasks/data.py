@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from typing import Annotated
 
-from flytekit import Deck, HashMethod, task
+from flytekit import Cache, Deck, HashMethod, task
 
 from common.contracts import TOKENIZER, DatasetRef
 from common.hashing import config_hash
@@ -37,7 +37,7 @@ def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(cor
     return data
 
 
-@task(cache=True, cache_version=VERSION, **data_task())
+@task(cache=Cache(version=VERSION, serialize=True), **data_task())
 @as_messages
 def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_model: str) -> DatasetRef:
     """Read, clean, de-duplicate, tokenize and shard the corpus into the store.
@@ -54,7 +54,7 @@ def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_
     return ref
 
 
-@task(cache=True, cache_version=VERSION, enable_deck=True, **data_task())
+@task(cache=Cache(version=VERSION, serialize=True), enable_deck=True, **data_task())
 @as_messages
 def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetRef:
     """Great Expectations gate: raises, listing every failed expectation, before training starts."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from flytekit import Deck, task
+from flytekit import Cache, Deck, task
 
 from common.contracts import CheckpointRef, EvalReport
 from storage import open_store
@@ -19,11 +19,9 @@ VERSION = cache_version(__name__)
 
 
 @task(
-    cache=True,
-    cache_version=VERSION,
     # The same checkpoint was judged already: a rerun must not re-score it against the model
     # its own first run registered (and so register a twin version).
-    cache_ignore_input_vars=("baseline",),
+    cache=Cache(version=VERSION, serialize=True, ignored_inputs=("baseline",)),
     enable_deck=True,
     **evaluate_task(),
 )

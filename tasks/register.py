@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from flytekit import current_context, task
+from flytekit import Cache, current_context, task
 
 from common.contracts import EvalReport, ModelRef, model_prefix
 from pipeline.config import PipelineConfig, RegistryConfig
@@ -61,11 +61,9 @@ def _execution_id() -> str:
 
 
 @task(
-    cache=True,
-    cache_version=VERSION,
     # The full config is recorded in the card but does not key the cache: the report already
     # carries what the model depends on, and a moved corpus must not register a twin version.
-    cache_ignore_input_vars=("config",),
+    cache=Cache(version=VERSION, serialize=True, ignored_inputs=("config",)),
     **registry_task(),
 )
 @as_messages

@@ -6,7 +6,7 @@ import json
 import os
 import warnings
 
-from flytekit import Deck, task
+from flytekit import Cache, Deck, task
 from flytekitplugins.kfpytorch import Elastic
 
 from common.contracts import CheckpointRef, DatasetRef, metrics_key
@@ -24,8 +24,7 @@ VERSION = cache_version(__name__)
 
 @task(
     task_config=Elastic(nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False),
-    cache=True,
-    cache_version=VERSION,
+    cache=Cache(version=VERSION, serialize=True),
     enable_deck=True,
     **train_task(),
 )

@@ -85,6 +85,30 @@ def test_nightly_plan_carries_its_cron_and_priority(gpu_cluster):
     assert "schedule" not in gpu_cluster["lp:pretrain_default"]["spec"].get("entityMetadata", {})
 
 
+def test_nightly_plan_never_overlaps_itself(gpu_cluster):
+    # At most one nightly execution; one that would start while the last still runs is skipped.
+    policy = gpu_cluster["lp:pretrain_nightly"]["spec"]["concurrencyPolicy"]
+    assert policy == {"max": 1, "behavior": "CONCURRENCY_LIMIT_BEHAVIOR_SKIP"}
+    assert "concurrencyPolicy" not in gpu_cluster["lp:pretrain_default"]["spec"]
+
+
+CACHED = {
+    "tasks.data.prepare_data",
+    "tasks.data.validate_data",
+    "tasks.train.train_model",
+    "tasks.evaluate.evaluate_model",
+    "tasks.register.register_model",
+}
+
+
+def test_identical_executions_of_a_cached_task_run_once(gpu_cluster):
+    # cache_serialize: a cluster runs one of two identical task executions and the other reuses its output.
+    for name in TASKS:
+        metadata = gpu_cluster[name]["template"]["metadata"]
+        assert metadata.get("discoverable", False) == (name in CACHED), name
+        assert metadata.get("cacheSerializable", False) == (name in CACHED), name
+
+
 def test_inputs_carry_descriptions_for_the_launch_form(gpu_cluster):
     variable = gpu_cluster["workflows.pretrain.pretrain"]["template"]["interface"]["inputs"]["variables"]["config"]
     assert variable["description"].startswith("The whole run")

@@ -5,14 +5,15 @@
 
 Launch plans: ``pretrain_default`` (the defaults, on demand) and ``pretrain_nightly``
 (every night at 02:00 UTC: continue the latest registered model on the data in
-``configs/nightly.yaml``'s sources).
+``configs/nightly.yaml``'s sources; at most one at a time, a night that would overlap the
+previous one is skipped).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flytekit import CronSchedule, LaunchPlan, workflow
+from flytekit import ConcurrencyLimitBehavior, ConcurrencyPolicy, CronSchedule, LaunchPlan, workflow
 from flytekit.models.common import Labels
 
 from common.contracts import ModelRef
@@ -64,5 +65,8 @@ pretrain_nightly = LaunchPlan.get_or_create(
     # launch=False: the settings' own rules only; `pretrain check` adds those of a cluster profile's world size.
     default_inputs={"config": load_config(CONFIGS / "nightly.yaml", launch=False)},
     schedule=CronSchedule(schedule="0 2 * * *"),
+    # A night that runs long must not overlap the next one (two trainings continuing the same
+    # model, racing for its aliases): at most one execution, a later one is skipped.
+    concurrency=ConcurrencyPolicy(max_concurrency=1, behavior=ConcurrencyLimitBehavior.SKIP),
     labels=Labels(kueue_labels(CLUSTER, priority_class="nightly")),
 )
