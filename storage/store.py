@@ -54,6 +54,17 @@ class PreconditionFailed(StoreError):
     """A write conditional on an object's ETag found the object changed since it was read, or gone."""
 
 
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object of a listing with its size and last write (``Store.list_info``)."""
+
+    key: str
+    size: int
+    """Bytes."""
+    modified: float
+    """Seconds since the epoch (local mtime, S3 LastModified)."""
+
+
 LOCK_NAME = ".tmp-lock"
 """A local folder's lock file for compare-and-swap writes (named like a temporary file, so that
 listings and commits leave it out)."""
@@ -209,6 +220,12 @@ class Store:
 
     def list(self, prefix: str) -> list[str]:
         """All keys under ``prefix`` (recursive), sorted."""
+        raise NotImplementedError
+
+    def list_info(self, prefix: str, *, temporary: bool = False) -> list[ObjectInfo]:
+        """The objects in the folder ``prefix`` (recursive; ``""``: the whole store) with their sizes and
+        last writes, sorted by key, from one listing. ``temporary``: also a local store's temporary files
+        (``.tmp-*``: writes in flight, or left by a killed writer; S3 has none, a PUT is atomic)."""
         raise NotImplementedError
 
     def delete_prefix(self, prefix: str) -> None:
@@ -466,6 +483,23 @@ class LocalStore(Store):
         files = (p for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
         return sorted(p.relative_to(root).as_posix() for p in files)
 
+    def list_info(self, prefix: str, *, temporary: bool = False) -> list[ObjectInfo]:
+        base = self._path(prefix, folder=True)
+        if not base.is_dir():
+            return []
+        root = self.root.resolve()
+        found = []
+        for path in base.rglob("*"):
+            if path.name.startswith(".tmp-") and not temporary:
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # renamed into place or removed since the walk saw it
+            if not path.is_dir():
+                found.append(ObjectInfo(path.relative_to(root).as_posix(), st.st_size, st.st_mtime))
+        return sorted(found, key=lambda o: o.key)
+
     def commit(self, prefix: str, info: dict[str, Any] | None = None) -> None:
         """Make everything under ``prefix`` durable, then create the marker.
 
@@ -509,7 +543,7 @@ class LocalStore(Store):
             return
         marker = path / COMMIT_MARKER
         if marker.is_file():
-            marker.unlink()
+            marker.unlink(missing_ok=True)  # another deleter (a run pruning, `pretrain gc`) may be first
             _fsync_dir(path)
         shutil.rmtree(path, ignore_errors=True)
 
@@ -752,6 +786,22 @@ class S3Store(Store):
         if not keys and self.exists(prefix):
             return [prefix]
         return keys
+
+    def list_info(self, prefix: str, *, temporary: bool = False) -> list[ObjectInfo]:
+        folder = check_key(prefix, folder=True, what="prefix")
+        start = f"{folder}/" if folder else ""
+        full = self._key(start) if start else (f"{self.prefix}/" if self.prefix else "")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        found = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+                for obj in page.get("Contents", []):
+                    found.append(ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp()))
+        except (ClientError, BotoCoreError) as e:
+            raise self._explain(e, start) from e
+        return sorted(found, key=lambda o: o.key)
 
     def delete_prefix(self, prefix: str) -> None:
         """The marker first, then the rest: a half-deleted folder is never complete."""
