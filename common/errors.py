@@ -3,9 +3,13 @@ importing the libraries (and torch) that raise them."""
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 TRACEBACK_LABEL = "(full traceback: "
@@ -23,18 +27,89 @@ class ConfigError(UserError, ValueError):
     """A setting, or a combination of settings, that cannot work; the message names the key(s)."""
 
 
+class NoSpaceError(UserError):
+    """A disk or a quota filled up mid-write; the message names the folder or store and what was
+    being written. What was left half-written was removed, and nothing partial was committed."""
+
+
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""A full filesystem, or the user's quota on it: the same remedy either way."""
+
+
+def is_no_space(error: BaseException) -> bool:
+    """Whether ``error`` is an OSError saying a disk or quota is full."""
+    return isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then its causes and contexts, outermost first (each once)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _staging_advice(folder: str | Path) -> str:
+    advice = "free space there"
+    if Path(folder).resolve().is_relative_to(Path(tempfile.gettempdir()).resolve()):
+        advice += " or set TMPDIR to a folder with more space (staging goes there)"
+    return advice
+
+
+def no_space_message(folder: str | Path, error: OSError, what: str) -> str:
+    """One line: which local ``folder`` is full, while writing ``what``, and what to do."""
+    reason = (error.strerror or "no space left").lower()
+    advice = _staging_advice(folder)
+    return (
+        f"local folder {folder} is full ({reason}) while writing {what}: {advice}, then run again; nothing partial was committed"
+    )
+
+
+def local_no_space(error: OSError, folder: str | Path | None = None, what: str = "") -> NoSpaceError:
+    """A NoSpaceError for ``error`` (ENOSPC or EDQUOT), naming ``folder`` (else the folder of the
+    file the error names) and ``what`` (else that file)."""
+    path = error.filename2 or error.filename  # a copy names its destination second
+    path = os.fsdecode(path) if isinstance(path, str | bytes) else ""
+    if folder or path:
+        return NoSpaceError(no_space_message(folder or os.path.dirname(path), error, what or path))
+    # A write through a file object names no file: say where staging goes, the likeliest place.
+    reason = (error.strerror or "no space left").lower()
+    tmp = tempfile.gettempdir()
+    return NoSpaceError(
+        f"a local disk is full ({reason}) while writing a file (which one: see the traceback); local staging goes "
+        f"to {tmp}: free space there or set TMPDIR to a folder with more space, then run again; nothing partial was committed"
+    )
+
+
+@contextmanager
+def local_space(folder: str | Path, what: str) -> Iterator[None]:
+    """Writes to a local ``folder`` (staging outside the store): a full disk there becomes one
+    NoSpaceError naming the folder and ``what``; every other error passes unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if not is_no_space(e):
+            raise
+        raise local_no_space(e, folder, what) from e
+
+
 def user_error_in(error: BaseException) -> UserError | None:
     """The deepest UserError along ``error``'s chain of causes and contexts, or None.
 
     Flyte re-raises a task's exception wrapped, or as a copy whose message it prefixes
-    ("Failed to convert outputs of task …"); the deepest one carries the user's words."""
-    found, seen = None, set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    ("Failed to convert outputs of task …"); the deepest one carries the user's words.
+    A full disk that no layer named (an ENOSPC OSError from a library writing a local file)
+    counts as one: a NoSpaceError naming the file's folder."""
+    found = None
+    for current in _chain(error):
         if isinstance(current, UserError):
             found = current
-        current = current.__cause__ or current.__context__
+    if found is None:
+        full = next((e for e in _chain(error) if is_no_space(e)), None)
+        if full is not None:
+            found = local_no_space(full)  # type: ignore[arg-type]
     return found
 
 

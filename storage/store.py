@@ -32,11 +32,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError
+from common.errors import NoSpaceError, UserError, is_no_space, local_space
 
 COMMIT_MARKER = "_COMMITTED"
 DEFAULT_STORE_ENV = "PRETRAIN_STORE"
@@ -52,6 +53,34 @@ class AlreadyCommitted(StoreError):
 
 class PreconditionFailed(StoreError):
     """A write conditional on an object's ETag found the object changed since it was read, or gone."""
+
+
+class StoreFullError(StoreError, NoSpaceError):
+    """The store's disk, or its bucket's quota, ran out mid-write. The half-written object was
+    removed (locally: its temporary file) and the write's folder was not committed."""
+
+
+def store_full(uri: str, key: str, reason: str, remedy: str = "free space there") -> StoreFullError:
+    """The one line a full store ends a run with: which store, which key, what to do."""
+    return StoreFullError(
+        f"store {uri} is full ({reason}) while writing {key}: {remedy} or point store: (or $PRETRAIN_STORE) "
+        "at a larger one, then run again; nothing partial was committed"
+    )
+
+
+S3_FULL_CODES = frozenset(
+    {
+        "QuotaExceeded",  # Ceph RGW and others: a user or bucket quota
+        "XMinioAdminBucketQuotaExceeded",  # MinIO: a bucket quota
+        "XMinioStorageFull",  # MinIO: the drives are full
+        "InsufficientStorage",  # HTTP 507 from several servers
+        "507",
+        "StorageFull",
+        "DiskFull",
+    }
+)
+"""S3 error codes that mean the store has no room for the write. AWS S3 has no bucket quotas;
+``EntityTooLarge`` is left out: it is one object over the 5 GiB single-PUT limit, not a full store."""
 
 
 @dataclass(frozen=True)
@@ -320,6 +349,17 @@ class LocalStore(Store):
         super().__init__(uri=os.path.abspath(os.path.expanduser(root)))
         self.root = Path(self.uri)
 
+    @contextmanager
+    def _space(self, key: str) -> Iterator[None]:
+        """A full disk or quota under the store while writing ``key`` becomes a StoreFullError
+        naming both (the temporary file is gone by then: ``_write_temp`` removes its own)."""
+        try:
+            yield
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            raise store_full(self.uri, key, (e.strerror or "no space left").lower()) from e
+
     def _path(self, key: str, *, folder: bool = False) -> Path:
         rel = check_key(key, folder=folder)
         root = self.root.resolve()
@@ -346,6 +386,8 @@ class LocalStore(Store):
         return created
 
     def _write_temp(self, folder: Path, data: bytes | None = None, source: str | Path | None = None, sync: bool = False) -> str:
+        """A new temporary file in ``folder`` holding ``data`` or a copy of ``source``; removed
+        again if anything fails (a full disk must not keep the little space it took)."""
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -367,15 +409,16 @@ class LocalStore(Store):
     def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> None:
         _conditions(if_absent, if_match)
         path = self._path(key)
-        if if_match is not None:
-            self._replace_if_match(key, path, data, if_match)
-            return
-        created = self._makedirs(path.parent)
-        tmp = self._write_temp(path.parent, data, sync=if_absent)
-        if not if_absent:
-            _replace(tmp, path)
-            return
-        self._link_new(tmp, path, key, created)
+        with self._space(key):
+            if if_match is not None:
+                self._replace_if_match(key, path, data, if_match)
+                return
+            created = self._makedirs(path.parent)
+            tmp = self._write_temp(path.parent, data, sync=if_absent)
+            if not if_absent:
+                _replace(tmp, path)
+                return
+            self._link_new(tmp, path, key, created)
 
     def _link_new(self, tmp: str, path: Path, key: str, created: list[Path]) -> None:
         """Give the fsynced temporary file ``tmp`` the name ``path`` if nothing has it yet."""
@@ -395,10 +438,15 @@ class LocalStore(Store):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _file_mode())
         except FileExistsError as e:
             raise AlreadyCommitted(f"{self.url(key)} already exists") from e
-        with os.fdopen(fd, "wb") as dst, open(tmp, "rb") as src:
-            shutil.copyfileobj(src, dst)
-            dst.flush()
-            os.fsync(dst.fileno())
+        try:
+            with os.fdopen(fd, "wb") as dst, open(tmp, "rb") as src:
+                shutil.copyfileobj(src, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except BaseException:
+            # A half-copied marker would make its folder look committed: it goes (it is ours: O_EXCL).
+            os.unlink(path)
+            raise
 
     def _replace_if_match(self, key: str, path: Path, data: bytes, etag: str) -> None:
         """Compare-and-swap: under an exclusive lock of the folder's lock file (every such write
@@ -423,12 +471,13 @@ class LocalStore(Store):
 
     def put_file(self, key: str, path: str | Path, *, if_absent: bool = False) -> None:
         dest = self._path(key)
-        created = self._makedirs(dest.parent)
-        tmp = self._write_temp(dest.parent, source=path, sync=if_absent)
-        if if_absent:
-            self._link_new(tmp, dest, key, created)
-        else:
-            _replace(tmp, dest)
+        with self._space(key):
+            created = self._makedirs(dest.parent)
+            tmp = self._write_temp(dest.parent, source=path, sync=if_absent)
+            if if_absent:
+                self._link_new(tmp, dest, key, created)
+            else:
+                _replace(tmp, dest)
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -449,22 +498,23 @@ class LocalStore(Store):
     def download(self, key: str, path: str | Path) -> None:
         src = self._path(key)
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A name of our own in the destination folder: two processes downloading the same
-        # file never write into one temporary file.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-        os.close(fd)
-        try:
-            shutil.copyfile(src, tmp)
-            os.chmod(tmp, _file_mode())
-            os.replace(tmp, path)
-        except FileNotFoundError as e:
-            os.unlink(tmp)
-            raise StoreError(f"{self.url(key)} does not exist") from e
-        except BaseException:
-            if os.path.exists(tmp):
+        with local_space(path.parent, f"{path.name} (a copy of {self.url(key)})"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # A name of our own in the destination folder: two processes downloading the same
+            # file never write into one temporary file.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+            os.close(fd)
+            try:
+                shutil.copyfile(src, tmp)
+                os.chmod(tmp, _file_mode())
+                os.replace(tmp, path)
+            except FileNotFoundError as e:
                 os.unlink(tmp)
-            raise
+                raise StoreError(f"{self.url(key)} does not exist") from e
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -512,6 +562,10 @@ class LocalStore(Store):
         marker = self._path(key)
         if marker.exists():
             raise AlreadyCommitted(f"{self.url(key)} already exists")
+        with self._space(key):
+            self._commit(marker, key, info)
+
+    def _commit(self, marker: Path, key: str, info: dict[str, Any] | None) -> None:
         folder = marker.parent
         self._makedirs(folder)
         data = json.dumps(info or {}, indent=2, sort_keys=True).encode()
@@ -588,8 +642,11 @@ class S3Store(Store):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _explain(self, err: Exception, key: str) -> StoreError:
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
+        if isinstance(err, S3UploadFailedError) and isinstance(err.__context__, ClientError):
+            err = err.__context__  # upload_file re-raises the server's answer as text: its code is here
         where = self.url(key)
         endpoint = os.environ.get("AWS_ENDPOINT_URL", "the default AWS endpoint")
         if isinstance(err, NoCredentialsError):
@@ -607,15 +664,20 @@ class S3Store(Store):
                 return StoreError(f"bucket {self.bucket!r} does not exist at {endpoint}: create it first")
             if code in {"NoSuchKey", "404"}:
                 return StoreError(f"{where} does not exist")
+            if code in S3_FULL_CODES:
+                message = err.response.get("Error", {}).get("Message", "")
+                reason = f"S3 {code}" + (f": {message.rstrip('.')}" if message else "")
+                return store_full(self.uri, key, reason, remedy=f"raise bucket {self.bucket!r}'s quota, free space in it")
             return StoreError(f"S3 error on {where}: {code}: {err}")
         return StoreError(f"S3 error on {where}: {err}")
 
     def _call(self, key: str, fn, **kwargs):
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             return fn(**kwargs)
-        except (ClientError, BotoCoreError) as e:
+        except (ClientError, BotoCoreError, S3UploadFailedError) as e:
             raise self._explain(e, key) from e
 
     multipart_threshold = 64 * 1024 * 1024
@@ -724,22 +786,23 @@ class S3Store(Store):
 
     def download(self, key: str, path: str | Path) -> None:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A name of our own in the destination folder (not ``path.part``, which two processes
-        # downloading the same file would share).
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-        os.close(fd)
-        try:
-            self._call(key, self.client.download_file, Bucket=self.bucket, Key=self._key(key), Filename=tmp)
-            os.chmod(tmp, _file_mode())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with local_space(path.parent, f"{path.name} (a copy of {self.url(key)})"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # A name of our own in the destination folder (not ``path.part``, which two processes
+            # downloading the same file would share).
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+            os.close(fd)
+            try:
+                self._call(key, self.client.download_file, Bucket=self.bucket, Key=self._key(key), Filename=tmp)
+                os.chmod(tmp, _file_mode())
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
 
     def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -747,6 +810,8 @@ class S3Store(Store):
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
                 return False
+            raise self._explain(e, key) from e
+        except BotoCoreError as e:  # the server unreachable: a StoreError like every other call's
             raise self._explain(e, key) from e
 
     def modified(self, key: str) -> float | None:
