@@ -8,10 +8,11 @@ whose layout is spelled out once, by the key functions below:
     datasets/<version>/                    manifest.json, tokenizer.json, doc_stats.csv, shards/, _COMMITTED
     datasets/<version>/validation/         result.json, suite.json, report.html, site/, _COMMITTED
     runs/<run>/checkpoints/step-NNNNNNN/   model/, rng/, meta.json, metrics.jsonl, _COMMITTED
-    runs/<run>/metrics.jsonl, tensorboard/
+    runs/<run>/metrics.jsonl, tensorboard/, lease.json
     runs/<run>/eval/<key>/                 results.json, hf/, _COMMITTED
     models/<name>/<version>/               card.json, card.md, checkpoint/, tokenizer.json, evaluation.json, hf/, _COMMITTED
     models/<name>/aliases/<alias>.json
+    models/<name>/registrations/<identity>.json
 
 A prefix counts only once its ``_COMMITTED`` marker exists (``storage``).
 
@@ -53,6 +54,8 @@ ENTRY_CHECKPOINT = "checkpoint"
 """A registry entry's copy of the checkpoint: ``model/``, ``meta.json`` and their ``digests.json``."""
 ENTRY_EVALUATION = "evaluation.json"
 """A registry entry's copy of the evaluation's ``results.json``."""
+RUN_LEASE = "lease.json"
+"""Who trains a run now (host, pid, token, heartbeat): identical executions share the run's prefix."""
 
 
 # -- store keys ---------------------------------------------------------------------------
@@ -125,6 +128,11 @@ def diagnostics_prefix(run: str) -> str:
     return f"{run}/{DIAGNOSTICS}"
 
 
+def lease_key(run: str) -> str:
+    """The run's lease (``training.lease``): one writer of the run's prefix at a time."""
+    return f"{run}/{RUN_LEASE}"
+
+
 def eval_prefix(run: str, key: str) -> str:
     return f"{run}/eval/{key}"
 
@@ -143,6 +151,12 @@ def model_prefix(name: str, version: int) -> str:
 def card_key(entry: str) -> str:
     """The card of the registry entry at key prefix ``entry`` (``models/<name>/<version>``)."""
     return f"{entry}/{CARD}"
+
+
+def registration_key(name: str, identity: str) -> str:
+    """Which version a registration (``registry.register``, identified by a hash of what it
+    registers) claimed: a replayed or concurrent identical registration finds it here."""
+    return f"{model_root(name)}/registrations/{identity}.json"
 
 
 def aliases_prefix(name: str) -> str:

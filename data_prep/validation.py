@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -34,7 +35,7 @@ from common.settings import at_least
 from data_prep.prepare import load_manifest
 from data_prep.shards import check_digest, parse_shard
 from data_prep.sources import DataError
-from storage import Store
+from storage import AlreadyCommitted, Store, StoreError
 
 
 @documented
@@ -288,25 +289,73 @@ def _run_suites(tables: dict[str, pd.DataFrame], suites: dict[str, list], site: 
 
 def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> Validation:
     """Run the suites; store the results, the suite, the report and GE's Data Docs under
-    ``<dataset>/validation/`` (pass or fail); return what was computed (no failures = pass)."""
+    ``<dataset>/validation/`` (pass or fail); return what was computed (no failures = pass).
+
+    Re-entrant, and safe at the same moment as an identical twin: the suites always run (a shard
+    modified since is always caught), but a committed report that says the same (same outcomes,
+    config, suite and modified shards: a rerun, or an identical execution that committed first)
+    is kept as it is. Otherwise the report is written and committed. Leftovers of an attempt that
+    never committed are overwritten, not deleted: they may be a twin's upload in progress, which
+    must stay complete when the twin commits. Only a committed report that says something else (a
+    different validation config; the folder does not name the config) is deleted first, its
+    marker before anything else, and written again: the last writer's report is the one kept."""
     tables, manifest, modified = _tables(store, ref)
     suites = _suites(config, manifest)
     prefix = validation_prefix(ref.prefix)
-    with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp:
-        outcomes = _run_suites(tables, suites, Path(tmp) / VALIDATION_SITE)
-        failures = [o for o in outcomes if not o.success]
-        store.delete_prefix(prefix)  # an earlier attempt's report
-        store.upload_dir(Path(tmp) / VALIDATION_SITE, f"{prefix}/{VALIDATION_SITE}")
-    store.put_json(
-        f"{prefix}/{VALIDATION_RESULT}",
-        {"success": not failures, "outcomes": [asdict(o) for o in outcomes], "config": asdict(config)},
-    )
     # The suite as run, thresholds included, recorded with the dataset it judged.
     recorded = {name: [e.configuration.to_json_dict() for e in expectations] for name, expectations in suites.items()}
+    with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp:
+        site = Path(tmp) / VALIDATION_SITE
+        outcomes = _run_suites(tables, suites, site)
+        result = {
+            "success": all(o.success for o in outcomes),
+            "outcomes": [asdict(o) for o in outcomes],
+            "config": asdict(config),
+            "modified": list(modified),
+        }
+        result, recorded = json.loads(json.dumps(result)), json.loads(json.dumps(recorded))  # as they read back
+        for _ in range(3):
+            stored = _committed_report(store, prefix)
+            if stored == (result, recorded):
+                break
+            if stored is not None:
+                store.delete_prefix(prefix)  # another config's report: the marker goes first
+            _write_report(store, prefix, site, result, recorded, report_html(ref, outcomes, modified))
+            try:
+                store.commit(prefix, {"success": result["success"]})
+                break
+            except AlreadyCommitted:
+                continue  # a twin committed first: the same report (kept) or another config's (written again)
+        else:
+            if _committed_report(store, prefix) != (result, recorded):
+                raise StoreError(
+                    f"{store.url(prefix)} kept being rewritten by validations of dataset {ref.version} with other "
+                    "settings at the same time; run this one again once they are done"
+                )
+    return Validation([Outcome(**o) for o in result["outcomes"]], result["modified"])
+
+
+def _committed_report(store: Store, prefix: str) -> tuple[dict, dict] | None:
+    """The committed report's result and suite, or None if there is no committed report."""
+    if not store.is_committed(prefix):
+        return None
+    try:
+        return store.get_json(f"{prefix}/{VALIDATION_RESULT}"), store.get_json(f"{prefix}/{VALIDATION_SUITES}")
+    except (StoreError, ValueError):
+        return {}, {}  # committed but unreadable: written again
+
+
+def _write_report(store: Store, prefix: str, site: Path, result: dict, recorded: dict, html: str) -> None:
+    """Every file of the report, the Data Docs' index after the pages it links to (a twin writing
+    the same folder at once never leaves an index pointing at pages not yet there)."""
+    index = site / "index.html"
+    for path in sorted(p for p in site.rglob("*") if p.is_file() and p != index):
+        store.put_file(f"{prefix}/{VALIDATION_SITE}/{path.relative_to(site).as_posix()}", path)
+    if index.is_file():
+        store.put_file(f"{prefix}/{VALIDATION_SITE}/index.html", index)
     store.put_json(f"{prefix}/{VALIDATION_SUITES}", recorded)
-    store.put_bytes(f"{prefix}/{VALIDATION_REPORT}", report_html(ref, outcomes, modified).encode())
-    store.commit(prefix, {"success": not failures})
-    return Validation(outcomes, modified)
+    store.put_bytes(f"{prefix}/{VALIDATION_REPORT}", html.encode())
+    store.put_json(f"{prefix}/{VALIDATION_RESULT}", result)
 
 
 def report_html(ref: DatasetRef, outcomes: list[Outcome], modified: list[str] = ()) -> str:

@@ -3,10 +3,20 @@
 ``models/<name>/<version>/`` holds ``card.json``, ``card.md``, the checkpoint (model
 weights and meta), the tokenizer and, when the evaluation produced them, its
 ``evaluation.json`` and the Hugging Face export ``hf/`` (``from_pretrained`` loads it).
-A version is first *claimed* with a conditional create, so concurrent registrations
-never write into the same directory; it becomes visible only when ``_COMMITTED`` is
-written last. Every object of a version is created only if absent (S3 ``If-None-Match: *``),
-so nothing committed is ever overwritten: a replayed write fails loudly.
+A version is first *claimed* with a conditional create, so concurrent registrations of
+different models never write into the same directory; it becomes visible only when
+``_COMMITTED`` is written last. Every object of a version is created only if absent (S3
+``If-None-Match: *``), so nothing committed is ever overwritten.
+
+A registration is idempotent: replayed (killed after its commit but before Flyte cached its
+output, then rerun) or run twice at once (two identical executions), it gives exactly one
+version. Its identity (``registration_identity``: what is registered, from which checkpoint
+and evaluation, with which config and aliases) names ``models/<name>/registrations/<id>.json``,
+created only if absent with the version claimed for it; the registration that loses that race
+uses the winner's version. Then a committed version only has its aliases moved again; an
+uncommitted one (its writer died, or is writing at this moment) gets every object that is not
+there yet (one that is was written by the identical registration: the same bytes, and its card
+is the card) and is committed, a commit that finds the marker already there counting as done.
 ``models/<name>/aliases/<alias>.json`` points at a version; it is created only if absent and
 replaced only if unchanged since it was read (its ETag: S3 ``If-Match``, a locked
 compare-and-swap locally). A move that loses a race reads the alias again and decides again:
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
 import random
 import subprocess
@@ -60,8 +71,10 @@ from common.contracts import (
     describe_layouts,
     model_prefix,
     model_root,
+    registration_key,
 )
 from common.errors import ConfigError, UserError
+from common.hashing import config_hash
 from common.names import VERSION, name_problem
 from storage import COMMIT_MARKER, AlreadyCommitted, PreconditionFailed, Store, StoreError
 
@@ -130,6 +143,91 @@ def _claim_version(store: Store, name: str) -> int:
             version += 1
 
 
+def registration_identity(
+    store: Store,
+    name: str,
+    report: EvalReport,
+    config: dict[str, Any] | None,
+    aliases: tuple[str, ...],
+    gate_alias: str,
+    gate_tolerance: float,
+) -> str:
+    """What makes two registrations the same one: the model name, the checkpoint (store and
+    prefix), the evaluation (its committed outputs, which name the checkpoint, the evaluation
+    settings and the baseline; a report without outputs by its figures), the pipeline config,
+    the aliases and the gate. Not the Flyte execution: a replay or a twin execution is the same
+    registration."""
+    evaluation: Any = report.outputs
+    if not evaluation:  # no files to name it: what it measured
+        evaluation = {k: v for k, v in dataclasses.asdict(report).items() if k not in ("checkpoint", "outputs")}
+    ckpt = report.checkpoint
+    return config_hash(
+        {
+            "name": name,
+            "store": store.uri,
+            "checkpoint": {"store": ckpt.store, "prefix": ckpt.prefix},
+            "evaluation": evaluation,
+            "config": config or {},
+            "aliases": list(aliases),
+            "gate_alias": gate_alias,
+            "gate_tolerance": gate_tolerance,
+        }
+    )
+
+
+def _claim_registration(store: Store, name: str, identity: str) -> int:
+    """The version of the registration ``identity``: the one an identical registration claimed
+    (replayed, or running at this moment), else a new one."""
+    key = registration_key(name, identity)
+    if store.exists(key):
+        return _claimed_version(store, key)
+    version = _claim_version(store, name)
+    try:
+        store.put_json(key, {"version": version, "claimed": _now()}, if_absent=True)
+    except AlreadyCommitted:
+        # An identical registration claimed first: its version is the one. The number claimed
+        # above stays an uncommitted claim, invisible (``_versions`` lists committed ones only).
+        return _claimed_version(store, key)
+    return version
+
+
+def _check_same_registration(store: Store, prefix: str, identity: str) -> None:
+    """AlreadyCommitted unless the committed entry ``prefix`` was committed by registration
+    ``identity`` (its marker says which): a writer aimed at someone else's version fails loudly."""
+    marker = store.get_json(f"{prefix}/{COMMIT_MARKER}")
+    theirs = marker.get("registration") if isinstance(marker, dict) else None
+    if theirs != identity:
+        raise AlreadyCommitted(
+            f"{store.url(prefix)} already exists, committed by another registration ({theirs or 'unrecorded'}, "
+            f"not {identity}): nothing was written to it"
+        )
+
+
+def _claimed_version(store: Store, key: str) -> int:
+    record = store.get_json(key)
+    version = record.get("version") if isinstance(record, dict) else None
+    if type(version) is not int or version < 1:
+        raise RegistryError(f"{store.url(key)} does not name a version ({record!r}): delete it and register again")
+    return version
+
+
+def _create(store: Store, key: str, data: bytes | None = None, path: Path | None = None) -> bool:
+    """Create ``key`` from ``data`` or the file ``path`` if it is absent; False if it exists (an
+    identical registration wrote it: never overwritten)."""
+    try:
+        if path is not None:
+            store.put_file(key, path, if_absent=True)
+        else:
+            store.put_bytes(key, data or b"", if_absent=True)
+        return True
+    except AlreadyCommitted:
+        return False
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, indent=2, sort_keys=True).encode()  # as Store.put_json writes it
+
+
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
@@ -168,7 +266,11 @@ def register(
     validation rows, else the alias is kept. The alias is then moved only if that holder still
     holds it (conditional on its ETag); if another registration moved it in between, the
     decision is taken again against the new holder and the alias moves only if the candidate
-    passes against it as well (the card keeps the first decision; the log says so)."""
+    passes against it as well (the card keeps the first decision; the log says so).
+
+    Idempotent (see the module's docstring): the same registration replayed, or made twice at
+    once, returns the same ModelRef and leaves one version, whose card's gate decision is the one
+    its aliases follow."""
     check_name(name)
     for alias in (*aliases, *filter(None, [gate_alias])):
         check_alias(alias)
@@ -178,7 +280,60 @@ def register(
     for needed in filter(None, (ckpt.prefix, report.outputs)):
         if not store.is_committed(needed):
             raise RegistryError(f"{store.url(needed)} is not committed: nothing to register")
-    version = _claim_version(store, name)
+    identity = registration_identity(store, name, report, config, aliases, gate_alias, gate_tolerance)
+    version = _claim_registration(store, name, identity)
+    prefix = model_prefix(name, version)
+    replay = store.is_committed(prefix)
+    if replay:  # the entry is there: only its aliases may lag (killed between the commit and the moves)
+        _check_same_registration(store, prefix, identity)
+        card = read_card(store, prefix)
+    else:
+        card = _write_entry(store, name, version, report, config, gate_alias, gate_tolerance, execution_id)
+        try:
+            store.commit(prefix, {"version": version, "registration": identity})
+        except AlreadyCommitted:
+            _check_same_registration(store, prefix, identity)  # the identical registration committed first
+    for alias in aliases:
+        if alias == LATEST or replay:
+            # Never back to an older version: a slower registration's, or a replay's long after a
+            # later registration took the alias.
+            _move_alias(store, name, alias, lambda holder: version if holder is None or holder < version else None)
+        else:
+            _move_alias(store, name, alias, lambda holder: version)
+    decision = card.gate
+    if gate_alias and decision is not None and decision.promoted:
+        compared_with = decision.baseline
+
+        def still_passes(holder: int | None) -> int | None:
+            entry = model_prefix(name, holder) if holder is not None else ""
+            if entry == compared_with or holder == version:
+                return version
+            again = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, (config or {}).get("evaluation"))
+            if again.promoted:
+                return version
+            log.warning(
+                "%s:%s moved to %s while %s:%s was registered (the card records the decision against %s): %s",
+                name, gate_alias, entry, name, version, compared_with or "no holder", again.reason,
+            )  # fmt: skip
+            return None
+
+        _move_alias(store, name, gate_alias, still_passes)
+    return ModelRef(store=store.uri, name=name, version=version, prefix=prefix)
+
+
+def _write_entry(
+    store: Store,
+    name: str,
+    version: int,
+    report: EvalReport,
+    config: dict[str, Any] | None,
+    gate_alias: str,
+    gate_tolerance: float,
+    execution_id: str,
+) -> ModelCard:
+    """Every object of the uncommitted entry ``version`` that is not there yet; returns its card
+    (the one already there, if an identical registration wrote it first)."""
+    ckpt = report.checkpoint
     prefix = model_prefix(name, version)
     manifest = store.get_json(f"{ckpt.dataset.prefix}/{MANIFEST}")
     hf_export = ""
@@ -199,13 +354,15 @@ def register(
                 elif rel.startswith(f"{HF_EXPORT}/"):
                     store.download(key, staging / rel)
                     hf_export = HF_EXPORT
-        store.upload_dir(staging, prefix, if_absent=True)  # a version's objects are only ever created
+        # A version's objects are only ever created: one already there is the identical copy.
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            _create(store, f"{prefix}/{path.relative_to(staging).as_posix()}", path=path)
     if store.exists(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}"):
         # The copy's own list: the files it holds, with the digests committed with the run (a
         # file that is not listed there stays unlisted, and loading the entry refuses it).
         digests = store.get_json(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}")
         digests["files"] = {rel: digests["files"][rel] for rel in copied if rel in digests["files"]}
-        store.put_json(f"{prefix}/{ENTRY_CHECKPOINT}/{CHECKPOINT_DIGESTS}", digests, if_absent=True)
+        _create(store, f"{prefix}/{ENTRY_CHECKPOINT}/{CHECKPOINT_DIGESTS}", _json(digests))
     decision = None
     if gate_alias:  # the holder now, not the one find_gate_holder saw before the evaluation
         holder = _read_alias(store, name, gate_alias)[0]
@@ -241,32 +398,10 @@ def register(
         gate=decision,
         hf_export=hf_export,
     )
-    store.put_json(card_key(prefix), card.to_dict(), if_absent=True)
-    store.put_bytes(f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode(), if_absent=True)
-    store.commit(prefix, {"version": version})
-    for alias in aliases:
-        if alias == LATEST:  # never back to an older version a slower registration claimed
-            _move_alias(store, name, alias, lambda holder: version if holder is None or holder < version else None)
-        else:
-            _move_alias(store, name, alias, lambda holder: version)
-    if decision is not None and decision.promoted:
-        compared_with = decision.baseline
-
-        def still_passes(holder: int | None) -> int | None:
-            entry = model_prefix(name, holder) if holder is not None else ""
-            if entry == compared_with or holder == version:
-                return version
-            again = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, (config or {}).get("evaluation"))
-            if again.promoted:
-                return version
-            log.warning(
-                "%s:%s moved to %s while %s:%s was registered (the card records the decision against %s): %s",
-                name, gate_alias, entry, name, version, compared_with or "no holder", again.reason,
-            )  # fmt: skip
-            return None
-
-        _move_alias(store, name, gate_alias, still_passes)
-    return ModelRef(store=store.uri, name=name, version=version, prefix=prefix)
+    if not _create(store, card_key(prefix), _json(card.to_dict())):
+        card = read_card(store, prefix)  # the identical registration's: its time and gate decision
+    _create(store, f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode())
+    return card
 
 
 def _read_alias(store: Store, name: str, alias: str) -> tuple[int | None, str | None]:

@@ -1015,3 +1015,24 @@ def _stall(how: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     else:
         raise ValueError(f"unknown stall {how!r}: use 'stop' or 'hang'")
+
+
+# ----------------------------------------------------------------------------------------------
+# Identical executions (tests/test_identical_runs.py): a registration killed before its commit
+
+
+def register_killed_before_commit(store_uri: str, loss: float, config: dict) -> None:
+    """Run in a subprocess: ``register`` of ``report(loss)`` that SIGKILLs its own process when it
+    commits the registry entry, i.e. after every file of the version was copied and its card written."""
+    from registry import registry
+
+    store = open_store(store_uri)
+    commit = type(store).commit
+
+    def die_at_entry_commit(self, prefix: str, info: dict | None = None) -> None:
+        if prefix.startswith("models/"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        commit(self, prefix, info)
+
+    type(store).commit = die_at_entry_commit
+    registry.register(store, "gpt", report(loss), config=config)

@@ -42,6 +42,7 @@ import random
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,8 +59,8 @@ from common.contracts import (
     committed_steps,
 )
 from common.errors import UserError
-from storage import COMMIT_MARKER, Store
-from training import optimizer_state
+from storage import COMMIT_MARKER, AlreadyCommitted, Store
+from training import lease, optimizer_state
 from training.model import checkpoint_group
 
 OPTIMIZER_PREFIX = "optimizer.state"
@@ -71,24 +72,59 @@ class CheckpointIntegrityError(UserError, ValueError):
     """A checkpoint whose files are not those committed, or that would run code if loaded: nothing was loaded."""
 
 
-def _staging_dir(store: Store, key: str) -> Path:
-    # The same path on every rank of a node (dist-checkpointing writes one directory), and a
-    # different one per store: two stores can hold runs with the same id (tests, copies).
+STAGING = "pretrain-staging"
+STAGING_OWNER = ".owner"
+"""In a job's staging folder: which process (host, boot, pid) made it, for the sweep of leftovers."""
+
+
+def _staging_root(store: Store) -> Path:
+    # One per store: two stores can hold runs with the same id (tests, copies).
     where = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / "pretrain-staging" / where / key.replace("/", "_")
+    return Path(tempfile.gettempdir()) / STAGING / where
+
+
+def _job_folder(store: Store) -> Path:
+    """Collective: a staging folder private to this job, the same path on every rank of it.
+
+    Private because two identical executions on one machine save the same checkpoint keys of the
+    same run: a shared folder had one delete the other's files mid-save. Shared by the ranks of a
+    node, because dist-checkpointing writes one directory per node: global rank 0 names it and
+    broadcasts the name; each node's local leader creates it with an owner record, after removing
+    the leftovers of processes of this host that no longer exist (a SIGKILLed job never cleans up).
+    """
+    name = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(name, src=0, group=checkpoint_group())
+    folder = _staging_root(store) / name[0]
+    if _local_leader():
+        _sweep(folder.parent)
+        folder.mkdir(parents=True)
+        owner = {"host": lease.this_host(), "boot": lease.boot_id(), "pid": os.getpid()}
+        (folder / STAGING_OWNER).write_text(json.dumps(owner))
+    return folder
+
+
+def _sweep(root: Path) -> None:
+    """Remove the staging folders under ``root`` whose owner was a process of this host that is gone."""
+    for folder in root.glob("*/"):
+        try:
+            owner = json.loads((folder / STAGING_OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # being created, or not ours to judge
+        if isinstance(owner, dict) and lease.dead_here(owner):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _remove_staging(path: Path) -> None:
-    """Delete a staging folder and the parents it leaves empty (one per store otherwise piles up)."""
+    """Delete a job's staging folder and the parents it leaves empty (one per store otherwise piles up)."""
     shutil.rmtree(path, ignore_errors=True)
-    root = Path(tempfile.gettempdir()) / "pretrain-staging"
+    root = Path(tempfile.gettempdir()) / STAGING
     for parent in path.parents:
         if parent == root or root not in parent.parents:
             break
         try:
             parent.rmdir()
         except OSError:
-            break  # not empty: another step or run still stages there
+            break  # not empty: another job still stages there
 
 
 def _local_leader() -> bool:
@@ -412,9 +448,18 @@ def save(
 
     rank = dist.get_rank()
     prefix = checkpoint_prefix(run_prefix, step)
-    staging = _staging_dir(store, prefix)
+    # Committed already (by this run before a crash, or by an identical execution): done. Nothing
+    # is uploaded or deleted, the committed files stay as they are; every rank learns it from rank 0.
+    done = [store.is_committed(prefix) if rank == 0 else None]
+    dist.broadcast_object_list(done, src=0, group=checkpoint_group())
+    if done[0]:
+        if rank == 0:
+            _prune(store, run_prefix, keep)
+        _barrier()
+        return prefix
+    job = _job_folder(store)
+    staging = job / "save"
     if _local_leader():
-        shutil.rmtree(staging, ignore_errors=True)
         (staging / CHECKPOINT_MODEL).mkdir(parents=True)
         (staging / "rng").mkdir()
     _barrier()
@@ -431,7 +476,9 @@ def save(
         (staging / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
         for name, data in (files or {}).items():
             (staging / name).write_bytes(data)
-        if not store.is_committed(prefix):  # leftovers of an upload that never committed
+        # Leftovers of an upload that never committed. The run's lease (training.lease) makes this
+        # job the run's only writer, so they are no one else's work in progress.
+        if not store.is_committed(prefix):
             store.delete_prefix(prefix)
     _barrier()
     digests = _gather_digests(staging)  # collective; rank 0's
@@ -440,13 +487,21 @@ def save(
     _barrier()
     if rank == 0:
         store.put_json(f"{prefix}/{CHECKPOINT_DIGESTS}", {"format": DIGESTS_FORMAT, "files": digests})
-        store.commit(prefix, {"step": step})
-        for old in committed_steps(store, run_prefix)[:-keep] if keep > 0 else []:
-            store.delete_prefix(checkpoint_prefix(run_prefix, old))
+        try:
+            store.commit(prefix, {"step": step})
+        except AlreadyCommitted:
+            pass  # committed meanwhile by an identical writer: the same step of the same run counts as done
+        _prune(store, run_prefix, keep)
     _barrier()
     if _local_leader():
-        _remove_staging(staging)
+        _remove_staging(job)
     return prefix
+
+
+def _prune(store: Store, run_prefix: str, keep: int) -> None:
+    """Delete all but the ``keep`` latest committed checkpoints of the run (``keep`` 0: none)."""
+    for old in committed_steps(store, run_prefix)[:-keep] if keep > 0 else []:
+        store.delete_prefix(checkpoint_prefix(run_prefix, old))
 
 
 def fetch(store: Store, prefix: str, dest: Path, committed_at: str | None = None) -> Path:
@@ -474,14 +529,15 @@ def load_model(model, local_dir: Path) -> None:
 def _fetched(store: Store, prefix: str, purpose: str, committed_at: str | None = None) -> Iterator[Path]:
     """The checkpoint downloaded once per node, readable by every local rank inside the block
     (collective); removed after all of them are done. Left in place if the block raises."""
-    staging = _staging_dir(store, prefix) / purpose
+    job = _job_folder(store)
+    staging = job / purpose
     if _local_leader():
         fetch(store, prefix, staging, committed_at=committed_at)
     _barrier()
     yield staging
     _barrier()
     if _local_leader():
-        _remove_staging(staging)
+        _remove_staging(job)
 
 
 def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:

@@ -28,7 +28,7 @@ from common.contracts import (
     eval_prefix,
 )
 from common.hashing import config_hash
-from storage import open_store
+from storage import AlreadyCommitted, open_store
 from training import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig
 from training.data import load_split
@@ -103,13 +103,19 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
         baseline_bits_per_byte=_baseline_bits_per_byte(store, baseline, model_cfg, manifest, rows, cfg) if baseline else -1.0,
     )
     outputs = eval_prefix(ckpt.run, config_hash(ckpt.prefix, cfg, baseline))
-    if not store.is_committed(outputs):  # a rerun of the same evaluation computes the same files
+    # A rerun of the same evaluation, or an identical execution evaluating at the same moment,
+    # computes the same files: whoever commits first, each writer uploaded a whole set before its
+    # commit and nothing is deleted here, so the committed outputs are complete.
+    if not store.is_committed(outputs):
         with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp:
             staging = Path(tmp)
             (staging / EVAL_RESULTS).write_text(json.dumps(results_json(report, store, cfg), indent=2))
             export_llama(model, model_cfg, tokenizer_json, manifest["seq_len"], staging / HF_EXPORT)
             store.upload_dir(staging, outputs)
-        store.commit(outputs)
+        try:
+            store.commit(outputs)
+        except AlreadyCommitted:
+            pass  # the identical evaluation committed first
     return dataclasses.replace(report, outputs=outputs)
 
 

@@ -5,6 +5,11 @@ reads RANK/WORLD_SIZE/MASTER_* from the environment. The run id is a hash of the
 version, the configs and the training code, identical on every rank without any
 communication; a restarted task with the same inputs therefore finds its own
 checkpoints and resumes from the latest committed one.
+
+Two identical executions at once share that run prefix too: rank 0 holds the run's lease
+(``training.lease``) while the job trains, and an identical job waits for it before it looks
+for checkpoints, then resumes from what the first committed (its final checkpoint: nothing to
+train, the same CheckpointRef).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
+from contextlib import ExitStack
 from dataclasses import asdict
 
 import torch
@@ -47,8 +54,9 @@ from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import StreamingLoader
 from training.diagnostics import write_diagnostics
 from training.health import BadLossError, LossHealth
+from training.lease import LeaseLost, RunLease
 from training.metrics import StepMetrics
-from training.model import init_distributed, shutdown_distributed
+from training.model import checkpoint_group, init_distributed, shutdown_distributed
 from training.profiling import WindowProfiler
 from training.step import build_step, micro_batches
 from training.stragglers import StragglerMonitor
@@ -79,7 +87,8 @@ def train(
     progress = Progress()
     watchdog = Watchdog(progress, rank).start()
     try:
-        return _train(dataset, model_cfg, parallel, cfg, base_model, progress)
+        with ExitStack() as cleanup:  # the run's lease, released however training ends
+            return _train(dataset, model_cfg, parallel, cfg, base_model, progress, cleanup)
     except Exception as e:
         print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         failure = explain(e, rank, progress, parallel.collective_timeout_s)
@@ -147,8 +156,47 @@ def _step_line(record: dict, steps: int) -> str:
     return line
 
 
+def _take_lease(store, run: str, rank: int, progress: Progress) -> RunLease | None:
+    """Collective: rank 0 takes the run's lease, waiting while an identical execution holds it
+    (polling; every rank hears each outcome by broadcast, so no collective waits for long).
+    Returns rank 0's lease, refreshing (None on the other ranks)."""
+    lease = RunLease(store, run) if rank == 0 else None
+    progress.enter("waiting for the run's lease", 0)  # as long as the identical execution takes
+    while True:
+        outcome: list = [None]
+        if lease is not None:
+            try:
+                outcome = ["held" if lease.try_acquire() else "waiting"]
+            except Exception as e:  # noqa: BLE001 - the other ranks must hear of it, not hang
+                outcome = [f"{type(e).__name__}: {e}"]
+        dist.broadcast_object_list(outcome, src=0, group=checkpoint_group())
+        if outcome[0] == "held":
+            break
+        if outcome[0] != "waiting":
+            raise RuntimeError(f"run {run}: taking its lease failed on rank 0: {outcome[0]}")
+        if lease is not None:
+            time.sleep(lease.poll_s)
+    if lease is not None:
+        lease.start_refreshing()
+    return lease
+
+
+def _check_lease(lease: RunLease | None) -> None:
+    """Collective: LeaseLost on every rank if rank 0's lease was taken over (before writing)."""
+    lost = [lease.lost if lease is not None else None]
+    dist.broadcast_object_list(lost, src=0, group=checkpoint_group())
+    if lost[0]:
+        raise LeaseLost(lost[0])
+
+
 def _train(
-    dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, base_model: str, progress: Progress
+    dataset: DatasetRef,
+    model_cfg: ModelConfig,
+    parallel: ParallelConfig,
+    cfg: TrainConfig,
+    base_model: str,
+    progress: Progress,
+    cleanup: ExitStack,
 ) -> CheckpointRef:
     from megatron.core import parallel_state as ps
 
@@ -175,6 +223,9 @@ def _train(
     metrics: list[dict] = []
     step_times: list[dict] = []  # every rank's breakdown, gathered at each straggler exchange (rank 0)
     start = 0
+    lease = _take_lease(store, run, rank, progress)  # before the resume lookup: the holder may still commit
+    if lease is not None:
+        cleanup.callback(lease.release)
     done = checkpoint.committed_steps(store, run)
     if done:
         start = done[-1]
@@ -219,6 +270,7 @@ def _train(
         }
         progress.enter(f"checkpoint save at step {step}", parallel.checkpoint_timeout_s)
         progress.at(step, "checkpoint")
+        _check_lease(lease)  # nothing written by a job that lost the run to an identical one
         loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
         files = {METRICS: _jsonl(metrics), STEP_TIMES: _jsonl(step_times)}
         prefix = checkpoint.save(store, run, step, model, optimizer, meta, cfg.keep_checkpoints, files)
@@ -277,6 +329,7 @@ def _train(
         if saving:
             meter.upload()  # rank 0: the event files, with this step's final record
     profiler.finish(cfg.steps)
+    _check_lease(lease)
     if rank == 0 and metrics:
         _publish(store, run, metrics, step_times, health.events)
     meter.close()
