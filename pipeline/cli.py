@@ -9,6 +9,7 @@
     pretrain registry download NAME[:VERSION|:ALIAS] DEST [--store URI]
     pretrain runs list [--json] [--store URI]
     pretrain runs show RUN [--json] [--store URI]
+    pretrain gc [--apply] [--min-age MINUTES] [--json] [--store URI]
 
 Errors the user can fix are printed as one line (``error: …``) with exit status 2; ``pretrain run`` also
 writes the full traceback of any failure to a log file (``common.errors.log_dir()``) and names it.
@@ -187,6 +188,29 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Dry run by default: what would be removed (sizes, total) and what is kept and why; ``--apply`` removes it."""
+    from pipeline import retention
+
+    store = _store(args)
+    plan = retention.plan(store, min_age_s=args.min_age * 60)
+    outcome = retention.apply(store, plan) if args.apply else None
+    if args.json:
+        done = {"applied": args.apply, **plan.to_dict()}
+        if outcome is not None:
+            done["removed"] = [e.where for e in outcome.removed]
+            done["skipped"] = [{"where": e.where, "why": why} for e, why in outcome.skipped]
+            done["failed"] = [{"where": e.where, "why": why} for e, why in outcome.failed]
+        print(json.dumps(done, indent=2))
+    else:
+        print("\n".join(retention.report_lines(plan, outcome)))
+    if outcome is not None and outcome.failed:
+        failed = f"{len(outcome.failed)} of {len(plan.removals)}"
+        print(f"error: {failed} could not be removed (listed above); fix the cause and run gc again", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _run_lines(run: dict) -> list[str]:
     """``pretrain runs show`` in words, section by section."""
     planned = run["steps_planned"] if run["steps_planned"] is not None else "?"
@@ -354,6 +378,13 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--json", action="store_true")
     rs.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
     rs.set_defaults(fn=cmd_runs_show)
+
+    gc = sub.add_parser("gc", help="remove uncommitted leftovers and checkpoints beyond keep (dry run unless --apply)")
+    gc.add_argument("--apply", action="store_true", help="remove what the dry run lists")
+    gc.add_argument("--min-age", type=float, default=60.0, metavar="MINUTES", help="touch nothing written more recently (60)")
+    gc.add_argument("--json", action="store_true")
+    gc.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    gc.set_defaults(fn=cmd_gc)
     return p
 
 

@@ -1036,3 +1036,27 @@ def register_killed_before_commit(store_uri: str, loss: float, config: dict) -> 
 
     type(store).commit = die_at_entry_commit
     registry.register(store, "gpt", report(loss), config=config)
+
+
+# ----------------------------------------------------------------------------------------------
+# Retention (pretrain gc) while a run trains: checkpoints that stay uncommitted for a while
+
+
+def train_with_slow_uploads(delay_s: float, *args):
+    """``training.train.train(*args)`` where every checkpoint file uploaded to a local store is followed
+    by ``delay_s`` of sleep (run in the spawned ranks): each checkpoint stays uncommitted in the store,
+    half uploaded, long enough for whoever looks at the store meanwhile (``pretrain gc``) to see it."""
+    import time
+
+    from storage.store import LocalStore
+    from training.train import train
+
+    put_file = LocalStore.put_file
+
+    def slow_put_file(self, key: str, path, *, if_absent: bool = False) -> None:
+        put_file(self, key, path, if_absent=if_absent)
+        if "/checkpoints/" in key:
+            time.sleep(delay_s)
+
+    LocalStore.put_file = slow_put_file
+    return train(*args)
