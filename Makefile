@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv demo test test-fast lint bench soak clean
 
 $(INSTALLED): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ bench: venv
 	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_kernels.py
 	$(BIN)/python benchmarks/bench_observability.py
+
+# Kills and S3 outages in every stage, each rerun and checked (docs/soak.md); not part of bench or test.
+soak: venv
+	$(BIN)/python benchmarks/soak.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
