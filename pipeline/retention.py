@@ -48,7 +48,6 @@ from common.contracts import (
     TENSORBOARD,
     card_key,
     checkpoint_prefix,
-    checkpoints_prefix,
     committed_steps,
     lease_key,
     step_of_checkpoint,
@@ -111,6 +110,8 @@ class Entry:
     reason: str
     """Why it goes, or why it stays."""
     local: bool = False
+    file: bool = False
+    """One object (a temporary file, a file where only folders belong), not a folder."""
     run: str = ""
     """The run it belongs to (``runs/<id>``), for the checks ``apply`` repeats."""
     step: int | None = None
@@ -245,19 +246,19 @@ class _Planner:
         if live:
             self.entries.append(folder.entry(what, False, f"its run is live ({live}): it may be uploading it", **kw))
             return
-        self.entries.append(folder.entry(what, True, f"never committed; last written {_ago(self.now, folder.newest)}", **kw))
+        self.entries.append(folder.entry(what, True, f"last written {_ago(self.now, folder.newest)}", **kw))
 
-    def unknown(self, folder: _Folder) -> None:
-        self.entries.append(folder.entry(UNKNOWN, False, "unknown, kept"))
+    def unknown(self, folder: _Folder, *, file: bool = False) -> None:
+        self.entries.append(folder.entry(UNKNOWN, False, "unknown, kept", file=file))
 
     def temporaries(self, objects: Iterable[ObjectInfo]) -> None:
         """Temporary files outside any leftover folder: removed once old."""
         for o in objects:
             folder = _Folder(o.key, [o])
             if self.recent(folder):
-                self.entries.append(folder.entry(TEMPORARY_FILE, False, self.too_recent(folder)))
+                self.entries.append(folder.entry(TEMPORARY_FILE, False, self.too_recent(folder), file=True))
             else:
-                self.entries.append(folder.entry(TEMPORARY_FILE, True, f"last written {_ago(self.now, o.modified)}"))
+                self.entries.append(folder.entry(TEMPORARY_FILE, True, f"last written {_ago(self.now, o.modified)}", file=True))
 
 
 def plan(
@@ -296,13 +297,12 @@ def _group(objects: Iterable[ObjectInfo], depth: int) -> dict[str, list[ObjectIn
     return groups
 
 
-def _loose(planner: _Planner, objects: list[ObjectInfo], where: str) -> None:
-    """Objects sitting where gc expects only folders: temporary files, or unknown."""
-    temps = [o for o in objects if _is_temporary(o.key)]
-    planner.temporaries(temps)
-    others = [o for o in objects if not _is_temporary(o.key)]
-    if others:
-        planner.unknown(_Folder(where, others))
+def _loose(planner: _Planner, objects: list[ObjectInfo]) -> None:
+    """Files sitting where gc expects only folders: temporary files, or unknown (one entry each)."""
+    planner.temporaries(o for o in objects if _is_temporary(o.key))
+    for o in objects:
+        if not _is_temporary(o.key):
+            planner.unknown(_Folder(o.key, [o]), file=True)
 
 
 def _unknown_tree(planner: _Planner, objects: list[ObjectInfo], top: str) -> None:
@@ -313,7 +313,7 @@ def _unknown_tree(planner: _Planner, objects: list[ObjectInfo], top: str) -> Non
         if rest:
             planner.unknown(_Folder(top, rest))
     else:
-        _loose(planner, objects, "(store root)")
+        _loose(planner, objects)
 
 
 def _temporaries_inside(planner: _Planner, folder: _Folder) -> None:
@@ -323,7 +323,7 @@ def _temporaries_inside(planner: _Planner, folder: _Folder) -> None:
 
 def _datasets(planner: _Planner, objects: list[ObjectInfo]) -> None:
     groups = _group(objects, 2)
-    _loose(planner, groups.pop("", []), DATASETS)
+    _loose(planner, groups.pop("", []))
     for prefix, members in sorted(groups.items()):
         dataset = _Folder(prefix, members)
         if not dataset.committed:
@@ -339,7 +339,7 @@ def _datasets(planner: _Planner, objects: list[ObjectInfo]) -> None:
 
 def _runs(planner: _Planner, objects: list[ObjectInfo], protected: dict[str, str]) -> None:
     groups = _group(objects, 2)
-    _loose(planner, groups.pop("", []), RUNS)
+    _loose(planner, groups.pop("", []))
     for run, members in sorted(groups.items()):
         parts: dict[str, list[ObjectInfo]] = defaultdict(list)  # the run's files and folders, by name
         for o in members:
@@ -355,12 +355,12 @@ def _runs(planner: _Planner, objects: list[ObjectInfo], protected: dict[str, str
             elif _is_temporary(part):
                 planner.temporaries(inside)  # a rewrite of metrics.jsonl and the like, interrupted
             else:
-                planner.unknown(_Folder(part, inside))
+                planner.unknown(_Folder(part, inside), file=inside[0].key == part)
 
 
 def _checkpoints(planner: _Planner, run: str, objects: list[ObjectInfo], protected: dict[str, str]) -> None:
     groups = _group(objects, 4)
-    _loose(planner, groups.pop("", []), checkpoints_prefix(run))
+    _loose(planner, groups.pop("", []))
     folders = {prefix: _Folder(prefix, members) for prefix, members in groups.items()}
     steps: dict[int, _Folder] = {}
     for prefix, folder in sorted(folders.items()):
@@ -395,7 +395,7 @@ def _checkpoints(planner: _Planner, run: str, objects: list[ObjectInfo], protect
 
 def _evaluations(planner: _Planner, run: str, objects: list[ObjectInfo]) -> None:
     groups = _group(objects, 4)
-    _loose(planner, groups.pop("", []), f"{run}/{EVAL}")
+    _loose(planner, groups.pop("", []))
     for prefix, members in sorted(groups.items()):
         folder = _Folder(prefix, members)
         if folder.committed:
@@ -406,10 +406,10 @@ def _evaluations(planner: _Planner, run: str, objects: list[ObjectInfo]) -> None
 
 def _models(planner: _Planner, objects: list[ObjectInfo]) -> None:
     groups = _group(objects, 2)
-    _loose(planner, groups.pop("", []), MODELS)
+    _loose(planner, groups.pop("", []))
     for root, members in sorted(groups.items()):
         parts = _group(members, 3)
-        _loose(planner, parts.pop("", []), root)
+        _loose(planner, parts.pop("", []))
         for prefix, inside in sorted(parts.items()):
             name = prefix.rsplit("/", 1)[-1]
             folder = _Folder(prefix, inside)
@@ -628,12 +628,13 @@ def _remove_empty_parents(path: Path) -> None:
 def _label(entry: Entry) -> str:
     if entry.local:
         return f"{entry.where}/ (local)"
-    return entry.where if entry.what == TEMPORARY_FILE else f"{entry.where}/"
+    return entry.where if entry.file else f"{entry.where}/"
 
 
 def _line(entry: Entry, reason: str | None = None) -> str:
     what = "" if entry.what == UNKNOWN else f"{entry.what}: "
-    return f"  {human_size(entry.size):>10}  {_label(entry)}  {what}{reason or entry.reason}"
+    records = f" (and {', '.join(entry.records)}, naming it)" if entry.records else ""
+    return f"  {human_size(entry.size):>10}  {_label(entry)}{records}  {what}{reason or entry.reason}"
 
 
 def report_lines(plan_: Plan, outcome: Outcome | None = None) -> list[str]:

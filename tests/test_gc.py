@@ -117,7 +117,7 @@ def test_gc_removes_each_category_of_leftover_and_keeps_the_rest(store, no_stagi
     assert lines[0].startswith(f"store {store.uri}: dry run, nothing removed")
     assert lines[1] == f"would remove 6, {retention.human_size(plan.total_bytes)}:"
     for prefix, size in sizes.items():
-        assert any(f"{retention.human_size(size)}  {prefix}/  " in line for line in lines), (prefix, lines)
+        assert any(f"{retention.human_size(size)}  {prefix}/" in line for line in lines), (prefix, lines)
     assert f"  {retention.human_size(plan.total_bytes):>10}  total" in lines
     assert "kept 3:" in lines
 
@@ -244,7 +244,7 @@ def test_the_cli_dry_run_lists_and_apply_removes(tmp_path):
     dry = gc("--min-age", "0")
     assert dry.returncode == 0, dry.stderr
     size = sum(len(v) for k, v in before.items() if k.startswith("datasets/half/"))
-    assert f"{retention.human_size(size)}  datasets/half/  uncommitted dataset: never committed" in dry.stdout
+    assert f"{retention.human_size(size)}  datasets/half/  uncommitted dataset: last written " in dry.stdout
     assert "would remove 2," in dry.stdout and " total" in dry.stdout
     assert snapshot(store) == before
     applied = gc("--min-age", "0", "--apply", "--json")
