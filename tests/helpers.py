@@ -1060,3 +1060,62 @@ def train_with_slow_uploads(delay_s: float, *args):
 
     LocalStore.put_file = slow_put_file
     return train(*args)
+
+
+
+# ----------------------------------------------------------------------------------------------
+# A full store (tests/test_store_full.py): a tmpfs of a chosen size
+
+
+@contextmanager
+def tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """``folder`` as a tmpfs of ``size`` (``mount -o size=``: "3m") for the block, always unmounted.
+
+    Skips the test where this process may not mount (root or CAP_SYS_ADMIN is needed; CI runs as root)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
+        mounted = subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no 'mount' command: a tmpfs store needs it (and root or CAP_SYS_ADMIN)")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs at {folder}: needs root or CAP_SYS_ADMIN ({mounted.stderr.strip()})")
+    try:
+        yield folder
+    finally:
+        if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(folder)], check=True)  # a file still open: detach now, free later
+
+
+def resize_tmpfs(folder: Path, size: str) -> None:
+    """Grow or shrink the tmpfs at ``folder``, keeping its files (space freed as an operator would)."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True, capture_output=True)
+
+
+def fill_up(folder: Path, chunk: int = 64 * 1024) -> Path:
+    """Write ``folder/filler`` until its filesystem is full (ENOSPC); the file, to delete for space."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * chunk)
+        except OSError as e:
+            if e.errno != 28:  # ENOSPC
+                raise
+    with open(filler, "ab", buffering=0) as f:  # the last pages a smaller write still fits in
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError as e:
+            if e.errno != 28:
+                raise
+    return filler
+
+
+def temp_leftovers(root: Path) -> list[str]:
+    """Temporary files a write left under ``root`` (the store's ``.tmp-*``, downloads' ``*.part``;
+    not the compare-and-swap lock files, which stay by design)."""
+    from storage.store import LOCK_NAME
+
+    left = (p for p in root.rglob("*") if (p.name.startswith(".tmp-") and p.name != LOCK_NAME) or p.name.endswith(".part"))
+    return sorted(p.relative_to(root).as_posix() for p in left)
