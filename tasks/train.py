@@ -1,4 +1,6 @@
-"""Distributed training: an Elastic task; a Kubeflow PyTorchJob when the profile has nnodes ≥ 2."""
+"""Distributed training: an Elastic task; a Kubeflow PyTorchJob when the profile has nnodes ≥ 2.
+
+Its error names the rank that failed first and that rank's own error (``tasks.elastic``)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,12 @@ import os
 import warnings
 
 from flytekit import Cache, Deck, task
-from flytekitplugins.kfpytorch import Elastic
 
 from common.contracts import CheckpointRef, DatasetRef, metrics_key
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
+from tasks.elastic import FirstFailureElastic
 from tasks.placement import CLUSTER, train_task
 from tasks.user_errors import as_messages
 from training.config import ModelConfig, ParallelConfig, TrainConfig
@@ -23,7 +25,7 @@ VERSION = cache_version(__name__)
 
 
 @task(
-    task_config=Elastic(nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False),
+    task_config=FirstFailureElastic(nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False),
     cache=Cache(version=VERSION, serialize=True),
     enable_deck=True,
     **train_task(),

@@ -1018,24 +1018,44 @@ def _stall(how: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Identical executions (tests/test_identical_runs.py): a registration killed before its commit
+# Which rank failed first: one rank raises at a chosen step, through training.launch and through
+# Flyte's Elastic task plugin
 
 
-def register_killed_before_commit(store_uri: str, loss: float, config: dict) -> None:
-    """Run in a subprocess: ``register`` of ``report(loss)`` that SIGKILLs its own process when it
-    commits the registry entry, i.e. after every file of the version was copied and its card written."""
-    from registry import registry
+def train_with_error(fail_step: int, fail_rank: int, *args):
+    """``training.train.train(*args)`` where rank ``fail_rank`` raises ``ValueError("boom at step N")``
+    as it fetches step ``fail_step``'s batch (1-based): run in the spawned ranks. Its peers go on into
+    the step's collectives and fail there when the failing rank's connections close."""
+    from training.data import StreamingLoader
+    from training.train import train
 
-    store = open_store(store_uri)
-    commit = type(store).commit
+    if int(os.environ.get("RANK", "0")) == fail_rank:
+        batch = StreamingLoader.batch
 
-    def die_at_entry_commit(self, prefix: str, info: dict | None = None) -> None:
-        if prefix.startswith("models/"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        commit(self, prefix, info)
+        def batch_or_boom(self, step: int, *a, **kw):
+            if step + 1 == fail_step:
+                raise ValueError(f"boom at step {fail_step}")
+            return batch(self, step, *a, **kw)
 
-    type(store).commit = die_at_entry_commit
-    registry.register(store, "gpt", report(loss), config=config)
+        StreamingLoader.batch = batch_or_boom
+    return train(*args)
+
+
+def elastic_train_with_error(dataset: DatasetRef, fail_step: int, fail_rank: int, steps: int) -> CheckpointRef:
+    """A Flyte task function (see ``elastic_task``): ``train_with_error`` on the tiny model, data-parallel."""
+    from training.config import ParallelConfig, TrainConfig
+
+    parallel = ParallelConfig(tensor_parallel=1, collective_timeout_s=300)  # a loaded machine: not a test of timeouts
+    cfg = TrainConfig(steps=steps, micro_batch_size=4, global_batch_size=8, warmup_steps=1, checkpoint_every=steps, seed=18)
+    return train_with_error(fail_step, fail_rank, dataset, tiny_model(), parallel, cfg)
+
+
+def elastic_task(fn, task_config):
+    """``fn`` (a module-level function of this module) as a Flyte task with ``task_config`` (an
+    ``Elastic``): calling it runs Flyte's local execution of the plugin, which launches the ranks."""
+    from flytekit import task
+
+    return task(task_config=task_config)(fn)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1061,6 +1081,26 @@ def train_with_slow_uploads(delay_s: float, *args):
     LocalStore.put_file = slow_put_file
     return train(*args)
 
+
+# ----------------------------------------------------------------------------------------------
+# Identical executions (tests/test_identical_runs.py): a registration killed before its commit
+
+
+def register_killed_before_commit(store_uri: str, loss: float, config: dict) -> None:
+    """Run in a subprocess: ``register`` of ``report(loss)`` that SIGKILLs its own process when it
+    commits the registry entry, i.e. after every file of the version was copied and its card written."""
+    from registry import registry
+
+    store = open_store(store_uri)
+    commit = type(store).commit
+
+    def die_at_entry_commit(self, prefix: str, info: dict | None = None) -> None:
+        if prefix.startswith("models/"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        commit(self, prefix, info)
+
+    type(store).commit = die_at_entry_commit
+    registry.register(store, "gpt", report(loss), config=config)
 
 
 # ----------------------------------------------------------------------------------------------

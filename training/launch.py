@@ -1,7 +1,8 @@
 """Run a function on N local ranks, as torchrun would: for tests, benchmarks and the CLI.
 
 Flyte's ``Elastic`` plays this part inside the workflow; both go through
-``torch.distributed.elastic``, so the library code cannot tell them apart.
+``torch.distributed.elastic``, so the library code cannot tell them apart. A failed job raises a
+``training.failures.JobFailed`` (a ``ChildFailedError``) that names the rank that failed first.
 """
 
 from __future__ import annotations
@@ -10,13 +11,18 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from storage.s3server import free_port
+from training.failures import job_failure
 
 
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0) -> Any:
-    """Run ``fn(*args)`` on ``nproc`` local processes (spawn); returns rank 0's result."""
+    """Run ``fn(*args)`` on ``nproc`` local processes (spawn); returns rank 0's result.
+
+    A failure raises ``JobFailed``: its first line names the rank that failed first and its own error,
+    not a peer's collective error (torch reports the rank whose process exited first)."""
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -28,4 +34,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
         monitor_interval=0.5,
         start_method="spawn",
     )
-    return elastic_launch(config, fn)(*args)[0]
+    try:
+        return elastic_launch(config, fn)(*args)[0]
+    except ChildFailedError as e:
+        raise job_failure(e) from None  # the same report, with the right rank first: nothing to chain

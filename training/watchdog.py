@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable
 
 from training.diagnostics import Heartbeats, describe_ranks, missing_ranks, read_heartbeats
+from training.failures import BACKEND_SIGNS, first_failure, record_failure
 
 EXIT_STUCK = 86
 """Exit status of a rank the watchdog ended."""
@@ -35,9 +36,6 @@ WAITING_GRACE_S = 30.0
 """At most this long (and at most the limit again) a rank waiting for peers that are behind it
 lets its own watchdog wait past the limit: the launcher ends the job as soon as the first rank
 exits, and the one to store its stacks first should be the stuck one."""
-
-# Words of the backends' own errors (gloo, NCCL, the c10d layer under both).
-_BACKEND_SIGNS = ("gloo", "nccl", "c10d", "processgroup")
 
 
 class PeerFailure(RuntimeError):
@@ -103,16 +101,31 @@ def behind(beats: dict[int, dict], rank: int, progress: Progress) -> list[int]:
 
 
 def explain(error: BaseException, rank: int, progress: Progress, timeout_s: float) -> PeerFailure | None:
-    """A clear error for a collective that failed because of another rank; None for other errors."""
+    """Record this rank's own failure, or explain its collective's: call it first in the handler.
+
+    An error of this rank's own is recorded as the job's first failure if it is (``training.failures``),
+    before the process group closes: None, re-raise it. A collective that failed because of another
+    rank becomes a PeerFailure naming the rank that failed first and its error, where one recorded
+    it, else the ranks that did not arrive.
+    """
     import torch.distributed as dist
 
     text = str(error)
     backend_error = isinstance(error, dist.DistError) or (
-        type(error) is RuntimeError and any(sign in text.lower() for sign in _BACKEND_SIGNS)
+        type(error) is RuntimeError and any(sign in text.lower() for sign in BACKEND_SIGNS)
     )
     if not backend_error:
+        record_failure(error, rank, progress.where())
         return None
     first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    where = progress.where()
+    first = first_failure()
+    if first is not None and first.rank != rank:
+        saved = progress.diagnostics(f"collective failed during {where} because {first.describe()}: {first_line}", error)
+        return PeerFailure(
+            f"{first.describe()} ({first.traceback_at()}); rank {rank}'s collective during {where} failed because "
+            f"of it.{saved} Backend said: {first_line}"
+        )
     beats = read_heartbeats(progress.world_size)
     missing = behind(beats, rank, progress)
     if missing:
@@ -122,7 +135,6 @@ def explain(error: BaseException, rank: int, progress: Progress, timeout_s: floa
         )
     else:
         who = "another rank died or is stuck; the failed rank's own log holds the cause"
-    where = progress.where()
     # The traceback goes into the stored stacks: the training thread's live stack is this handler's by now.
     saved = progress.diagnostics(f"collective failed during {where}: {first_line}", error)
     return PeerFailure(
@@ -168,6 +180,9 @@ class Watchdog:
         """Store and print this rank's stacks, then exit: a stuck main thread would never see an exception."""
         where = p.where()
         state = f"waiting for {waiting_for}, which did not arrive" if waiting_for else "this rank is stuck"
+        if not waiting_for:  # the stuck rank is the first failure; one waiting for it is not
+            stuck = TimeoutError(f"made no progress for {stuck_for:.0f} s (limit {p.limit_s:g} s); the watchdog ended it")
+            record_failure(stuck, self.rank, where)
         saved = p.diagnostics(f"watchdog: {where} made no progress for {stuck_for:.0f} s; {state}")
         print(
             f"[rank {self.rank}] watchdog: {where} has made no progress for {stuck_for:.0f} s "
