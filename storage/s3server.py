@@ -67,6 +67,28 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def weed_ports(names: list[str], fixed: dict[str, int] | None = None, offset: int = GRPC_PORT_OFFSET) -> dict[str, int]:
+    """Free ports for weed's components, none of them ``offset`` away from another.
+
+    weed treats every HTTP port + 10000 as reserved for that component's gRPC and refuses a
+    flag naming such a port ("port … is reserved for gRPC calculation"): with a dozen random
+    ephemeral ports, two 10000 apart happen now and then (a test server once failed to
+    restart so). ``admin`` also gets its own + ``offset`` free: the worker dials it there."""
+    chosen = dict(fixed or {})
+    for name in names:
+        for _ in range(200):
+            port = free_port_pair(offset) if name == "admin" else free_port()
+            clash = {port, port + offset, port - offset} & set(chosen.values())
+            if name == "admin":
+                clash |= {port + 2 * offset} & set(chosen.values())  # admin's gRPC port + 10000
+            if not clash:
+                chosen[name] = port
+                break
+        else:
+            raise OSError(f"no free port for weed's {name} at least {offset} away from the others on 127.0.0.1")
+    return chosen
+
+
 def free_port_pair(offset: int = GRPC_PORT_OFFSET) -> int:
     """A free port whose ``port + offset`` is free too (weed's worker dials the admin server's
     HTTP port + 10000 for gRPC, whatever ``-admin.port.grpc`` says)."""
@@ -265,6 +287,8 @@ class S3Server:
         data = private_dir(self.data_dir / "data")
         # weed mini also opens master, volume, filer and admin ports: pick free ones so that
         # several servers (parallel tests, a user's own) can run side by side.
+        names = ["s3.grpc", "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "admin"]
+        ports = weed_ports(names, fixed={"s3": self.port})
         args = [
             _weed_binary(),
             "mini",
@@ -273,7 +297,7 @@ class S3Server:
             "-ip.bind=127.0.0.1",
             "-disableHttp",
             f"-s3.port={self.port}",
-            f"-s3.port.grpc={free_port()}",
+            f"-s3.port.grpc={ports['s3.grpc']}",
             f"-s3.config={self.identities_file}",
             "-s3.autoCreateBucket=false",
             f"-s3.localSocket={sockets / 'seaweedfs-s3.sock'}",
@@ -283,13 +307,13 @@ class S3Server:
             "-admin.ui=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            f"-master.port={free_port()}",
-            f"-master.port.grpc={free_port()}",
-            f"-volume.port={free_port()}",
-            f"-volume.port.grpc={free_port()}",
-            f"-filer.port={free_port()}",
-            f"-filer.port.grpc={free_port()}",
-            f"-admin.port={free_port_pair()}",  # its gRPC port: +10000, where the worker looks
+            f"-master.port={ports['master']}",
+            f"-master.port.grpc={ports['master.grpc']}",
+            f"-volume.port={ports['volume']}",
+            f"-volume.port.grpc={ports['volume.grpc']}",
+            f"-filer.port={ports['filer']}",
+            f"-filer.port.grpc={ports['filer.grpc']}",
+            f"-admin.port={ports['admin']}",  # its gRPC port: +10000, where the worker looks
         ]
         log_fd = os.open(self.data_dir / "weed.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         with os.fdopen(log_fd, "ab") as log:

@@ -269,3 +269,18 @@ def test_private_files_are_never_readable_by_others(tmp_path, monkeypatch):
     assert seen == [0o600]
     assert stat.S_IMODE(target.stat().st_mode) == 0o600 and target.read_bytes() == b'{"identities": []}'
     assert [p.name for p in tmp_path.iterdir()] == ["s3-identities.json"]
+
+
+def test_weed_ports_are_never_a_grpc_offset_apart():
+    # weed refuses a port that is another component's HTTP port + 10000 ("reserved for gRPC
+    # calculation"); a restart of the test server once failed so.
+    from storage.s3server import GRPC_PORT_OFFSET, weed_ports
+
+    names = ["s3.grpc", "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "admin"]
+    for _ in range(30):
+        ports = weed_ports(names, fixed={"s3": 40000})
+        values = sorted(ports.values())
+        assert len(set(values)) == len(values) == len(names) + 1
+        assert not {b - a for a in values for b in values} & {GRPC_PORT_OFFSET}, ports
+        assert ports["admin"] + GRPC_PORT_OFFSET not in values
+    assert weed_ports(["master"], fixed={"s3": 40000})["master"] not in (30000, 50000)
