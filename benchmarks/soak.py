@@ -102,6 +102,21 @@ def write_corpus(folder: Path, seed: int = 18, documents: int = 300) -> Path:
     return folder
 
 
+def pin_code(dest: Path) -> Path:
+    """A copy of the working tree's files (tracked and untracked, not ignored) at ``dest``: the
+    pipelines run from it, so that an edit of the tree during the soak neither changes their
+    code versions (and run ids) between a fault and its rerun nor mixes two versions of a stage."""
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True
+    )
+    for name in filter(None, listing.stdout.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
 def machine() -> dict[str, Any]:
     model = ""
     try:
@@ -389,6 +404,7 @@ class Soak:
         self.reference = Outcome()
         self.reference_objects: dict[str, bytes] = {}
         self.reference_home = work / "reference-home"
+        self.code = pin_code(work / "code")
 
     # -- processes ----------------------------------------------------------------------------
     def env(self, home: Path, tag: str) -> dict[str, str]:
@@ -400,6 +416,7 @@ class Soak:
             "HOME": str(home),
             "TMPDIR": str(tmp),
             "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(self.code),  # ahead of the editable install: the pinned copy runs
             "PRETRAIN_LOG_DIR": str(self.work / "logs"),
             "SOAK_TAG": tag,  # finds any process of this pipeline that left its group
         }
@@ -410,7 +427,7 @@ class Soak:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [str(Path(sys.executable).parent / "pretrain"), "run", "--config", str(self.config)],
-                cwd=ROOT,
+                cwd=self.code,
                 env=self.env(home, tag),
                 stdout=out,
                 stderr=subprocess.STDOUT,
