@@ -31,6 +31,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from common.contracts import DOC_STATS, MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
+from common.errors import local_space
 from common.settings import problems_error
 from data_prep import manifest as manifests
 from data_prep.clean import clean_text, content_hash, length_problem
@@ -336,7 +337,7 @@ def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: 
     )
     eod_id = tokenizer.token_to_id(EOD_TOKEN)
     dtype = token_dtype(tokenizer.get_vocab_size())
-    with tempfile.TemporaryDirectory(prefix="pretrain-dataset-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pretrain-dataset-") as tmp, local_space(tmp, "the dataset's staging"):
         staging = Path(tmp)
         _set_worker_state(data, tokenizer)
         with WorkerPool(data.workers) as pool:

@@ -30,7 +30,7 @@ from common.contracts import (
     validation_prefix,
 )
 from common.docfields import documented
-from common.errors import UserError
+from common.errors import UserError, local_space
 from common.settings import at_least
 from data_prep.prepare import load_manifest
 from data_prep.shards import check_digest, parse_shard
@@ -304,7 +304,7 @@ def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) ->
     prefix = validation_prefix(ref.prefix)
     # The suite as run, thresholds included, recorded with the dataset it judged.
     recorded = {name: [e.configuration.to_json_dict() for e in expectations] for name, expectations in suites.items()}
-    with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp, local_space(tmp, "the validation report's staging"):
         site = Path(tmp) / VALIDATION_SITE
         outcomes = _run_suites(tables, suites, site)
         result = {

@@ -73,7 +73,7 @@ from common.contracts import (
     model_root,
     registration_key,
 )
-from common.errors import ConfigError, UserError
+from common.errors import ConfigError, UserError, local_space
 from common.hashing import config_hash
 from common.names import VERSION, name_problem
 from storage import COMMIT_MARKER, AlreadyCommitted, PreconditionFailed, Store, StoreError
@@ -337,7 +337,7 @@ def _write_entry(
     prefix = model_prefix(name, version)
     manifest = store.get_json(f"{ckpt.dataset.prefix}/{MANIFEST}")
     hf_export = ""
-    with tempfile.TemporaryDirectory(prefix="pretrain-register-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pretrain-register-") as tmp, local_space(tmp, "the registry entry's staging"):
         staging = Path(tmp)
         copied = []
         for key in store.list(f"{ckpt.prefix}/"):

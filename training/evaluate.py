@@ -27,6 +27,7 @@ from common.contracts import (
     card_key,
     eval_prefix,
 )
+from common.errors import local_space
 from common.hashing import config_hash
 from storage import AlreadyCommitted, open_store
 from training import checkpoint
@@ -107,7 +108,7 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     # computes the same files: whoever commits first, each writer uploaded a whole set before its
     # commit and nothing is deleted here, so the committed outputs are complete.
     if not store.is_committed(outputs):
-        with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp, local_space(tmp, "the evaluation outputs' staging"):
             staging = Path(tmp)
             (staging / EVAL_RESULTS).write_text(json.dumps(results_json(report, store, cfg), indent=2))
             export_llama(model, model_cfg, tokenizer_json, manifest["seq_len"], staging / HF_EXPORT)
