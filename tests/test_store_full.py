@@ -121,7 +121,7 @@ def test_full_local_staging_says_which_folder_and_to_set_tmpdir(small_disk, tmp_
     error = user_error_in(raised.value)
     assert isinstance(error, NoSpaceError), raised.value
     assert "no space left on device" in str(error) and "set TMPDIR to a folder with more space" in str(error)
-    assert str(small_disk) in str(error)
+    assert str(small_disk) in str(error) and "the dataset's staging" in str(error)
     assert not list((tmp_path / "store").rglob(COMMIT_MARKER))
     assert list(small_disk.iterdir()) == []  # the staging folder went with the failure
 
