@@ -12,7 +12,8 @@
     pretrain gc [--apply] [--min-age MINUTES] [--json] [--store URI]
 
 Errors the user can fix are printed as one line (``error: …``) with exit status 2; ``pretrain run`` also
-writes the full traceback of any failure to a log file (``common.errors.log_dir()``) and names it.
+writes the full traceback of any failure to a log file (``common.errors.log_dir()``) and names it. Another
+failure of ``pretrain run`` prints its first line only (``headline``) and the log's path, with exit status 1.
 """
 
 from __future__ import annotations
@@ -399,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         logged = TRACEBACK_LABEL in str(user or "")  # a task wrote it already
         log = write_traceback(e, args.command) if getattr(args, "started", False) and not logged else None
         where = f" {traceback_note(log)}" if log else ""
-        if user is None:  # a failure inside the pipeline that is not the user's to fix
-            print(f"error: {type(e).__name__}: {_one_line(str(e))}{where}", file=sys.stderr)
+        if user is None:  # a failure inside the pipeline that is not the user's to fix: the log holds the rest
+            print(f"error: {headline(e)}{where}", file=sys.stderr)
             return 1
         message = _without_flyte_prefix(str(user).strip())
         if "\n  " not in message:  # a list (failed expectations, bad settings) keeps one item per line
@@ -417,6 +418,35 @@ def _without_flyte_prefix(message: str) -> str:
     """``task_name: message`` instead of Flyte's two-line preamble."""
     match = _FLYTE_PREFIX.match(message)
     return f"{match['task'].rsplit('.', 1)[-1]}: {message[match.end() :]}" if match else message
+
+
+# Flyte's exceptions say their error code first ("USER:RuntimeError: error=…"), nested once per wrapper.
+_FLYTE_CODE = re.compile(r"(?:(?:USER|SYSTEM):\w+|\w*FlyteException): error=")
+
+
+def _is_flyte(error: BaseException) -> bool:
+    return type(error).__module__.split(".", 1)[0] == "flytekit"
+
+
+def headline(error: BaseException) -> str:
+    """The first line of a failure that is not the user's to fix, as ``task: ExcType: message``: without
+    Flyte's error codes and preambles, nor the rest of the message (torch's report of every rank, a
+    traceback), which the traceback log holds. A Flyte wrapper's own type is left out."""
+    text = str(error).strip()
+    if _is_flyte(error) and error.__cause__ is not None:
+        text = text.removesuffix(f", cause={error.__cause__}")  # FlyteException's str appends its cause's
+    task = ""
+    while True:
+        if code := _FLYTE_CODE.match(text):
+            text = text[code.end() :]
+        elif preamble := _FLYTE_PREFIX.match(text):
+            task = task or preamble["task"].rsplit(".", 1)[-1]
+            text = text[preamble.end() :]
+        else:
+            break
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    kind = "" if _is_flyte(error) else f"{type(error).__name__}: "
+    return f"{task}: {kind}{first}" if task else f"{kind}{first}"
 
 
 def _one_line(text: str) -> str:

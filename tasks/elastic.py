@@ -5,7 +5,9 @@ exited first, which is often a peer whose collective failed ("Connection closed 
 rank that failed first was still writing its error. ``FirstFailureElastic`` is the same task config
 (the same serialized task, the same PyTorchJob), run by a task class that turns that error into
 ``training.failures.JobFailed``: the first line names the first failing rank (as the ranks recorded
-it), its own error and its traceback, and whether Flyte may retry follows that rank's error.
+it), its own error and its traceback, and whether Flyte may retry follows that rank's error. Where
+that rank's error was a ``UserError`` (a full store, a bad loss), the task raises a
+``training.failures.RankUserError``: one line, which ``pretrain run`` prints as it prints any user error.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from flytekitplugins.kfpytorch.error_handling import RECOVERABLE_ERROR_FILE_NAME
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from common.errors import UserError
 from training.failures import job_failure
 
 
@@ -45,6 +48,10 @@ class FirstFailureElasticTask(PytorchElasticFunctionTask):
             # The plugin's worker wrapper marks a recoverable error next to that rank's error file.
             if error_file and os.path.exists(os.path.join(os.path.dirname(error_file), RECOVERABLE_ERROR_FILE_NAME)):
                 raise FlyteRecoverableException(str(failed), timestamp=failed.timestamp) from None
+            if isinstance(failed, UserError):
+                # As any task's user error: Flyte prefixes the task's name (locally) or wraps it (remotely:
+                # the error's time is then Flyte's, not the rank's); the cause is the job's whole report.
+                raise failed from failed.__cause__
             raise FlyteUserRuntimeException(failed, timestamp=failed.timestamp) from None
 
 

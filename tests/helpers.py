@@ -1159,3 +1159,57 @@ def temp_leftovers(root: Path) -> list[str]:
 
     left = (p for p in root.rglob("*") if (p.name.startswith(".tmp-") and p.name != LOCK_NAME) or p.name.endswith(".part"))
     return sorted(p.relative_to(root).as_posix() for p in left)
+
+
+# ----------------------------------------------------------------------------------------------
+# A rank's user error reaches the caller as one line (tests/test_rank_user_errors.py)
+
+RANK_DATA_PROBLEM = "shard train-000000.tar: a sample of step {step} holds token ids beyond the vocabulary; prepare it again"
+
+
+def train_with_data_problem(fail_step: int, fail_rank: int, *args):
+    """``training.train.train(*args)`` where rank ``fail_rank`` raises ``data_prep.sources.DataError`` (a
+    UserError: a problem the user can fix, found on one rank) as it fetches step ``fail_step``'s batch."""
+    from data_prep.sources import DataError
+    from training.data import StreamingLoader
+    from training.train import train
+
+    if int(os.environ.get("RANK", "0")) == fail_rank:
+        batch = StreamingLoader.batch
+
+        def batch_or_problem(self, step: int, *a, **kw):
+            if step + 1 == fail_step:
+                raise DataError(RANK_DATA_PROBLEM.format(step=fail_step))
+            return batch(self, step, *a, **kw)
+
+        StreamingLoader.batch = batch_or_problem
+    return train(*args)
+
+
+def elastic_train_with_data_problem(dataset: DatasetRef, fail_step: int, fail_rank: int, steps: int) -> CheckpointRef:
+    """A Flyte task function (see ``elastic_task``): ``train_with_data_problem`` on the tiny model, data-parallel."""
+    from training.config import ParallelConfig, TrainConfig
+
+    parallel = ParallelConfig(tensor_parallel=1, collective_timeout_s=300)  # a loaded machine: not a test of timeouts
+    cfg = TrainConfig(steps=steps, micro_batch_size=4, global_batch_size=8, warmup_steps=1, checkpoint_every=steps, seed=18)
+    return train_with_data_problem(fail_step, fail_rank, dataset, tiny_model(), parallel, cfg)
+
+
+def fill_once_present(proc: subprocess.Popen, marker: str, root: Path, disk: Path, leave: int, timeout: float = 600) -> Path:
+    """Wait (while ``proc`` runs) until a file matching the glob ``marker`` is under ``root``, then fill the
+    filesystem of ``disk`` with ``disk/filler`` so that only ``leave`` bytes stay free: whatever the stages
+    before it wrote, the space runs out in what comes after. Returns the filler; fails if ``proc`` ends first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not list(root.glob(marker)):
+        assert proc.poll() is None, f"the command ended (status {proc.returncode}) before {marker} appeared under {root}"
+        assert time.monotonic() < deadline, f"{marker} did not appear under {root} within {timeout:g} s"
+        time.sleep(0.05)
+    stat = os.statvfs(disk)
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        remaining = stat.f_bavail * stat.f_frsize - leave
+        while remaining > 0:
+            remaining -= f.write(b"\0" * min(remaining, 1 << 20))
+    return filler

@@ -21,6 +21,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from pipeline.cli import headline
 from storage.s3server import free_port
 from tasks.elastic import FirstFailureElastic, FirstFailureElasticTask
 from tasks.train import train_model
@@ -150,3 +151,9 @@ def test_a_flyte_elastic_task_names_the_rank_that_failed_first(tiny_dataset, tmp
     first = job_failed_in(caught.value)
     assert first is not None, repr(caught.value)
     assert_names_the_first_failure(first)
+    # Not a user error: `pretrain run` prints this one line (Flyte's codes and preambles, torch's report and
+    # the tracebacks left to its traceback log), and exits 1.
+    shown = headline(caught.value)
+    print("pretrain run would print: error:", shown)
+    assert shown.startswith(f"elastic_train_with_error: {HEADLINE} (its traceback: ") and "\n" not in shown, shown
+    assert not any(word in shown for word in PEER_WORDS) and "USER:" not in shown and "Traceback" not in shown

@@ -35,8 +35,9 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, get_error_handler
 
+from common.errors import UserError
 from training.diagnostics import _store_client
 
 FILE_NAME = "first_failure.json"
@@ -63,8 +64,14 @@ class Failure:
     """'ValueError: boom at step 3'."""
     traceback: str = ""
     error_file: str = ""
-    """The rank's torch.distributed.elastic error file (its full traceback), '' outside a launcher."""
+    """The rank's torch.distributed.elastic error file (its full traceback); '' outside a launcher, and
+    for a rank that exits without one (its watchdog ends it with ``os._exit``)."""
     host: str = ""
+    user_error: bool = False
+    """Whether the rank's error was a ``common.errors.UserError`` (a full store, a bad loss, a setting or
+    an input found on the rank): then the job's error is one too (``RankUserError``)."""
+    log_mark: str = "training failed"
+    """What the rank printed to the job's log just before its traceback or stacks: '[rank N] <log_mark>'."""
 
     def describe(self) -> str:
         """'rank 1 failed first, during step 3 (data): ValueError: boom at step 3'."""
@@ -72,9 +79,12 @@ class Failure:
         return f"rank {self.rank} failed first, {during}: {self.error}"
 
     def traceback_at(self) -> str:
-        """Where this failure's traceback is, for a message."""
-        found = f"{self.error_file} on {self.host}" if self.error_file else f"the log of rank {self.rank} on {self.host}"
-        return f"its traceback: {found}, and in the job's log after '[rank {self.rank}] training failed'"
+        """Where this failure's traceback is, for a message: its error file where one was written, and
+        the job's log (a rank ended by its watchdog writes no error file, only its stacks to the log)."""
+        in_log = f"the job's log after '[rank {self.rank}] {self.log_mark}'"
+        if self.error_file:
+            return f"its traceback: {self.error_file} on {self.host}, and in {in_log}"
+        return f"its traceback: {in_log} (rank {self.rank} ran on {self.host})"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -120,12 +130,17 @@ def _write_once(path: Path, text: str) -> None:
         os.unlink(tmp)
 
 
-def record_failure(error: BaseException, rank: int, where: str) -> Failure:
+def record_failure(error: BaseException, rank: int, where: str, *, exits: bool = False, log_mark: str = "") -> Failure:
     """Record this rank's own failure if it is the job's first; returns the job's first failure.
 
     Call it first thing in the handler, before the process group is shut down: a peer can only fail
     because of this rank once its connections close, so the genuine first failure is recorded before
     any failure it causes. Never raises: a store or folder that is gone leaves the record out.
+
+    ``exits``: the process ends right after (``os._exit``), so torch never writes its error file: it is
+    written here (this error, no traceback), so that the launcher reports this error rather than "exit
+    status 86" and finds the record next to it; the record points at the job's log, where the rank
+    printed ``[rank N] <log_mark>`` and its stacks.
     """
     own = Failure(
         time=time.time(),
@@ -133,9 +148,16 @@ def record_failure(error: BaseException, rank: int, where: str) -> Failure:
         where=where,
         error=error_text(error),
         traceback="".join(traceback.format_exception(error))[-_MAX_TEXT:],
-        error_file=os.environ.get("TORCHELASTIC_ERROR_FILE", ""),
+        error_file="" if exits else os.environ.get("TORCHELASTIC_ERROR_FILE", ""),
         host=socket.gethostname(),
+        user_error=isinstance(error, UserError),
+        log_mark=log_mark or Failure.log_mark,
     )
+    if exits:
+        try:
+            get_error_handler().record_exception(error)  # torch's format, at $TORCHELASTIC_ERROR_FILE if set
+        except Exception:  # noqa: BLE001 - without it the launcher says "exit status 86"; the record still goes
+            pass
     first = own
     try:
         client = _store_client()
@@ -210,8 +232,16 @@ def reported_first(error: ChildFailedError) -> int:
 
 
 def job_failure(error: ChildFailedError) -> JobFailed:
-    """``error`` as one error that names the first failing rank, its own error and its traceback."""
-    return JobFailed(error.name, error.failures, recorded_failure(error))
+    """``error`` as one error that names the first failing rank, its own error and its traceback.
+
+    Where that rank's error was a UserError, a ``RankUserError`` whose cause is the ``JobFailed`` (the
+    whole report, for a traceback log); raise it ``from`` its ``__cause__``, which is None otherwise."""
+    failed = JobFailed(error.name, error.failures, recorded_failure(error))
+    if failed.first is None or not failed.first.user_error:
+        return failed
+    user = RankUserError(error.name, error.failures, failed.first)
+    user.__cause__ = failed
+    return user
 
 
 class JobFailed(ChildFailedError):
@@ -244,3 +274,16 @@ class JobFailed(ChildFailedError):
             indented = self.first.traceback.rstrip().replace("\n", "\n  ")
             text += f"\nrank {self.first.rank}'s own error, as it recorded it:\n  {indented}"
         return f"{text}\n{super().format_msg(boarder_delim, section_delim)}"
+
+
+class RankUserError(UserError, JobFailed):
+    """A job whose first failing rank raised an error the user can fix (a ``UserError``: a full store,
+    a bad loss, a setting or an input found on the rank), as one: its message is one line, 'rank N failed
+    first, during <where>: <ExcType>: <message>', so that a command prints it as it prints any user
+    error (``error: …``, exit status 2). The job's whole report (every failed rank, tracebacks) is its
+    cause, a ``JobFailed``, which a traceback log holds; it is still a ``ChildFailedError``
+    (``failures``, ``get_first_failure``) for callers that catch those."""
+
+    def __init__(self, name: str, failures: dict, first: Failure) -> None:
+        JobFailed.__init__(self, name, failures, first)
+        self.args = (first.describe(),)  # what str() says; Flyte's local execution prefixes the task's name to it

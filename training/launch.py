@@ -2,7 +2,8 @@
 
 Flyte's ``Elastic`` plays this part inside the workflow; both go through
 ``torch.distributed.elastic``, so the library code cannot tell them apart. A failed job raises a
-``training.failures.JobFailed`` (a ``ChildFailedError``) that names the rank that failed first.
+``training.failures.JobFailed`` (a ``ChildFailedError``) that names the rank that failed first; a
+``RankUserError`` (also a ``UserError``) where that rank's error was one the user can fix.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     """Run ``fn(*args)`` on ``nproc`` local processes (spawn); returns rank 0's result.
 
     A failure raises ``JobFailed``: its first line names the rank that failed first and its own error,
-    not a peer's collective error (torch reports the rank whose process exited first)."""
+    not a peer's collective error (torch reports the rank whose process exited first). Where that error
+    was a ``UserError``, a ``RankUserError`` (a UserError and a JobFailed) whose message is that one line."""
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -37,4 +39,6 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     try:
         return elastic_launch(config, fn)(*args)[0]
     except ChildFailedError as e:
-        raise job_failure(e) from None  # the same report, with the right rank first: nothing to chain
+        failed = job_failure(e)
+        # The same report with the right rank first: nothing to chain, except under a rank's user error (the report).
+        raise failed from failed.__cause__

@@ -182,7 +182,8 @@ class Watchdog:
         state = f"waiting for {waiting_for}, which did not arrive" if waiting_for else "this rank is stuck"
         if not waiting_for:  # the stuck rank is the first failure; one waiting for it is not
             stuck = TimeoutError(f"made no progress for {stuck_for:.0f} s (limit {p.limit_s:g} s); the watchdog ended it")
-            record_failure(stuck, self.rank, where)
+            # It exits below without an error file: the record points at its lines in the job's log.
+            record_failure(stuck, self.rank, where, exits=True, log_mark="watchdog:")
         saved = p.diagnostics(f"watchdog: {where} made no progress for {stuck_for:.0f} s; {state}")
         print(
             f"[rank {self.rank}] watchdog: {where} has made no progress for {stuck_for:.0f} s "
