@@ -342,6 +342,7 @@ class Trial:
     partial: list[str] = field(default_factory=list)
     recovered: bool = False
     orphans: int = 0
+    orphan_commands: list[str] = field(default_factory=list)
 
 
 CHECKPOINT_EVERY = 8
@@ -443,17 +444,26 @@ class Soak:
             pass
         proc.wait(timeout=60)
 
-    def orphans(self, tag: str) -> int:
-        """Processes of pipeline ``tag`` still alive outside its killed group: killed, and counted."""
+    def orphans(self, tag: str, grace_s: float = 10.0) -> list[str]:
+        """Processes of pipeline ``tag`` still alive ``grace_s`` after it ended or its group was killed
+        (a SIGKILLed process in the middle of a write can take a moment to go): killed, and returned
+        as 'pid pgid status: command line'."""
         import psutil
 
-        found = 0
+        tagged = []
         for p in psutil.process_iter(["pid"]):
             try:
                 if p.pid != os.getpid() and p.environ().get("SOAK_TAG") == tag:
-                    p.kill()
-                    found += 1
+                    tagged.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        _, alive = psutil.wait_procs(tagged, timeout=grace_s) if tagged else ([], [])
+        found = []
+        for p in alive:
+            try:
+                found.append(f"{p.pid} {os.getpgid(p.pid)} {p.status()}: {' '.join(p.cmdline())[:300]}")
+                p.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ProcessLookupError):
                 continue
         return found
 
@@ -595,10 +605,11 @@ class Soak:
         trial.faulted_rc = proc.returncode
         if not fired:
             trial.landed, trial.detail = "missed", f"the run ended (exit {proc.returncode}) before the fault was due"
-        trial.orphans = self.orphans(f"{tag}-faulted")
+        trial.orphan_commands = self.orphans(f"{tag}-faulted")
         rc, seconds, text = self.run_to_end(home, f"{tag}-rerun")
         trial.rerun_rc, trial.rerun_s = rc, round(seconds, 1)
-        trial.orphans += self.orphans(f"{tag}-rerun")
+        trial.orphan_commands += self.orphans(f"{tag}-rerun")
+        trial.orphans = len(trial.orphan_commands)
         store = open_store(f"s3://{BUCKET}/{STORE_PREFIX}")
         trial.partial = whole_prefixes(store)
         if rc == 0:
