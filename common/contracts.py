@@ -287,6 +287,20 @@ class EvalReport:
 
 
 @dataclass
+class TrackingRef:
+    """The MLflow run that mirrors one pipeline execution (``tracking``)."""
+
+    uri: str = ""
+    """MLflow tracking URI the run lives at ('' = tracking off)."""
+    experiment: str = ""
+    """MLflow experiment name."""
+    execution: str = ""
+    """The pipeline execution this run mirrors (Flyte's execution id; a fresh id for a local run)."""
+    run_id: str = ""
+    """MLflow run id ('' = not created yet: the server was unreachable; the last task creates it)."""
+
+
+@dataclass
 class ModelRef:
     """A committed registry entry."""
 

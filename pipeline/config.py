@@ -30,6 +30,7 @@ from common.settings import from_dict, problems_error
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.validation import ValidationConfig
 from pipeline.cluster import CLUSTER_ENV, load_cluster
+from tracking.config import TrackingConfig
 from training.config import (
     EvalConfig,
     ModelConfig,
@@ -101,6 +102,8 @@ class PipelineConfig:
     """Held-out evaluation."""
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     """Model registration."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """Experiment tracking in MLflow."""
 
     def __post_init__(self) -> None:
         # A config built in Python (by hand, or by flytekit from a task's input) must be able to run; the
@@ -121,6 +124,7 @@ class PipelineConfig:
         for section in (self.data, self.tokenizer, self.validation, self.model, self.parallel, self.train, self.evaluation):
             out += section.problems()
         out += self.registry.problems()
+        out += self.tracking.problems()
         out += layout_problems(self.model, self.parallel)
         tp, pp = self.parallel.tensor_parallel, self.parallel.pipeline_parallel
         if self.parallel.sequence_parallel and tp >= 2 and self.data.seq_len >= 1 and self.data.seq_len % tp:

@@ -97,7 +97,8 @@ def test_every_unknown_key_and_bad_type_is_reported_at_once(tmp_path):
         load_config(path)
     assert str(caught.value).splitlines() == [
         f"the settings in {path} have 4 problems:",
-        "  - unknown setting registri; known: data, evaluation, model, parallel, registry, store, tokenizer, train, validation",
+        "  - unknown setting registri; known: data, evaluation, model, parallel, registry, store, tokenizer, tracking, train, "
+        "validation",
         "  - unknown setting train.stepz; known: " + ", ".join(sorted(f.name for f in dataclasses.fields(TrainConfig))),
         "  - train.lr must be float, got 'fast'",
         "  - model.kernels is 'cuda': use one of triton, torch",
