@@ -1,8 +1,13 @@
-"""HTML for Flyte Decks: small, dependency-free, self-contained (no CDN assets)."""
+"""HTML for Flyte Decks: self-contained (no CDN assets, no scripts); charts are matplotlib SVG inlined
+(``pipeline.charts``, which imports matplotlib only when a chart is drawn)."""
 
 from __future__ import annotations
 
 from html import escape
+
+from pipeline import charts
+from storage import Store
+from training import runs as training_runs
 
 STYLE = (
     "<style>body{font-family:sans-serif} table{border-collapse:collapse}"
@@ -19,113 +24,49 @@ def _fmt(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def line_chart(values: list[float], title: str, width: int = 640, height: int = 220) -> str:
-    """An SVG line chart of one series against its index (step)."""
-    if not values:
-        return f"<h3>{escape(title)}</h3><p>no data</p>"
-    lo, hi = min(values), max(values)
-    span = (hi - lo) or 1.0
-    pad = 30
-    n = max(len(values) - 1, 1)
-    points = " ".join(
-        f"{pad + i * (width - 2 * pad) / n:.1f},{height - pad - (v - lo) * (height - 2 * pad) / span:.1f}"
-        for i, v in enumerate(values)
-    )
-    return (
-        f"<h3>{escape(title)}</h3><svg width='{width}' height='{height}' style='border:1px solid #ddd'>"
-        f"<polyline fill='none' stroke='#1f77b4' stroke-width='1.5' points='{points}'/>"
-        f"<text x='4' y='{pad - 8}' font-size='11'>{hi:.4g}</text>"
-        f"<text x='4' y='{height - 8}' font-size='11'>{lo:.4g}</text>"
-        f"<text x='{width - pad - 60}' y='{height - 8}' font-size='11'>step {len(values)}</text></svg>"
-    )
+def chart(fig: object) -> str:
+    """A matplotlib figure inlined as SVG (``pipeline.charts``: labelled axes, legend)."""
+    return f"<div class='chart'>{charts.svg(fig)}</div>"
 
 
-# Per-step metrics of training/metrics.py charted on the train task's Deck: (record key, title).
+# Per-step metrics of training/metrics.py charted on the train task's Deck besides the loss: (record key, title, y label).
 TRAINING_CURVES = (
-    ("loss", "training loss"),
-    ("lr", "learning rate"),
-    ("grad_norm", "gradient norm"),
-    ("tokens_per_s", "tokens/s"),
-    ("mfu", "model FLOPs utilisation"),
+    ("lr", "learning rate", "learning rate"),
+    ("grad_norm", "gradient norm", "gradient norm (before clipping)"),
+    ("tokens_per_s", "tokens/s", "tokens per second"),
+    ("mfu", "model FLOPs utilisation", "MFU"),
 )
 
 
-def training_curves(metrics: list[dict]) -> str:
-    """One chart per series; a series missing from the records (older runs, MFU on an unknown GPU) is left out."""
-    charts = []
-    for key, title in TRAINING_CURVES:
-        values = [m[key] for m in metrics if m.get(key) is not None]
-        if values:
-            charts.append(line_chart(values, title))
+def training_curves(metrics: list[dict], validation: list[tuple[int, float]] | None = None) -> str:
+    """The loss (raw, smoothed, and ``validation`` (step, val_loss) points when given), then one chart per
+    other series; a series missing from the records (older runs, MFU on an unknown GPU) is left out, as are
+    skipped steps' losses (they may be NaN)."""
+    parts = []
+    losses = [m for m in metrics if "skipped" not in m and isinstance(m.get("loss"), (int, float))]
+    if losses:
+        curve = charts.Curve("loss", [int(m["step"]) for m in losses], [float(m["loss"]) for m in losses], list(validation or []))
+        parts.append(chart(charts.loss_figure([curve])))
+    for key, title, y_label in TRAINING_CURVES:
+        points = [m for m in metrics if isinstance(m.get(key), (int, float))]
+        if points:
+            parts.append(
+                chart(charts.series_figure([int(m["step"]) for m in points], [float(m[key]) for m in points], title, y_label))
+            )
     last = metrics[-1] if metrics else {}
     source = last.get("peak_flops_source")
     note = f"<p>MFU against {escape(_fmt(last.get('peak_flops')))} FLOP/s per device ({escape(source)}).</p>" if source else ""
-    return "".join(charts) + note
+    return "".join(parts) + note if parts else "<h3>training curves</h3><p>no data</p>"
 
 
 # --- where a step's time goes, and what went wrong ---------------------------------------------
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-
-
 def stacked_area_chart(
     steps: list[int], series: list[tuple[str, list[float]]], title: str, y_label: str, x_label: str = "step"
 ) -> str:
-    """An SVG stacked area chart: one filled polygon per series, stacked in the given order (first at the
-    bottom), a legend naming each, the axes labelled with the range they span."""
+    """A stacked area chart (first series at the bottom, the top edge their sum) with a legend and axis labels."""
     if not steps or not series:
         return f"<h3>{escape(title)}</h3><p>no data</p>"
-    width, height, left, right, top, bottom = 720, 260, 56, 170, 12, 40
-    plot_w, plot_h = width - left - right, height - top - bottom
-    tops = [sum(values[i] for _, values in series) for i in range(len(steps))]
-    hi = max(tops) or 1.0
-    lo_step, hi_step = steps[0], steps[-1]
-    x_span = (hi_step - lo_step) or 1
-
-    def x(i: int) -> float:
-        return left + (steps[i] - lo_step) * plot_w / x_span
-
-    def y(v: float) -> float:
-        return top + plot_h - v * plot_h / hi
-
-    shapes, legend = [], []
-    below = [0.0] * len(steps)
-    for n, (label, values) in enumerate(series):
-        above = [b + v for b, v in zip(below, values, strict=True)]
-        # Along the top edge left to right, back along the bottom edge: one closed area. A single
-        # step is drawn as a bar one plot-width wide.
-        xs = [x(i) for i in range(len(steps))] if len(steps) > 1 else [left, left + plot_w]
-        upper, lower = (above, below) if len(steps) > 1 else (above * 2, below * 2)
-        ring = [(xv, y(v)) for xv, v in zip(xs, upper, strict=True)] + [
-            (xv, y(v)) for xv, v in zip(reversed(xs), reversed(lower), strict=True)
-        ]
-        points = " ".join(f"{px:.1f},{py:.1f}" for px, py in ring)
-        color = PALETTE[n % len(PALETTE)]
-        shapes.append(
-            f"<polygon class='area' fill='{color}' fill-opacity='0.85' stroke='none' points='{points}'>"
-            f"<title>{escape(label)}</title></polygon>"
-        )
-        ly = top + 14 + 18 * n
-        legend.append(
-            f"<rect x='{width - right + 12}' y='{ly - 10}' width='12' height='12' fill='{color}'/>"
-            f"<text class='legend' x='{width - right + 30}' y='{ly}' font-size='12'>{escape(label)}</text>"
-        )
-        below = above
-    axes = (
-        f"<line x1='{left}' y1='{top + plot_h}' x2='{left + plot_w}' y2='{top + plot_h}' stroke='#333'/>"
-        f"<line x1='{left}' y1='{top}' x2='{left}' y2='{top + plot_h}' stroke='#333'/>"
-        f"<text x='{left - 4}' y='{top + 10}' font-size='11' text-anchor='end'>{hi:.3g}</text>"
-        f"<text x='{left - 4}' y='{top + plot_h}' font-size='11' text-anchor='end'>0</text>"
-        f"<text x='{left}' y='{top + plot_h + 14}' font-size='11'>{lo_step}</text>"
-        f"<text x='{left + plot_w}' y='{top + plot_h + 14}' font-size='11' text-anchor='end'>{hi_step}</text>"
-        f"<text class='x-label' x='{left + plot_w / 2}' y='{height - 6}' font-size='12' text-anchor='middle'>"
-        f"{escape(x_label)}</text>"
-        f"<text class='y-label' x='14' y='{top + plot_h / 2}' font-size='12' text-anchor='middle' "
-        f"transform='rotate(-90 14 {top + plot_h / 2})'>{escape(y_label)}</text>"
-    )
-    return (
-        f"<h3>{escape(title)}</h3><svg width='{width}' height='{height}' style='border:1px solid #ddd'>"
-        f"{''.join(shapes)}{axes}{''.join(legend)}</svg>"
-    )
+    return chart(charts.stacked_figure(steps, series, title, y_label, x_label))
 
 
 def _phase_label(key: str) -> str:
@@ -135,7 +76,7 @@ def _phase_label(key: str) -> str:
 
 def step_time_breakdown(metrics: list[dict], keys: tuple[str, ...] | list[str]) -> str:
     """The per-step seconds of each phase (``keys``: training.timing.BREAKDOWN_KEYS, passed in so
-    that the Decks do not import the training library), stacked: the top edge is the step time.
+    that the Decks do not import the training loop), stacked: the top edge is the step time.
     Steps without a breakdown (records of older runs) are left out; a missing phase counts 0."""
     timed = [m for m in metrics if any(k in m for k in keys)]
     steps = [int(m["step"]) for m in timed]
@@ -185,3 +126,42 @@ def run_warnings(metrics: list[dict]) -> str:
     else:
         parts.append("<p>none</p>")
     return "".join(parts)
+
+
+# --- several training runs side by side ------------------------------------------------------------
+def run_comparison(store: Store, runs: list[str], labels: list[str]) -> str:
+    """The comparison ``pretrain runs compare`` prints, as HTML: the config keys that differ (one row each,
+    the runs side by side), the figures of each run (final train loss, the latest evaluation's validation
+    loss, bits per byte and perplexity, median tokens/s and MFU) and their loss curves on one chart (raw,
+    smoothed, validation points). ``runs``: run ids, ``runs/<id>`` prefixes or unique id prefixes in
+    ``store``; ``labels``: the column name of each (e.g. 'this execution', 'production v3')."""
+    if len(runs) != len(labels):
+        raise ValueError(f"run_comparison: {len(runs)} runs but {len(labels)} labels")
+    compared = training_runs.compare(store, runs)
+    names = [f"{label} ({run['id'][: training_runs.SHORT_ID]})" for label, run in zip(labels, compared["runs"], strict=True)]
+    header = "<tr><th></th>" + "".join(f"<th>{escape(n)}</th>" for n in names) + "</tr>"
+    if compared["differences"]:
+        rows = "".join(
+            f"<tr><th>{escape(d['key'])}</th>"
+            + "".join(f"<td>{escape(training_runs.value_text(v))}</td>" for v in d["values"])
+            + "</tr>"
+            for d in compared["differences"]
+        )
+        config = f"<table class='differences'>{header}{rows}</table>"
+    else:
+        config = f"<p>no differences in the {compared['keys_compared']} settings compared</p>"
+    rows = "".join(
+        f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{escape(v)}</td>" for v in values) + "</tr>"
+        for name, values in training_runs.figure_rows(compared["runs"])
+    )
+    curves = []
+    for label, run in zip(labels, compared["runs"], strict=True):
+        history = training_runs.loss_history(store, run["id"])
+        curves.append(charts.Curve(label, history["steps"], history["loss"], history["validation"]))
+    links = "".join(f"<li>{escape(n)}: {escape(run['uri'])}</li>" for n, run in zip(names, compared["runs"], strict=True))
+    return (
+        f"{STYLE}<h3>runs</h3><ul>{links}</ul>"
+        f"<h3>config differences</h3>{config}"
+        f"<h3>figures</h3><table class='figures'>{header}{rows}</table>"
+        f"<h3>loss</h3>{chart(charts.loss_figure(curves, 'training loss by run'))}"
+    )

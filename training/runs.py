@@ -315,3 +315,132 @@ def show(store: Store, text: str) -> dict[str, Any]:
         "evaluations": _evaluations(store, run),
         "files": _files(store, run),
     }
+
+
+# -- several runs side by side ----------------------------------------------------------------
+def flat_config(meta: dict) -> dict[str, Any]:
+    """The settings a run was trained with, flattened to ``section.key`` (``train.lr``, ``model.num_layers``),
+    plus ``dataset`` (its version) and ``layouts`` (which layout trained which steps), from its latest
+    checkpoint's meta.json; {} for a run with no committed checkpoint."""
+    flat: dict[str, Any] = {}
+    if meta.get("dataset") is not None:
+        flat["dataset"] = meta["dataset"]
+    for section in ("model", "train"):
+        _flatten(meta.get(section) or {}, section, flat)
+    layouts = _layouts(meta)
+    if layouts:
+        flat["layouts"] = "; ".join(f"{s['first_step']}-{s['last_step']} {_layout_short(s)}" for s in layouts)
+    return flat
+
+
+def _flatten(values: dict, prefix: str, out: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict):
+            _flatten(value, f"{prefix}.{key}", out)
+        else:
+            out[f"{prefix}.{key}"] = value
+
+
+def differences(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The keys whose value is not the same in every config (a key some lack counts as differing, the missing
+    value None), sorted: ``[{"key": "train.lr", "values": [0.003, 0.001]}, ...]``."""
+    keys = sorted(set().union(*configs)) if configs else []
+    out = []
+    for key in keys:
+        values = [config.get(key) for config in configs]
+        if any(v != values[0] for v in values[1:]):
+            out.append({"key": key, "values": values})
+    return out
+
+
+def latest_evaluation(evaluations: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation at the highest step (``_evaluations`` sorts them by step, then by where they are)."""
+    return evaluations[-1] if evaluations else None
+
+
+def compare(store: Store, texts: list[str]) -> dict[str, Any]:
+    """What ``pretrain runs compare`` prints of the runs ``texts`` name (ids or unique prefixes), from the store
+    alone: the config keys that differ between them and each run's figures (final train loss, the latest
+    evaluation's validation loss, perplexity and bits per byte, median tokens/s and MFU, steps)."""
+    ids = [resolve_run(store, text) for text in texts]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise UserError(f"run {twice[0]} is named more than once ({', '.join(texts)}); name each run to compare once")
+    configs, runs = [], []
+    for run_id in ids:
+        run = run_prefix(run_id)
+        meta = _latest_meta(store, run, committed_steps(store, run))
+        configs.append(flat_config(meta))
+        row = summary(store, run_id)
+        evaluation = latest_evaluation(_evaluations(store, run)) or {}
+        runs.append(
+            {
+                "id": run_id,
+                "uri": row["uri"],
+                "steps_done": row["steps_done"],
+                "steps_planned": row["steps_planned"],
+                "final_loss": row["final_loss"],
+                "final_loss_steps": row["final_loss_steps"],
+                "val_loss": evaluation.get("val_loss"),
+                "perplexity": evaluation.get("perplexity"),
+                "bits_per_byte": evaluation.get("bits_per_byte"),
+                "eval_step": evaluation.get("step"),
+                "eval_uri": evaluation.get("uri"),
+                "tokens_per_s": row["tokens_per_s"],
+                "mfu": row["mfu"],
+            }
+        )
+    return {"store": store.uri, "runs": runs, "keys_compared": len(set().union(*configs)), "differences": differences(configs)}
+
+
+def loss_history(store: Store, run_id: str) -> dict[str, Any]:
+    """A run's loss per step (steps whose update was skipped are left out: their loss may be NaN) and its
+    committed evaluations as (step, val_loss): what a loss chart draws."""
+    run = run_prefix(run_id)
+    records = [m for m in _jsonl(store, metrics_key(run)) if "skipped" not in m and isinstance(m.get("loss"), (int, float))]
+    evaluations = [e for e in _evaluations(store, run) if e.get("step") is not None and e.get("val_loss") is not None]
+    return {
+        "steps": [int(m["step"]) for m in records],
+        "loss": [float(m["loss"]) for m in records],
+        "validation": [(int(e["step"]), float(e["val_loss"])) for e in evaluations],
+    }
+
+
+def value_text(value: Any) -> str:
+    """A config value as a person reads it: '-' for a missing one, floats briefly (0.003, 3e-05)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def figure_rows(runs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The figures of ``compare``'s runs as (name, one text per run), the same rows on the CLI and in the Deck."""
+    evals = {r["eval_step"] for r in runs}
+    at = "" if len(evals) != 1 or None in evals else f" (step {evals.pop()})"
+    return [
+        ("steps", [f"{r['steps_done']}/{r['steps_planned'] if r['steps_planned'] is not None else '?'}" for r in runs]),
+        (f"final train loss (last {FINAL_LOSS_STEPS})", [_fmt(r["final_loss"], ".4f") for r in runs]),
+        (f"validation loss{at}", [_fmt(r["val_loss"], ".4f") for r in runs]),
+        ("bits per byte", [_fmt(r["bits_per_byte"], ".4f") for r in runs]),
+        ("perplexity", [_fmt(r["perplexity"], ".2f") for r in runs]),
+        ("tokens/s (median)", [_fmt(r["tokens_per_s"], ",.0f") for r in runs]),
+        ("MFU (median)", [_fmt(r["mfu"], ".2%") for r in runs]),
+    ]
+
+
+def column_names(ids: list[str]) -> list[str]:
+    """Short names for runs side by side: the first ``SHORT_ID`` characters of each id, more where two share them."""
+    width = SHORT_ID
+    while len({i[:width] for i in ids}) < len(set(ids)) and width < max(map(len, ids)):
+        width += 4
+    return [i[:width] for i in ids]
