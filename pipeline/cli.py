@@ -9,6 +9,7 @@
     pretrain registry download NAME[:VERSION|:ALIAS] DEST [--store URI]
     pretrain runs list [--json] [--store URI]
     pretrain runs show RUN [--json] [--store URI]
+    pretrain runs compare RUN_A RUN_B [...] [--out FILE.png|.svg] [--json] [--store URI]
     pretrain gc [--apply] [--min-age MINUTES] [--json] [--store URI]
 
 Errors the user can fix are printed as one line (``error: …``) with exit status 2; ``pretrain run`` also
@@ -187,6 +188,65 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     for line in _run_lines(run):
         print(line)
     return 0
+
+
+def cmd_runs_compare(args: argparse.Namespace) -> int:
+    """The config differences and figures of two runs or more, and their loss curves in one image."""
+    from common.errors import UserError
+    from pipeline import charts
+
+    if len(args.runs) < 2:
+        raise UserError(f"runs compare needs two runs or more, got {len(args.runs)}; `pretrain runs list` lists them")
+    store = _store(args)
+    compared = runs.compare(store, args.runs)
+    names = runs.column_names([r["id"] for r in compared["runs"]])
+    out = Path(args.out) if args.out else Path.cwd() / f"loss-{'-'.join(n[:12] for n in names[:4])}{_more(len(names))}.png"
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UserError(
+            f"--out {args.out}: {out.suffix or 'no suffix'} is not an image format here; name a .png, .svg or .pdf file"
+        )
+    curves = []
+    for name, run in zip(names, compared["runs"], strict=True):
+        history = runs.loss_history(store, run["id"])
+        curves.append(charts.Curve(name, history["steps"], history["loss"], history["validation"]))
+    image = charts.save(charts.loss_figure(curves, "training loss by run"), out).resolve()
+    compared |= {"image": str(image), "image_bytes": image.stat().st_size}
+    if args.json:
+        print(json.dumps(compared, indent=2))
+        return 0
+    for line in _compare_lines(compared, names):
+        print(line)
+    return 0
+
+
+def _more(n: int) -> str:
+    return f"-and-{n - 4}-more" if n > 4 else ""
+
+
+def _compare_lines(compared: dict, names: list[str]) -> list[str]:
+    """``pretrain runs compare`` in words: the runs, the settings that differ, the figures, the image."""
+    out = [f"runs in {compared['store']}:"] + [f"  {n}  {r['uri']}" for n, r in zip(names, compared["runs"], strict=True)]
+    differences = compared["differences"]
+    if differences:
+        out.append(f"config differences ({len(differences)} of {compared['keys_compared']} settings):")
+        rows = [(d["key"], [runs.value_text(v) for v in d["values"]]) for d in differences]
+        out += _side_by_side([("setting", names), *rows])
+    else:
+        out.append(f"config: no differences in the {compared['keys_compared']} settings compared")
+    out.append("figures:")
+    out += _side_by_side([("", names), *runs.figure_rows(compared["runs"])])
+    out.append(f"loss curves: {compared['image']} ({compared['image_bytes']:,} bytes)")
+    return out
+
+
+def _side_by_side(rows: list[tuple[str, list[str]]]) -> list[str]:
+    """Rows of (name, one value per run) as aligned columns."""
+    first = max(len(name) for name, _ in rows)
+    widths = [max(len(values[i]) for _, values in rows) for i in range(len(rows[0][1]))]
+    return [
+        "  " + "  ".join([name.ljust(first), *(v.ljust(w) for v, w in zip(values, widths, strict=True))]).rstrip()
+        for name, values in rows
+    ]
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -379,6 +439,12 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--json", action="store_true")
     rs.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
     rs.set_defaults(fn=cmd_runs_show)
+    rc = runs_cmd.add_parser("compare", help="two runs or more: config differences, figures, loss curves in one image")
+    rc.add_argument("runs", nargs="+", metavar="RUN", help="run ids or unique prefixes of them")
+    rc.add_argument("--out", help="image file to write (.png, .svg or .pdf; default: loss-<runs>.png in this folder)")
+    rc.add_argument("--json", action="store_true")
+    rc.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    rc.set_defaults(fn=cmd_runs_compare)
 
     gc = sub.add_parser("gc", help="remove uncommitted leftovers and checkpoints beyond keep (dry run unless --apply)")
     gc.add_argument("--apply", action="store_true", help="remove what the dry run lists")

@@ -1213,3 +1213,59 @@ def fill_once_present(proc: subprocess.Popen, marker: str, root: Path, disk: Pat
         while remaining > 0:
             remaining -= f.write(b"\0" * min(remaining, 1 << 20))
     return filler
+
+
+# ----------------------------------------------------------------------------------------------
+# Charts (pipeline.charts): reading matplotlib's SVG back. Each drawn series is a group <g id="...">
+# (the artist's gid); a line is a <path d="M x y L x y ...">, markers are <use x= y=> of a marker
+# path in <defs>, a filled area a <use> of its outline in <defs> moved by the use's x and y.
+
+SVG = "{http://www.w3.org/2000/svg}"
+XLINK_HREF = "{http://www.w3.org/1999/xlink}href"
+_POINT = re.compile(r"[ML]\s+(-?[\d.]+(?:e[-+]?\d+)?)\s+(-?[\d.]+(?:e[-+]?\d+)?)")
+
+
+def svg_root(svg: str):
+    """The parsed ``<svg>`` element (fails on text that is not well-formed XML)."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg)
+    assert root.tag == f"{SVG}svg", root.tag
+    return root
+
+
+def svg_group(root, gid: str):
+    """The group matplotlib wrote for the artist whose gid is ``gid``, or None."""
+    return next((g for g in root.iter(f"{SVG}g") if g.get("id") == gid), None)
+
+
+def svg_ids(root, prefix: str) -> list[str]:
+    """The ids of the groups whose id starts with ``prefix``, in drawing order."""
+    return [g.get("id") for g in root.iter(f"{SVG}g") if (g.get("id") or "").startswith(prefix)]
+
+
+def svg_texts(root) -> list[str]:
+    """Every <text> of the figure (titles, axis labels, tick labels, legend entries), in order."""
+    return ["".join(t.itertext()) for t in root.iter(f"{SVG}text")]
+
+
+def svg_points(d: str, dx: float = 0.0, dy: float = 0.0) -> list[tuple[float, float]]:
+    """The vertices (M and L commands) of a path's ``d``, moved by (dx, dy)."""
+    return [(float(x) + dx, float(y) + dy) for x, y in _POINT.findall(d)]
+
+
+def svg_lines(group) -> list[list[tuple[float, float]]]:
+    """The vertices of every path drawn in ``group``: its own paths, and each <use> of a <defs> path moved by
+    the use's offset (markers: the offsets are the markers' centres, see ``svg_marks``)."""
+    defs = {p.get("id"): p.get("d") for d in group.iter(f"{SVG}defs") for p in d.iter(f"{SVG}path")}
+    out = [svg_points(p.get("d")) for p in group.iter(f"{SVG}path") if p.get("id") not in defs]
+    for use in group.iter(f"{SVG}use"):
+        ref = (use.get(XLINK_HREF) or "").lstrip("#")
+        if ref in defs:
+            out.append(svg_points(defs[ref], float(use.get("x", 0)), float(use.get("y", 0))))
+    return out
+
+
+def svg_marks(group) -> list[tuple[float, float]]:
+    """Where the markers of ``group`` are drawn: the (x, y) of each <use>."""
+    return [(float(u.get("x", 0)), float(u.get("y", 0))) for u in group.iter(f"{SVG}use")]

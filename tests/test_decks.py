@@ -1,15 +1,19 @@
-"""The train task's Decks: the stacked step-time plot, the straggler and loss-health tables."""
+"""The train task's Decks: the training curves and the stacked step-time plot (matplotlib SVG, read back as
+XML), the straggler and loss-health tables."""
 
 from __future__ import annotations
 
+import math
 import re
-from itertools import pairwise
+
+import pytest
 
 from tasks import decks
+from tests.helpers import svg_group, svg_ids, svg_lines, svg_marks, svg_root, svg_texts
 from training.timing import BREAKDOWN_KEYS
 
 LABELS = ["data", "forward+backward", "collective", "optimizer", "checkpoint", "other"]
-POLYGON = re.compile(r"<polygon class='area'[^>]*points='([^']*)'>")
+SVG = re.compile(r"<svg.*?</svg>", re.DOTALL)
 
 
 def breakdown_records(n: int) -> list[dict]:
@@ -25,38 +29,78 @@ def breakdown_records(n: int) -> list[dict]:
     return records
 
 
-def areas(html: str) -> list[list[tuple[float, float]]]:
-    return [[tuple(map(float, p.split(","))) for p in points.split()] for points in POLYGON.findall(html)]
+def charts_of(html: str) -> list:
+    """Every inline chart of a Deck, parsed (each must be well-formed SVG)."""
+    return [svg_root(svg) for svg in SVG.findall(html)]
+
+
+def edges(root, gid: str) -> dict[float, tuple[float, float]]:
+    """A filled area's (top, bottom) SVG y at each x it spans (y grows downwards)."""
+    (outline,) = svg_lines(svg_group(root, gid))
+    by_x: dict[float, list[float]] = {}
+    for x, y in outline:
+        by_x.setdefault(round(x, 3), []).append(round(y, 3))
+    return {x: (min(ys), max(ys)) for x, ys in sorted(by_x.items())}
 
 
 def test_stacked_plot_has_one_area_per_phase_a_legend_and_axis_labels():
     records = [{"step": 0, "loss": 9.0}] + breakdown_records(5)  # a record without a breakdown is left out
-    html = decks.step_time_breakdown(records, BREAKDOWN_KEYS)
-    shapes = areas(html)
-    assert len(shapes) == len(BREAKDOWN_KEYS) == 6
-    assert re.findall(r"<text class='legend'[^>]*>([^<]*)</text>", html) == LABELS
-    assert re.search(r"<text class='x-label'[^>]*>step</text>", html)
-    assert re.search(r"<text class='y-label'[^>]*>seconds per step</text>", html)
-    assert ">1</text>" in html and ">5</text>" in html  # the x axis spans steps 1 to 5
-    n = 5
+    (root,) = charts_of(decks.step_time_breakdown(records, BREAKDOWN_KEYS))
+    assert svg_ids(root, "area-") == [f"area-{i}" for i in range(6)] and len(BREAKDOWN_KEYS) == 6
+    texts = svg_texts(root)
+    assert texts[-6:] == LABELS[::-1]  # the legend lists the top of the stack first
+    assert {"step", "seconds per step", "step time by phase (rank 0)"} <= set(texts)
+    assert {"1", "5"} <= set(texts) and "0" not in texts and "6" not in texts  # the x axis spans steps 1 to 5
+    areas = [edges(root, f"area-{i}") for i in range(6)]
+    assert all(len(area) == 5 for area in areas)  # one x per step
     # Stacked: each area's lower edge is the one below's upper edge, the first sits on the axis.
-    baseline = {y for _, y in shapes[0][n:]}
-    assert len(baseline) == 1
-    for below, above in pairwise(shapes):
-        assert [y for _, y in above[n:]] == [y for _, y in reversed(below[:n])]
+    assert len({bottom for _, bottom in areas[0].values()}) == 1
+    for below, above in zip(areas, areas[1:], strict=False):
+        assert [bottom for _, bottom in above.values()] == [top for top, _ in below.values()]
     # The top edge is the step time: highest (smallest y) at the slow step 3, then the checkpoint step 4.
-    top = [y for _, y in shapes[-1][:n]]
-    assert sorted(range(n), key=top.__getitem__)[:2] == [2, 3]
-    # The checkpoint's area has height only at step 4.
-    checkpoint = shapes[BREAKDOWN_KEYS.index("time_checkpoint_s")]
-    heights = [lo - hi for (_, hi), (_, lo) in zip(checkpoint[:n], reversed(checkpoint[n:]), strict=True)]
+    top = [t for t, _ in areas[-1].values()]
+    assert sorted(range(5), key=top.__getitem__)[:2] == [2, 3]
+    # The checkpoint's area has height only at step 4, and in proportion: 0.4 s against step 3's 1.0 s top.
+    checkpoint = areas[BREAKDOWN_KEYS.index("time_checkpoint_s")]
+    heights = [bottom - t for t, bottom in checkpoint.values()]
     assert [h > 0 for h in heights] == [False, False, False, True, False]
+    axis = next(iter(areas[0].values()))[1]
+    assert heights[3] / (axis - top[2]) == pytest.approx(0.4 / 1.0, rel=1e-3)
 
 
 def test_a_run_without_a_breakdown_says_so():
     assert "no data" in decks.step_time_breakdown([{"step": 1, "loss": 3.0}], BREAKDOWN_KEYS)
-    single = decks.step_time_breakdown(breakdown_records(1), BREAKDOWN_KEYS)
-    assert len(areas(single)) == 6  # one step still draws every phase
+    (single,) = charts_of(decks.step_time_breakdown(breakdown_records(1), BREAKDOWN_KEYS))
+    assert svg_ids(single, "area-") == [f"area-{i}" for i in range(6)]  # one step still draws every phase
+    assert all(len(edges(single, f"area-{i}")) == 2 for i in range(6))  # as a band one step wide
+
+
+def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_the_other_series():
+    records = [
+        {"step": s, "loss": 6.0 - s / 10 + (0.3 if s % 2 else 0.0), "lr": 1e-3 * s, "grad_norm": 1.0, "tokens_per_s": 900.0 + s}
+        for s in range(1, 21)
+    ]
+    records[9] |= {"loss": math.nan, "skipped": True}  # a refused step: its NaN is not drawn
+    html = decks.training_curves(records, validation=[(10, 5.5), (20, 4.2)])
+    loss, *others = charts_of(html)
+    assert len(others) == 3  # lr, grad norm, tokens/s; no MFU in these records
+    assert {"step", "loss"} <= set(svg_texts(loss)) and "validation loss" in svg_texts(loss)
+    (raw,) = svg_lines(svg_group(loss, "raw-0"))
+    (smoothed,) = svg_lines(svg_group(loss, "smooth-0"))
+    assert len(raw) == len(smoothed) == 19  # every applied step; the skipped one left out
+    # Smoothed: a centered moving average over 3 points (fewer at the ends); the axes map y linearly, so the
+    # mean of the raw points' SVG y is the smoothed point's.
+    ys = [y for _, y in raw]
+    means = [sum(ys[max(0, i - 1) : i + 2]) / len(ys[max(0, i - 1) : i + 2]) for i in range(len(ys))]
+    assert [y for _, y in smoothed] == pytest.approx(means, abs=1e-3)
+    assert [x for x, _ in smoothed] == [x for x, _ in raw]
+    # The validation markers sit at steps 10 and 20: x interpolated from the raw line's ends (steps 1 and 20).
+    (x1, _), (x20, _) = raw[0], raw[-1]
+    marks = svg_marks(svg_group(loss, "validation-0"))
+    assert [round(x, 2) for x, _ in marks] == [round(x1 + (s - 1) * (x20 - x1) / 19, 2) for s in (10, 20)]
+    assert marks[0][1] < marks[1][1]  # 5.5 above 4.2
+    assert [svg_texts(c)[-1] for c in others] == ["learning rate", "gradient norm", "tokens/s"]  # titles
+    assert decks.training_curves([]).count("no data") == 1
 
 
 def test_straggler_warnings_and_health_events_are_listed():
@@ -98,4 +142,8 @@ def test_strings_are_escaped():
     assert "<script>" not in html and "alert('x')" not in html
     assert html.count("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;") == 5
     chart = decks.stacked_area_chart([1, 2], [(hostile, [1.0, 2.0])], hostile, hostile, hostile)
-    assert "<script>" not in chart and chart.count("&lt;script&gt;") == 5  # title, area tooltip, legend, both axes
+    (root,) = charts_of(chart)
+    assert "<script>" not in chart and not list(root.iter("{http://www.w3.org/2000/svg}script"))
+    assert svg_texts(root).count(hostile) == 4  # title, legend, both axes: shown as text, escaped in the SVG
+    dollars = decks.stacked_area_chart([1, 2], [("cost $x", [1.0, 2.0])], "a $ b", "_hidden", "y")
+    assert {"cost $x", "a $ b"} <= set(svg_texts(charts_of(dollars)[0]))  # no math mode, no error on an odd '$'
