@@ -134,10 +134,28 @@ def stacked_figure(
         below = above
     ax.set_xlim(xs[0], xs[-1])
     ax.set_ylim(bottom=0)
+    _clip_outliers(ax, steps, below[: len(steps)])
     handles, labels = ax.get_legend_handles_labels()  # listed top of the stack first, as the areas lie
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     _integer_steps(ax)
     return fig
+
+
+OUTLIER_FACTOR = 5.0
+"""A stacked chart's y axis stops at 1.5× the 95th percentile of the totals when a few steps (a checkpoint
+save, the first step's warm-up) exceed it this many times over: otherwise they flatten every other step."""
+
+
+def _clip_outliers(ax: Any, steps: list[int], totals: list[float]) -> None:
+    if len(totals) < 20:
+        return
+    usual = sorted(totals)[int(0.95 * (len(totals) - 1))]
+    if usual <= 0 or max(totals) <= OUTLIER_FACTOR * usual:
+        return
+    ax.set_ylim(0, 1.5 * usual)
+    over = sorted(((t, s) for s, t in zip(steps, totals, strict=True) if t > 1.5 * usual), reverse=True)
+    shown = ", ".join(f"step {s}: {t:.3g}" for t, s in over[:3]) + (f" and {len(over) - 3} more" if len(over) > 3 else "")
+    ax.text(0.99, 0.97, f"off the chart: {shown}", transform=ax.transAxes, ha="right", va="top", fontsize=8, gid="clipped")
 
 
 # -- output -----------------------------------------------------------------------------------------

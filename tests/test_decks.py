@@ -147,3 +147,14 @@ def test_strings_are_escaped():
     assert svg_texts(root).count(hostile) == 4  # title, legend, both axes: shown as text, escaped in the SVG
     dollars = decks.stacked_area_chart([1, 2], [("cost $x", [1.0, 2.0])], "a $ b", "_hidden", "y")
     assert {"cost $x", "a $ b"} <= set(svg_texts(charts_of(dollars)[0]))  # no math mode, no error on an odd '$'
+
+
+def test_a_rare_slow_step_does_not_flatten_the_others():
+    records = breakdown_records(40)
+    records[19]["time_checkpoint_s"] = 9.0  # step 20: a save thirty times an ordinary step
+    (root,) = charts_of(decks.step_time_breakdown(records, BREAKDOWN_KEYS))
+    assert "off the chart: step 20: 9.3" in svg_texts(root)  # its total, named (step 3's 1.0 s and 4's 0.7 s are not)
+    y_ticks = [float(t) for t in svg_texts(root) if re.fullmatch(r"\d+\.\d+", t)]
+    assert max(y_ticks) < 2.0  # the axis stops near the usual steps, not at 9.3
+    (quiet,) = charts_of(decks.step_time_breakdown(breakdown_records(40), BREAKDOWN_KEYS))
+    assert not any(t.startswith("off the chart") for t in svg_texts(quiet))
