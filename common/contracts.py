@@ -284,6 +284,13 @@ class EvalReport:
     """The baseline's bits per byte on the same validation rows (-1: none, or not comparable)."""
     outputs: str = ""
     """Key prefix of the committed evaluation files: ``results.json`` and the Hugging Face export ``hf/``."""
+    lm_eval: dict[str, float] = field(default_factory=dict)
+    """lm-evaluation-harness figures on the held-out tasks, ``lm_eval.<task>.<metric>`` (stderr and
+    example counts are in ``results.json``)."""
+    baseline_lm_eval: dict[str, float] = field(default_factory=dict)
+    """The baseline's lm-eval figures on the very same examples ({}: no baseline, or no export to run)."""
+    lm_eval_examples: dict[str, str] = field(default_factory=dict)
+    """sha256 of each lm-eval task's examples (its JSONL): equal digests, the same examples."""
 
 
 @dataclass
@@ -369,6 +376,13 @@ class GateDecision:
     tolerance: float
     promoted: bool
     reason: str
+    metric: str = "bits_per_byte"
+    """The figure that decided: ``bits_per_byte`` (lower is better) or ``lm_eval.<task>.<metric>``
+    (acc and acc_norm: higher is better). Cards from before this field were decided by bits per byte."""
+    candidate_value: float | None = None
+    """The candidate's ``metric`` (None: not measured)."""
+    baseline_value: float | None = None
+    """The baseline's ``metric`` on the same rows or examples (None: none, or not comparable)."""
 
 
 @dataclass

@@ -40,9 +40,12 @@ from training.config import (
     layout_problems,
     world_problems,
 )
+from training.lm_eval_suite import metric_name, parse_metric_name, shipped_tasks
 
 __all__ = ["PipelineConfig", "RegistryConfig", "from_dict", "launch_world", "load_config", "parse_config"]
 
+GATE_BITS_PER_BYTE = "bits_per_byte"
+"""The quality gate's default figure (registry.registry.DEFAULT_GATE_METRIC)."""
 RESERVED_ALIAS = "latest"
 """The alias the registry moves to every new version."""
 
@@ -67,7 +70,12 @@ class RegistryConfig:
     gate_alias: str = "production"
     """Alias the quality gate guards: a candidate takes it only if it is not worse than its holder."""
     gate_tolerance: float = 0.0
-    """How many bits per byte worse than the alias holder a candidate may be and still take it."""
+    """How much worse than the alias holder a candidate may be on gate_metric and still take it, in
+    that metric's units (bits per byte; for acc, a fraction of the examples)."""
+    gate_metric: str = "bits_per_byte"
+    """The figure the gate compares, candidate and holder measured on the same data: bits_per_byte
+    (lower is better) or lm_eval.<task>.<metric> of a task in evaluation.lm_eval_tasks, e.g.
+    lm_eval.heldout_continuation.acc (acc, acc_norm: higher is better; perplexity: lower)."""
 
     def problems(self) -> list[str]:
         """Every setting of this section that cannot work, one line each (see common.settings)."""
@@ -75,6 +83,15 @@ class RegistryConfig:
         out += name_problem("registry.gate_alias", self.gate_alias, alias=True)
         if self.gate_alias == RESERVED_ALIAS:
             out.append(f"registry.gate_alias is {RESERVED_ALIAS!r}: the registry moves it to each new version; use production")
+        if self.gate_metric != GATE_BITS_PER_BYTE:
+            parsed = parse_metric_name(self.gate_metric)
+            shipped = shipped_tasks()
+            known = [metric_name(t, m) for t, metrics in shipped.items() for m in metrics]
+            if parsed is None or parsed[0] not in shipped or parsed[1] not in shipped[parsed[0]]:
+                out.append(
+                    f"registry.gate_metric is {self.gate_metric!r}: use {GATE_BITS_PER_BYTE} or an lm-eval figure, "
+                    f"one of {', '.join(known)}"
+                )
         return out
 
 
@@ -124,6 +141,12 @@ class PipelineConfig:
         for section in (self.data, self.tokenizer, self.validation, self.model, self.parallel, self.train, self.evaluation):
             out += section.problems()
         out += self.registry.problems()
+        gate_task = parse_metric_name(self.registry.gate_metric)
+        if gate_task and gate_task[0] in shipped_tasks() and gate_task[0] not in self.evaluation.lm_eval_tasks:
+            out.append(
+                f"registry.gate_metric is {self.registry.gate_metric!r} but evaluation.lm_eval_tasks "
+                f"{self.evaluation.lm_eval_tasks} does not run {gate_task[0]}: add it there, or gate on {GATE_BITS_PER_BYTE}"
+            )
         out += self.tracking.problems()
         out += layout_problems(self.model, self.parallel)
         tp, pp = self.parallel.tensor_parallel, self.parallel.pipeline_parallel

@@ -85,6 +85,9 @@ ALIAS_ATTEMPTS = 50
 """Conditional alias writes tried before giving up when other writers keep winning."""
 ROW_SETTINGS = ("batch_size", "max_batches")
 """The evaluation settings that, with the dataset version, fix which validation rows are scored."""
+DEFAULT_GATE_METRIC = "bits_per_byte"
+LOWER_IS_BETTER = ("bits_per_byte", "val_loss", "perplexity")
+"""Figures (the last part of a metric's name) for which less is better; any other (acc, acc_norm) more."""
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +154,7 @@ def registration_identity(
     aliases: tuple[str, ...],
     gate_alias: str,
     gate_tolerance: float,
+    gate_metric: str = "",
 ) -> str:
     """What makes two registrations the same one: the model name, the checkpoint (store and
     prefix), the evaluation (its committed outputs, which name the checkpoint, the evaluation
@@ -171,6 +175,8 @@ def registration_identity(
             "aliases": list(aliases),
             "gate_alias": gate_alias,
             "gate_tolerance": gate_tolerance,
+            # Only a gate on another figure than bits per byte adds a key: identities of before stay.
+            **({"gate_metric": gate_metric} if gate_metric and gate_metric != DEFAULT_GATE_METRIC else {}),
         }
     )
 
@@ -253,6 +259,7 @@ def register(
     gate_tolerance: float = 0.0,
     execution_id: str = "",
     aliases: tuple[str, ...] = (LATEST,),
+    gate_metric: str | None = None,
 ) -> ModelRef:
     """Register the evaluated checkpoint of ``report`` as a new version of ``name``: copy its
     weights, the tokenizer and the evaluation outputs (``report.outputs``, when set), write the
@@ -268,10 +275,16 @@ def register(
     decision is taken again against the new holder and the alias moves only if the candidate
     passes against it as well (the card keeps the first decision; the log says so).
 
+    ``gate_metric`` is the figure the gate compares (``bits_per_byte``, lower is better, or
+    ``lm_eval.<task>.<metric>``: ``gate_direction``); None: ``config``'s ``registry.gate_metric``,
+    else bits per byte.
+
     Idempotent (see the module's docstring): the same registration replayed, or made twice at
     once, returns the same ModelRef and leaves one version, whose card's gate decision is the one
     its aliases follow."""
     check_name(name)
+    if gate_metric is None:
+        gate_metric = ((config or {}).get("registry") or {}).get("gate_metric") or DEFAULT_GATE_METRIC
     for alias in (*aliases, *filter(None, [gate_alias])):
         check_alias(alias)
     if gate_alias in aliases:
@@ -280,7 +293,7 @@ def register(
     for needed in filter(None, (ckpt.prefix, report.outputs)):
         if not store.is_committed(needed):
             raise RegistryError(f"{store.url(needed)} is not committed: nothing to register")
-    identity = registration_identity(store, name, report, config, aliases, gate_alias, gate_tolerance)
+    identity = registration_identity(store, name, report, config, aliases, gate_alias, gate_tolerance, gate_metric)
     version = _claim_registration(store, name, identity)
     prefix = model_prefix(name, version)
     replay = store.is_committed(prefix)
@@ -288,7 +301,7 @@ def register(
         _check_same_registration(store, prefix, identity)
         card = read_card(store, prefix)
     else:
-        card = _write_entry(store, name, version, report, config, gate_alias, gate_tolerance, execution_id)
+        card = _write_entry(store, name, version, report, config, gate_alias, gate_tolerance, execution_id, gate_metric)
         try:
             store.commit(prefix, {"version": version, "registration": identity})
         except AlreadyCommitted:
@@ -308,7 +321,9 @@ def register(
             entry = model_prefix(name, holder) if holder is not None else ""
             if entry == compared_with or holder == version:
                 return version
-            again = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, (config or {}).get("evaluation"))
+            again = gate_for_holder(
+                store, name, report, gate_alias, gate_tolerance, holder, (config or {}).get("evaluation"), gate_metric
+            )
             if again.promoted:
                 return version
             log.warning(
@@ -330,6 +345,7 @@ def _write_entry(
     gate_alias: str,
     gate_tolerance: float,
     execution_id: str,
+    gate_metric: str = "",
 ) -> ModelCard:
     """Every object of the uncommitted entry ``version`` that is not there yet; returns its card
     (the one already there, if an identical registration wrote it first)."""
@@ -366,7 +382,8 @@ def _write_entry(
     decision = None
     if gate_alias:  # the holder now, not the one find_gate_holder saw before the evaluation
         holder = _read_alias(store, name, gate_alias)[0]
-        decision = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, (config or {}).get("evaluation"))
+        evaluation = (config or {}).get("evaluation")
+        decision = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, evaluation, gate_metric)
     card = ModelCard(
         name=name,
         version=version,
@@ -377,6 +394,7 @@ def _write_entry(
             "bits_per_byte": report.bits_per_byte,
             "val_tokens": report.tokens_evaluated,
             **ckpt.summary,
+            **report.lm_eval,
         },
         sample=report.sample,
         sampled=report.sampled,
@@ -555,21 +573,49 @@ def show(store: Store, spec: str) -> Entry:
     )
 
 
-def gate_decision(candidate_bpb: float, baseline: str, baseline_bpb: float, tolerance: float) -> tuple[bool, str]:
-    """Whether the candidate takes the gate alias, and why (recorded on its card)."""
+def gate_direction(metric: str) -> int:
+    """+1 when more of ``metric`` is better (acc, acc_norm), -1 when less is (``LOWER_IS_BETTER``)."""
+    return -1 if metric.rpartition(".")[2] in LOWER_IS_BETTER else 1
+
+
+def gate_decision(
+    candidate: float | None, baseline: str, baseline_value: float | None, tolerance: float, metric: str = DEFAULT_GATE_METRIC
+) -> tuple[bool, str]:
+    """Whether the candidate takes the gate alias, and why (recorded on its card): its ``metric``
+    against the holder's on the same rows or examples, ``tolerance`` in the metric's units."""
     if not baseline:
         return True, "no model holds the alias yet: the candidate takes it"
-    if baseline_bpb < 0:
-        return False, f"{baseline} uses another tokenizer or model shape: not comparable, alias kept"
-    if candidate_bpb <= baseline_bpb + tolerance:
-        return True, f"{candidate_bpb:.4f} bits/byte ≤ {baseline_bpb:.4f} + tolerance {tolerance}: promoted"
-    return False, f"{candidate_bpb:.4f} bits/byte > {baseline_bpb:.4f} + tolerance {tolerance}: alias kept"
+    if metric == DEFAULT_GATE_METRIC:
+        if baseline_value is None or baseline_value < 0:
+            return False, f"{baseline} uses another tokenizer or model shape: not comparable, alias kept"
+        if candidate <= baseline_value + tolerance:
+            return True, f"{candidate:.4f} bits/byte ≤ {baseline_value:.4f} + tolerance {tolerance}: promoted"
+        return False, f"{candidate:.4f} bits/byte > {baseline_value:.4f} + tolerance {tolerance}: alias kept"
+    if candidate is None:
+        return False, f"the candidate has no {metric} (is its task in evaluation.lm_eval_tasks?): alias kept"
+    if baseline_value is None:
+        return False, f"{baseline} has no {metric} on the same examples (no Hugging Face export?): not comparable, alias kept"
+    if gate_direction(metric) < 0:
+        if candidate <= baseline_value + tolerance:
+            return True, f"{metric} {candidate:.4f} ≤ {baseline_value:.4f} + tolerance {tolerance}: promoted"
+        return False, f"{metric} {candidate:.4f} > {baseline_value:.4f} + tolerance {tolerance}: alias kept"
+    if candidate >= baseline_value - tolerance:
+        return True, f"{metric} {candidate:.4f} ≥ {baseline_value:.4f} − tolerance {tolerance}: promoted"
+    return False, f"{metric} {candidate:.4f} < {baseline_value:.4f} − tolerance {tolerance}: alias kept"
 
 
-def gate(report: EvalReport, alias: str, tolerance: float) -> GateDecision:
+def _figures(report: EvalReport, metric: str) -> tuple[float | None, float | None]:
+    """The candidate's ``metric`` and the baseline's, as the evaluation measured them (None: not measured)."""
+    if metric == DEFAULT_GATE_METRIC:
+        return report.bits_per_byte, report.baseline_bits_per_byte if report.baseline_bits_per_byte >= 0 else None
+    return report.lm_eval.get(metric), report.baseline_lm_eval.get(metric)
+
+
+def gate(report: EvalReport, alias: str, tolerance: float, metric: str = DEFAULT_GATE_METRIC) -> GateDecision:
     """The quality gate's decision on ``report`` for ``alias`` against the holder the evaluation
     compared it with (``report.baseline``), as its card records it."""
-    promoted, reason = gate_decision(report.bits_per_byte, report.baseline, report.baseline_bits_per_byte, tolerance)
+    candidate, baseline = _figures(report, metric)
+    promoted, reason = gate_decision(candidate, report.baseline, baseline, tolerance, metric)
     return GateDecision(
         alias=alias,
         baseline=report.baseline,
@@ -578,24 +624,41 @@ def gate(report: EvalReport, alias: str, tolerance: float) -> GateDecision:
         tolerance=tolerance,
         promoted=promoted,
         reason=reason,
+        metric=metric,
+        candidate_value=candidate,
+        baseline_value=baseline,
     )
 
 
-def _recorded_bits_per_byte(store: Store, entry: str, report: EvalReport, evaluation: dict[str, Any] | None) -> float | None:
-    """The bits per byte ``entry``'s card records, if they were measured on the rows ``report``
-    was: the same dataset version, the same row settings (``ROW_SETTINGS`` of the evaluation
-    section) and as many tokens; else None."""
+def _recorded_figure(
+    store: Store, entry: str, report: EvalReport, evaluation: dict[str, Any] | None, metric: str = DEFAULT_GATE_METRIC
+) -> float | None:
+    """The ``metric`` that ``entry``'s card records, if it was measured on what ``report`` was, else None.
+
+    Bits per byte: the same dataset version, the same row settings (``ROW_SETTINGS`` of the
+    evaluation section) and as many tokens. An lm-eval figure: the same examples, i.e. the digest
+    of the task's JSONL in the entry's evaluation.json equals the report's."""
+    card = read_card(store, entry)
+    figure = card.metrics.get(metric)
+    if not isinstance(figure, int | float):
+        return None
+    if metric != DEFAULT_GATE_METRIC:
+        task = metric.split(".")[1]
+        try:
+            recorded = store.get_json(f"{entry}/{ENTRY_EVALUATION}").get("lm_eval_examples", {})
+        except (StoreError, ValueError):
+            return None
+        same = bool(report.lm_eval_examples.get(task)) and recorded.get(task) == report.lm_eval_examples.get(task)
+        return float(figure) if same else None
     if not isinstance(evaluation, dict) or any(evaluation.get(k) is None for k in ROW_SETTINGS):
         return None
-    card = read_card(store, entry)
     theirs = card.config.get("evaluation") or {}
-    figure = card.metrics.get("bits_per_byte")
     same_rows = (
         card.lineage.dataset_version == report.checkpoint.dataset.version
         and all(theirs.get(k) == evaluation[k] for k in ROW_SETTINGS)
         and card.metrics.get("val_tokens") == report.tokens_evaluated
     )
-    return float(figure) if same_rows and isinstance(figure, int | float) and figure >= 0 else None
+    return float(figure) if same_rows and figure >= 0 else None
 
 
 def gate_for_holder(
@@ -606,21 +669,23 @@ def gate_for_holder(
     tolerance: float,
     holder: int | None,
     evaluation: dict[str, Any] | None,
+    metric: str = DEFAULT_GATE_METRIC,
 ) -> GateDecision:
     """The gate's decision for ``report`` against ``holder`` (the version holding ``alias`` now).
 
     The holder the evaluation compared with: its figures (``gate``). Another one (the alias
-    moved during the evaluation): its recorded bits per byte if they are on the same validation
-    rows (``evaluation``: the candidate's evaluation section), else the alias is kept."""
+    moved during the evaluation): its recorded ``metric`` if it was measured on the same validation
+    rows or lm-eval examples (``evaluation``: the candidate's evaluation section), else the alias is kept."""
     entry = model_prefix(name, holder) if holder is not None else ""
     if entry == report.baseline:
-        return gate(report, alias, tolerance)
+        return gate(report, alias, tolerance, metric)
     then = report.baseline or "no model"
+    candidate = _figures(report, metric)[0]
     if not entry:
         promoted, reason = True, f"holder changed during evaluation ({then} then, none now): the candidate takes it"
         figure = None
     else:
-        figure = _recorded_bits_per_byte(store, entry, report, evaluation)
+        figure = _recorded_figure(store, entry, report, evaluation, metric)
         if figure is None:
             promoted = False
             reason = (
@@ -628,16 +693,19 @@ def gate_for_holder(
                 f"the evaluation compared with {then}; {entry}'s recorded figures are not on the same validation rows)"
             )
         else:
-            promoted, decided = gate_decision(report.bits_per_byte, entry, figure, tolerance)
+            promoted, decided = gate_decision(candidate, entry, figure, tolerance, metric)
             reason = f"holder changed during evaluation ({then} then, {entry} now; its recorded figures, same rows): {decided}"
     return GateDecision(
         alias=alias,
         baseline=entry,
-        baseline_bits_per_byte=figure,
+        baseline_bits_per_byte=figure if metric == DEFAULT_GATE_METRIC else None,
         candidate_bits_per_byte=report.bits_per_byte,
         tolerance=tolerance,
         promoted=promoted,
         reason=reason,
+        metric=metric,
+        candidate_value=candidate,
+        baseline_value=figure,
     )
 
 

@@ -27,8 +27,9 @@ VERSION = cache_version(__name__)
 )
 @as_messages
 def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: EvalConfig, baseline: str) -> EvalReport:
-    """Validation loss, perplexity, bits per byte and samples of the trained checkpoint, and the
-    ``baseline`` registry entry's bits per byte on the same rows (for the quality gate)."""
+    """Validation loss, perplexity, bits per byte, lm-evaluation-harness figures and samples of the
+    trained checkpoint, and the ``baseline`` registry entry's bits per byte on the same rows and
+    lm-eval figures on the same examples (for the quality gate)."""
     report = evaluate(checkpoint, model, eval_cfg, baseline)
     store = open_store(checkpoint.store)
     summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}
@@ -36,6 +37,9 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
     summary["results and Hugging Face export"] = store.url(report.outputs)
     if report.baseline:
         summary[f"baseline {report.baseline} bits_per_byte"] = report.baseline_bits_per_byte
+    summary |= report.lm_eval  # lm-evaluation-harness figures, lm_eval.<task>.<metric>
+    if report.baseline:
+        summary |= {f"baseline {report.baseline} {k}": v for k, v in report.baseline_lm_eval.items()}
     sample = f"<h3>Greedy</h3><pre>{escape(report.sample)}</pre><h3>Sampled</h3><pre>{escape(report.sampled)}</pre>"
     Deck("Evaluation", decks.table(summary | checkpoint.summary, "Evaluation") + sample)
     return report

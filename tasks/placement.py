@@ -27,7 +27,17 @@ CUDA_BASE = "nvcr.io/nvidia/pytorch:25.01-py3"
 
 COMMON_PACKAGES = ["flytekit", "boto3", "tokenizers", "huggingface-hub", "webdataset", "numpy", "pandas", "pyyaml"]
 DATA_PACKAGES = [*COMMON_PACKAGES, "great-expectations"]
-TRAIN_PACKAGES = [*COMMON_PACKAGES, "flytekitplugins-kfpytorch", "megatron-core", "triton", "psutil"]
+# lm-eval, transformers, accelerate: the evaluate task runs lm-evaluation-harness on the Hugging Face export.
+TRAIN_PACKAGES = [
+    *COMMON_PACKAGES,
+    "flytekitplugins-kfpytorch",
+    "megatron-core",
+    "triton",
+    "psutil",
+    "lm-eval",
+    "transformers",
+    "accelerate",
+]
 RUNTIME_UID = 1000
 """Numeric non-root user (and group) the task containers run as; it owns nothing in the images."""
 ROOT_OWNED_PYTHON = "chown -R root:root /opt/micromamba && chmod -R go-w /opt/micromamba"

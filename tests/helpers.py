@@ -200,7 +200,8 @@ def write_config(path: Path, store: str, **overrides) -> Path:
         "tokenizer": dict(TINY_TOKENIZER),
         "model": dict(TINY_MODEL),
         "train": {"steps": 12, "micro_batch_size": 4, "global_batch_size": 8, "warmup_steps": 2, "checkpoint_every": 6},
-        "evaluation": {"max_batches": 2, "batch_size": 4, "sample_tokens": 8},
+        # lm-eval costs ~15 s per evaluation: on only where a test asks (evaluation={"lm_eval_tasks": [...]}).
+        "evaluation": {"max_batches": 2, "batch_size": 4, "sample_tokens": 8, "lm_eval_tasks": []},
         "registry": {"model_name": "gpt-e2e"},
     }
     for section, values in overrides.items():

@@ -39,7 +39,8 @@ def flyte_env(s3_env, tmp_path):
 
 def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_path):
     store_uri = f"s3://{s3_server.bucket}/e2e"
-    config = write_config(tmp_path / "tiny.yaml", store_uri)
+    lm_eval = {"lm_eval_tasks": ["heldout_cloze", "heldout_continuation"], "lm_eval_examples": 16}
+    config = write_config(tmp_path / "tiny.yaml", store_uri, evaluation=lm_eval)
     command = [str(BIN / "pyflyte"), "run", "workflows/pretrain.py", "pretrain", "--config", str(config)]
 
     home = tmp_path / "home"
@@ -77,7 +78,18 @@ def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_pat
     assert store.get_json(f"datasets/{entry['dataset']}/validation/result.json")["success"]
     hf_loss = hf_validation_loss(store, entry["dataset"], tmp_path / "downloaded" / "hf")
     assert hf_loss == pytest.approx(card["metrics"]["val_loss"], abs=1e-4)
-    assert json.loads((tmp_path / "downloaded" / "evaluation.json").read_text())["val_loss"] == card["metrics"]["val_loss"]
+    evaluation = json.loads((tmp_path / "downloaded" / "evaluation.json").read_text())
+    assert evaluation["val_loss"] == card["metrics"]["val_loss"]
+    # lm-evaluation-harness ran on the export, over examples built from the held-out split: its
+    # figures are on the card, each task's full result (16 examples, stderr) in evaluation.json.
+    lm_eval = {k: v for k, v in card["metrics"].items() if k.startswith("lm_eval.")}
+    expected = {"heldout_cloze": ("acc", "perplexity"), "heldout_continuation": ("acc", "acc_norm")}
+    assert set(lm_eval) == {f"lm_eval.{task}.{metric}" for task, metrics in expected.items() for metric in metrics}
+    assert all(0 <= lm_eval[f"lm_eval.{task}.acc"] <= 1 for task in expected) and lm_eval["lm_eval.heldout_cloze.perplexity"] > 1
+    for task in expected:
+        assert evaluation["lm_eval_results"]["candidate"][task]["n_samples"]["effective"] == 16
+        assert "acc_stderr,none" in evaluation["lm_eval_results"]["candidate"][task]["results"]
+    print("lm-eval on the card:", json.dumps(lm_eval))
 
     written = {prefix: store.list(prefix) for prefix in PIPELINE_PREFIXES}
     started = time.monotonic()

@@ -1,7 +1,9 @@
 """Held-out evaluation of a committed checkpoint, in one process (any TP size loads at TP=1).
 
-Besides the report it commits ``<run>/eval/<key>/``: ``results.json`` and the model in
-Hugging Face layout (``hf/``), which registration copies into the registry entry.
+Besides the report it commits ``<run>/eval/<key>/``: ``results.json``, the model in Hugging Face
+layout (``hf/``), which registration copies into the registry entry, and the examples of the
+lm-evaluation-harness tasks (``lm_eval/<task>.jsonl``, see ``training.lm_eval_suite``), on which
+the export (and the baseline's export, for the quality gate) was scored.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import dataclasses
 import json
 import math
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,7 +33,7 @@ from common.contracts import (
 from common.errors import local_space
 from common.hashing import config_hash
 from storage import AlreadyCommitted, open_store
-from training import checkpoint
+from training import checkpoint, lm_eval_suite
 from training.config import EvalConfig, ModelConfig, ParallelConfig
 from training.data import load_split
 from training.hf_export import export_llama
@@ -107,17 +110,61 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     # A rerun of the same evaluation, or an identical execution evaluating at the same moment,
     # computes the same files: whoever commits first, each writer uploaded a whole set before its
     # commit and nothing is deleted here, so the committed outputs are complete.
-    if not store.is_committed(outputs):
+    if store.is_committed(outputs):
+        # The lm-eval figures of the committed evaluation: not run again (they would be the same).
+        done = store.get_json(f"{outputs}/{EVAL_RESULTS}")
+        report = dataclasses.replace(report, **{k: done.get(k, {}) for k in LM_EVAL_FIELDS})
+    else:
         with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp, local_space(tmp, "the evaluation outputs' staging"):
             staging = Path(tmp)
-            (staging / EVAL_RESULTS).write_text(json.dumps(results_json(report, store, cfg), indent=2))
             export_llama(model, model_cfg, tokenizer_json, manifest["seq_len"], staging / HF_EXPORT)
+            extra = {}
+            if cfg.lm_eval_tasks:
+                report, extra["lm_eval_results"] = _lm_eval(report, store, cfg, rows, tokenizer, manifest, staging)
+            (staging / EVAL_RESULTS).write_text(json.dumps(results_json(report, store, cfg) | extra, indent=2))
             store.upload_dir(staging, outputs)
         try:
             store.commit(outputs)
         except AlreadyCommitted:
             pass  # the identical evaluation committed first
     return dataclasses.replace(report, outputs=outputs)
+
+
+LM_EVAL_FIELDS = ("lm_eval", "baseline_lm_eval", "lm_eval_examples")
+"""The EvalReport fields that lm-evaluation-harness fills."""
+LM_EVAL_DIR = "lm_eval"
+"""The folder of the evaluation outputs that holds each lm-eval task's examples (``<task>.jsonl``)."""
+
+
+def _lm_eval(report: EvalReport, store, cfg: EvalConfig, rows, tokenizer: Tokenizer, manifest: dict, staging: Path):
+    """Run the lm-eval tasks on the export in ``staging/hf`` and, when the baseline registry entry
+    has one, on the baseline's export, over the same examples (written to ``staging/lm_eval/``).
+    Returns the report with its lm-eval figures and the full per-task results for results.json."""
+    started = time.monotonic()
+    files = lm_eval_suite.build_task_files(
+        rows, tokenizer, manifest["seq_len"], cfg.lm_eval_tasks, cfg.lm_eval_examples, cfg.lm_eval_seed, staging / LM_EVAL_DIR
+    )
+    models = {"candidate": staging / HF_EXPORT}
+    with tempfile.TemporaryDirectory(prefix="pretrain-eval-baseline-") as tmp:
+        baseline_hf = f"{report.baseline}/{HF_EXPORT}"
+        if report.baseline and store.list(f"{baseline_hf}/"):  # entries registered before the export have none
+            models["baseline"] = store.download_dir(baseline_hf, Path(tmp) / HF_EXPORT)
+        scored = lm_eval_suite.run_suite(models, files, cfg.batch_size, cfg.lm_eval_seed)
+    seconds = time.monotonic() - started
+    print(f"lm-eval: {', '.join(cfg.lm_eval_tasks)} on {' and '.join(models)} in {seconds:.1f}s", flush=True)
+    examples = {task: lm_eval_suite.sha256_of(path) for task, path in files.items()}
+    report = dataclasses.replace(
+        report,
+        lm_eval=lm_eval_suite.flatten(scored["candidate"]),
+        baseline_lm_eval=lm_eval_suite.flatten(scored.get("baseline", {})),
+        lm_eval_examples=examples,
+    )
+    details = {
+        "seconds": round(seconds, 1),
+        "examples": {task: f"{LM_EVAL_DIR}/{path.name}" for task, path in files.items()},
+        **scored,
+    }
+    return report, details
 
 
 def results_json(report: EvalReport, store, cfg: EvalConfig) -> dict:
