@@ -47,6 +47,7 @@ NEUTRAL_DISTRIBUTIONS = frozenset(
         "pyyaml",  # reads presets; the values it reads are hashed as config
         "tqdm",  # progress bars
         "tensorboard",  # metric logging
+        "matplotlib",  # draws the Decks' charts (pipeline.charts): pictures of the numbers, never the numbers
         "psutil",  # resource readings for logs
         "boto3",  # S3 transport: the bytes stored are the same
         "botocore",  # S3 transport (boto3's core)
