@@ -26,7 +26,9 @@ LOCK = Path(__file__).resolve().parent.parent / "requirements.lock"
 CUDA_BASE = "nvcr.io/nvidia/pytorch:25.01-py3"
 
 COMMON_PACKAGES = ["flytekit", "boto3", "tokenizers", "huggingface-hub", "webdataset", "numpy", "pandas", "pyyaml"]
-DATA_PACKAGES = [*COMMON_PACKAGES, "great-expectations"]
+# matplotlib: the last task (track_run, slim image) draws the Comparison Deck (tasks.decks.run_comparison).
+DATA_PACKAGES = [*COMMON_PACKAGES, "great-expectations", "matplotlib"]
+# matplotlib draws the train task's Decks (pipeline.charts).
 # lm-eval, transformers, accelerate: the evaluate task runs lm-evaluation-harness on the Hugging Face export.
 TRAIN_PACKAGES = [
     *COMMON_PACKAGES,
@@ -34,6 +36,7 @@ TRAIN_PACKAGES = [
     "megatron-core",
     "triton",
     "psutil",
+    "matplotlib",
     "lm-eval",
     "transformers",
     "accelerate",
