@@ -30,7 +30,9 @@ from functools import cache
 from pathlib import Path
 
 # The project's top-level packages; every other non-stdlib import is third-party.
-FIRST_PARTY = frozenset({"common", "data_prep", "training", "kernels", "storage", "registry", "pipeline", "tasks", "workflows"})
+FIRST_PARTY = frozenset(
+    {"common", "data_prep", "training", "kernels", "storage", "registry", "pipeline", "tasks", "tracking", "workflows"}
+)
 
 # Where the first-party packages live (the repository root, or site-packages when installed).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
