@@ -34,7 +34,7 @@ MODEL = tiny_model()
 TP1 = ParallelConfig(tensor_parallel=1)
 # Two steps, one checkpoint; a seed of its own, so that no other test shares the run id.
 STEPS = TrainConfig(steps=2, micro_batch_size=2, global_batch_size=4, warmup_steps=1, checkpoint_every=2, seed=9173)
-EVAL = EvalConfig(max_batches=1, batch_size=4, sample_tokens=2, prompt="def ")
+EVAL = EvalConfig(max_batches=1, batch_size=4, sample_tokens=2, prompt="def ", lm_eval_tasks=[])  # lm-eval: test_lm_eval*.py
 
 
 class Payload:

@@ -51,7 +51,7 @@ def test_pipeline_parallel_matches_single_rank_curve(single_rank, pipeline_run):
 
 
 def test_evaluation_loads_pipeline_checkpoint_at_one_stage(single_rank, pipeline_run):
-    cfg = EvalConfig(max_batches=2, batch_size=4, sample_tokens=4, prompt="def ")
+    cfg = EvalConfig(max_batches=2, batch_size=4, sample_tokens=4, prompt="def ", lm_eval_tasks=[])
     report = evaluate(pipeline_run, MODEL, cfg)
     assert math.isfinite(report.val_loss) and report.sample.startswith("def ")
     # Same weights as the single-rank run up to float noise: the same validation loss.

@@ -3,11 +3,11 @@ each with a fresh flytekit cache, give the same dataset version, bitwise-equal c
 tensors and the same card metrics.
 
 The runs use the demo's settings (``pretrain run`` without ``--config``: configs/tiny-cpu.yaml's
-values, the standard library as corpus, TP 2) with four overrides only, to keep the pair
+values, the standard library as corpus, TP 2) with five overrides only, to keep the pair
 under about three minutes: ``data.max_documents`` 120, ``train.steps`` 12 with
-``train.checkpoint_every`` 6 (two checkpoints, the second final), and
-``evaluation.max_batches`` 2. The store is given by ``$PRETRAIN_STORE`` (the config's
-``store: ""``), so the config holds nothing else.
+``train.checkpoint_every`` 6 (two checkpoints, the second final), ``evaluation.max_batches`` 2
+and ``evaluation.lm_eval_tasks`` [] (lm-eval is ~30 s per run; tests/test_lm_eval*.py). The
+store is given by ``$PRETRAIN_STORE`` (the config's ``store: ""``), so the config holds nothing else.
 
 Compared: the dataset version and every file of the dataset (manifest, tokenizer, shards);
 every tensor of both checkpoints (model weights and the AdamW moments ``exp_avg`` /
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 OVERRIDES = {
     "data": {"max_documents": 120},
     "train": {"steps": 12, "checkpoint_every": 6},
-    "evaluation": {"max_batches": 2},
+    "evaluation": {"max_batches": 2, "lm_eval_tasks": []},
 }
 
 
