@@ -49,6 +49,9 @@ NEUTRAL_DISTRIBUTIONS = frozenset(
         "pyyaml",  # reads presets; the values it reads are hashed as config
         "tqdm",  # progress bars
         "tensorboard",  # metric logging
+        "mlflow",  # the tracking mirror (tracking/): records the numbers, never changes one
+        "mlflow-skinny",  # mlflow's client part (provides the same `mlflow` import)
+        "mlflow-tracing",  # likewise
         "matplotlib",  # draws the Decks' charts (pipeline.charts): pictures of the numbers, never the numbers
         "psutil",  # resource readings for logs
         "boto3",  # S3 transport: the bytes stored are the same

@@ -11,6 +11,8 @@
     pretrain runs show RUN [--json] [--store URI]
     pretrain runs compare RUN_A RUN_B [...] [--out FILE.png|.svg] [--json] [--store URI]
     pretrain gc [--apply] [--min-age MINUTES] [--json] [--store URI]
+    pretrain ui [--port 5000]
+    pretrain tracking sync NAME[:VERSION|:ALIAS] [--store URI]
 
 Errors the user can fix are printed as one line (``error: …``) with exit status 2; ``pretrain run`` also
 writes the full traceback of any failure to a log file (``common.errors.log_dir()``) and names it. Another
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from common.errors import TRACEBACK_LABEL, traceback_note, user_error_in, write_traceback
 from pipeline.config import launch_world, load_config, parse_config
-from registry.registry import download, list_models, promote, show
+from registry.registry import download, list_models, promote, resolve, show
 from storage import default_store_uri, open_store
 from training import runs
 from training.health import row_ranges
@@ -143,6 +145,35 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
 def cmd_registry_promote(args: argparse.Namespace) -> int:
     version = promote(_store(args), args.model, args.alias)
     print(f"{args.model.partition(':')[0]}:{args.alias} -> version {version}")
+    from tracking.mirror import mirror_promotion  # MLflow's aliases follow ours (best effort)
+    from tracking.uri import resolve_uri
+
+    print(mirror_promotion(_store(args), args.model.partition(":")[0], resolve_uri()), file=sys.stderr)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from tracking.ui import serve
+
+    return serve(args.port)
+
+
+def cmd_tracking_sync(args: argparse.Namespace) -> int:
+    """Replay a registered model's execution into MLflow from the store (after an outage outlasted the pipeline)."""
+    from common.errors import UserError
+    from tracking.client import TrackingUnavailable
+    from tracking.config import TrackingConfig
+    from tracking.mirror import sync_model
+    from tracking.uri import resolve_uri
+
+    store = _store(args)
+    name, version = resolve(store, args.model)
+    uri = resolve_uri()
+    try:
+        run_id = sync_model(store, name, version, uri, args.experiment, retry_s=args.retry_s or TrackingConfig().retry_s)
+    except TrackingUnavailable as e:
+        raise UserError(f"MLflow at {uri} did not answer ({e}): start it, or set MLFLOW_TRACKING_URI, and run this again") from e
+    print(f"{name}:{version} recorded in MLflow run {run_id} at {uri}")
     return 0
 
 
@@ -445,6 +476,17 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
     rc.set_defaults(fn=cmd_runs_compare)
+
+    ui = sub.add_parser("ui", help="the MLflow UI on 127.0.0.1 over the local tracking database")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.set_defaults(fn=cmd_ui)
+    tracking = sub.add_parser("tracking", help="the MLflow mirror").add_subparsers(dest="tracking_command", required=True)
+    ts = tracking.add_parser("sync", help="replay a registered model's execution into MLflow from the store")
+    ts.add_argument("model", metavar="NAME[:VERSION|:ALIAS]")
+    ts.add_argument("--experiment", default="pretrain", help="MLflow experiment (pretrain)")
+    ts.add_argument("--retry-s", type=float, default=0.0, help="seconds to keep retrying an unreachable server (60)")
+    ts.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    ts.set_defaults(fn=cmd_tracking_sync)
 
     gc = sub.add_parser("gc", help="remove uncommitted leftovers and checkpoints beyond keep (dry run unless --apply)")
     gc.add_argument("--apply", action="store_true", help="remove what the dry run lists")

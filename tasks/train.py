@@ -10,13 +10,15 @@ import warnings
 
 from flytekit import Cache, Deck, task
 
-from common.contracts import CheckpointRef, DatasetRef, metrics_key
+from common.contracts import CheckpointRef, DatasetRef, TrackingRef, metrics_key
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.elastic import FirstFailureElastic
 from tasks.placement import CLUSTER, train_task
 from tasks.user_errors import as_messages
+from tracking.config import TrackingConfig
+from tracking.sender import LiveSender
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.timing import BREAKDOWN_KEYS
 from training.train import train
@@ -26,17 +28,32 @@ VERSION = cache_version(__name__)
 
 @task(
     task_config=FirstFailureElastic(nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False),
-    cache=Cache(version=VERSION, serialize=True),
+    # The MLflow run is this execution's view, not an input of training: a rerun hits the cache.
+    cache=Cache(version=VERSION, serialize=True, ignored_inputs=("tracking", "tracking_cfg")),
     enable_deck=True,
     **train_task(),
 )
 @as_messages
 def train_model(
-    dataset: DatasetRef, model: ModelConfig, parallel: ParallelConfig, train_cfg: TrainConfig, base_model: str
+    dataset: DatasetRef,
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    train_cfg: TrainConfig,
+    base_model: str,
+    tracking: TrackingRef,
+    tracking_cfg: TrackingConfig,
 ) -> CheckpointRef:
-    """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint."""
+    """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint.
+    Rank 0 streams each step's record to the execution's MLflow run, if it has one (never waiting on it)."""
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
-    ref = train(dataset, model, parallel, train_cfg, base_model)
+    sender = None
+    if tracking.run_id and os.environ.get("RANK", "0") == "0":
+        sender = LiveSender(tracking.uri, tracking.run_id, tracking_cfg.request_timeout_s, tracking_cfg.flush_s)
+    try:
+        ref = train(dataset, model, parallel, train_cfg, base_model, on_record=sender.send if sender else None)
+    finally:
+        if sender is not None:
+            sender.close()  # bounded; what is left is replayed by the last task
     if os.environ.get("RANK", "0") == "0":  # the launcher keeps rank 0's Decks only
         lines = open_store(ref.store).get_bytes(metrics_key(ref.run)).decode().splitlines()
         records = [json.loads(line) for line in lines]

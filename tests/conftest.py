@@ -9,7 +9,7 @@ import pytest
 
 from storage import open_store
 from storage.s3server import S3Server
-from tests.helpers import tiny_data, tiny_tokenizer
+from tests.helpers import init_tracking_db, tiny_data, tiny_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +50,15 @@ def tiny_dataset(tmp_path_factory):
 
     store = open_store(str(tmp_path_factory.mktemp("dataset-store")))
     return prepare_dataset(tiny_data(), tiny_tokenizer(), store)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_tracking_uri(tmp_path_factory) -> str:
+    """One SQLite MLflow database for every pipeline of the session: ``MLFLOW_TRACKING_URI`` reaches the
+    ``pretrain run``/``pyflyte run`` subprocesses (their env starts from os.environ), so a pipeline in a
+    fresh HOME does not create and migrate a database of its own (seconds each). Created here, once,
+    before any pipeline: two pipelines migrating one new database at once would race."""
+    uri = init_tracking_db(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        yield uri

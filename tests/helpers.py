@@ -1270,3 +1270,102 @@ def svg_lines(group) -> list[list[tuple[float, float]]]:
 def svg_marks(group) -> list[tuple[float, float]]:
     """Where the markers of ``group`` are drawn: the (x, y) of each <use>."""
     return [(float(u.get("x", 0)), float(u.get("y", 0))) for u in group.iter(f"{SVG}use")]
+
+
+# ----------------------------------------------------------------------------------------------
+# MLflow: tracking databases and a real tracking server on 127.0.0.1
+
+
+def init_tracking_db(path: Path) -> str:
+    """A migrated SQLite MLflow database at ``path`` (its schema created once); returns its URI."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{path}"
+    MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    return uri
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """``mlflow server`` on 127.0.0.1 over a SQLite database and an artifacts folder (a real server:
+    gunicorn/uvicorn workers in its own process group, stopped as a whole)."""
+
+    def __init__(self, root: Path, port: int = 0) -> None:
+        self.root, self.port = root, port or free_port()
+        self.db = root / "mlflow.db"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180.0) -> MlflowServer:
+        import time
+        import urllib.request
+
+        command = [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.db}", "--host", "127.0.0.1"]
+        command += ["--port", str(self.port), "--workers", "1", "--artifacts-destination", str(self.root / "artifacts")]
+        log = open(self.root / f"server-{self.port}.log", "ab")  # noqa: SIM115 - the server's for its lifetime
+        self.process = subprocess.Popen(command, cwd=self.root, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                log_text = (self.root / f"server-{self.port}.log").read_text()[-3000:]
+                raise RuntimeError(f"mlflow server exited {self.process.returncode}: {log_text}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"mlflow server on {self.url} did not answer /health within {timeout:g} s")
+
+    def stop(self) -> None:
+        """Kill the server's whole process group (its workers too) and wait for the leader."""
+        if self.process is not None and self.process.poll() is None:
+            kill_group(self.process)
+        self.process = None
+
+    def get(self, path: str, **params: Any) -> dict:
+        """A GET of MLflow's REST API (``/api/2.0/mlflow/<path>``), as JSON."""
+        import urllib.parse
+        import urllib.request
+
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}/api/2.0/mlflow/{path}?{query}", timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def post(self, path: str, body: dict) -> dict:
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"{self.url}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def run_of(self, experiment: str, tag: str, value: str) -> dict:
+        """The one run of ``experiment`` tagged ``tag = value`` (REST: experiments/get-by-name, runs/search)."""
+        exp = self.get("experiments/get-by-name", experiment_name=experiment)["experiment"]["experiment_id"]
+        found = self.post("runs/search", {"experiment_ids": [exp], "filter": f"tags.`{tag}` = '{value}'"}).get("runs", [])
+        assert len(found) == 1, found
+        return found[0]
+
+    def metric_history(self, run_id: str, key: str) -> list[dict]:
+        """Every point of a metric (REST: metrics/get-history, every page)."""
+        points, token = [], ""
+        while True:
+            params = {"run_id": run_id, "metric_key": key, "max_results": 25000, **({"page_token": token} if token else {})}
+            page = self.get("metrics/get-history", **params)
+            points += page.get("metrics", [])
+            token = page.get("next_page_token", "")
+            if not token:
+                return points

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict
 
@@ -76,19 +77,26 @@ def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig, base
 
 
 def train(
-    dataset: DatasetRef, model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, base_model: str = ""
+    dataset: DatasetRef,
+    model_cfg: ModelConfig,
+    parallel: ParallelConfig,
+    cfg: TrainConfig,
+    base_model: str = "",
+    on_record: Callable[[dict], None] | None = None,
 ) -> CheckpointRef:
     """Train on every rank; catches and labels a rank's error so that it is never lost.
 
     ``base_model`` is a registry entry's key prefix (``models/<name>/<version>``) whose
     weights start the run (continued pretraining); empty means a fresh initialisation.
+    ``on_record`` (rank 0 only) hears each step's metrics record once it is final (after the
+    step's checkpoint save, if any); it must return at once (e.g. queue it: ``tracking.sender``).
     """
     rank = int(os.environ.get("RANK", "0"))
     progress = Progress()
     watchdog = Watchdog(progress, rank).start()
     try:
         with ExitStack() as cleanup:  # the run's lease, released however training ends
-            return _train(dataset, model_cfg, parallel, cfg, base_model, progress, cleanup)
+            return _train(dataset, model_cfg, parallel, cfg, base_model, progress, cleanup, on_record)
     except Exception as e:
         print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         failure = explain(e, rank, progress, parallel.collective_timeout_s)
@@ -197,6 +205,7 @@ def _train(
     base_model: str,
     progress: Progress,
     cleanup: ExitStack,
+    on_record: Callable[[dict], None] | None = None,
 ) -> CheckpointRef:
     from megatron.core import parallel_state as ps
 
@@ -326,6 +335,8 @@ def _train(
             record[phase_key("checkpoint")] = timer.seconds["checkpoint"]
             record["step_time_s"] = dt + timer.seconds["checkpoint"]
         meter.log(record)
+        if on_record is not None and rank == 0:
+            on_record(record)
         if saving:
             meter.upload()  # rank 0: the event files, with this step's final record
     profiler.finish(cfg.steps)

@@ -1,4 +1,5 @@
-"""The pretraining pipeline: prepare → validate → train → evaluate → register.
+"""The pretraining pipeline: prepare → validate → train → evaluate → register, mirrored in MLflow
+(``start_tracking`` first, ``track_run`` last: see docs/tracking.md).
 
     pyflyte run workflows/pretrain.py pretrain                                # embedded defaults
     pyflyte run workflows/pretrain.py pretrain --config configs/tiny-cpu.yaml
@@ -24,6 +25,7 @@ from tasks.evaluate import evaluate_model
 from tasks.placement import CLUSTER
 from tasks.register import find_base_model, find_gate_holder, register_model
 from tasks.settings import check_settings
+from tasks.track import start_tracking, track_run
 from tasks.train import train_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -40,16 +42,26 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
     settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node)
     base_model = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model)
     data = fingerprint_corpus(data=config.data)
+    tracking = start_tracking(config=config)
+    settings >> tracking
     settings >> base_model
     settings >> data
     dataset = prepare_data(store=config.store, data=data, tokenizer=config.tokenizer, base_model=base_model)
     checked = validate_data(dataset=dataset, validation=config.validation)
     checkpoint = train_model(
-        dataset=checked, model=config.model, parallel=config.parallel, train_cfg=config.train, base_model=base_model
+        dataset=checked,
+        model=config.model,
+        parallel=config.parallel,
+        train_cfg=config.train,
+        base_model=base_model,
+        tracking=tracking,
+        tracking_cfg=config.tracking,
     )
     holder = find_gate_holder(store=config.store, registry=config.registry)
     report = evaluate_model(checkpoint=checkpoint, model=config.model, eval_cfg=config.evaluation, baseline=holder)
-    return register_model(report=report, registry=config.registry, config=config)
+    model = register_model(report=report, registry=config.registry, config=config)
+    track_run(tracking=tracking, model=model, config=config)
+    return model
 
 
 pretrain_default = LaunchPlan.get_or_create(

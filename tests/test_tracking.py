@@ -1,0 +1,194 @@
+"""The MLflow mirror's parts against a real SQLite tracking database: the config as params, the
+tracking URI's resolution, one point per step whichever path sends it, the live sender facing a
+server that is down, the registry mirror's versions and aliases, and ``pretrain ui``'s refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from common.contracts import metrics_key
+from pipeline.cli import main
+from pipeline.config import PipelineConfig
+from registry.registry import promote, register
+from storage import open_store
+from tests.helpers import BIN, MlflowServer, free_port, kill_group, registry_inputs, report
+from tracking.client import client, experiment_id, log_points, start_run, step_metrics
+from tracking.mirror import mirror_promotion, record_execution
+from tracking.params import MAX_PARAM_VALUE, batches, flatten
+from tracking.sender import LiveSender
+from tracking.uri import resolve_uri
+
+
+def test_flatten_names_every_setting_once():
+    config = dataclasses.asdict(PipelineConfig())
+    params = flatten(config)
+    assert params["train.lr"] == "0.002" and params["model.num_layers"] == "4" and params["tracking.enabled"] == "true"
+    assert params["data.sources"] == '["python-stdlib"]' and params["store"] == ""
+    leaves = sum(len(section) if isinstance(section, dict) else 1 for section in config.values())
+    assert len(params) == leaves
+    chunks = list(batches(params, size=10))
+    assert [len(c) for c in chunks] == [10] * (len(params) // 10) + [len(params) % 10]
+    assert {k: v for c in chunks for k, v in c.items()} == params
+    long = flatten({"data": {"sources": ["x" * 10_000]}})["data.sources"]
+    assert len(long) == MAX_PARAM_VALUE and long.endswith("(truncated)")
+
+
+def test_tracking_uri_resolution(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    assert resolve_uri("sqlite:////x/y.db") == "sqlite:////x/y.db"  # the config's setting wins
+    assert resolve_uri("") == "http://mlflow.example:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.setenv("PRETRAIN_STORE", str(tmp_path / "data" / "store"))
+    assert resolve_uri("") == f"sqlite:///{tmp_path / 'data' / 'mlflow.db'}"  # beside the default store
+    monkeypatch.setenv("PRETRAIN_STORE", "s3://bucket/store")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert resolve_uri("") == f"sqlite:///{tmp_path / 'xdg' / 'pretrain' / 'mlflow.db'}"
+
+
+def records(steps: int) -> list[dict]:
+    return [
+        {"step": s, "loss": 5.0 / s, "lr": 1e-3 * s, "grad_norm": 0.5 + s, "tokens_per_s": 1000.0 + s, "mfu": None,
+         "step_time_s": 0.1 * s, "time_data_s": 0.01, "time_forward_backward_s": 0.05, "peak_memory_mib": 300.0,
+         "data_wait_fraction": 0.1, "peak_flops_source": "measured"}
+        for s in range(1, steps + 1)
+    ]  # fmt: skip
+
+
+def fresh_run(uri: str) -> tuple[object, str]:
+    mlflow = client(uri)
+    exp = experiment_id(mlflow, f"test-{uuid.uuid4().hex[:8]}", uri)
+    return mlflow, start_run(mlflow, exp, f"local-{uuid.uuid4().hex[:8]}", {"train": {"lr": 0.002}}, {})
+
+
+def test_live_points_and_replays_give_one_point_per_step(mlflow_tracking_uri):
+    mlflow, run_id = fresh_run(mlflow_tracking_uri)
+    steps = records(7)
+    sender = LiveSender(mlflow_tracking_uri, run_id, flush_s=60)
+    for record in steps[:5]:  # the live path delivers the first five steps
+        sender.send(record)
+    assert sender.close() == 0 and sender.sent == 5
+    for _ in range(2):  # the replay of metrics.jsonl, twice: every step, the first five again
+        log_points(mlflow, run_id, [p for r in steps for p in step_metrics(r)])
+    history = mlflow.get_metric_history(run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(r["step"], r["loss"]) for r in steps]
+    assert len(mlflow.get_metric_history(run_id, "time_forward_backward_s")) == 7
+    assert mlflow.get_run(run_id).data.params == {"train.lr": "0.002"}
+    assert "mfu" not in mlflow.get_run(run_id).data.metrics  # unknown (None): not a point
+
+
+def test_live_sender_never_blocks_and_warns_once_with_the_count_when_down():
+    lines: list[str] = []
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    sender = LiveSender(down, "0" * 32, timeout_s=1, flush_s=0.5, log=lines.append)
+    started = time.monotonic()
+    for record in records(40):
+        sender.send(record)
+    assert time.monotonic() - started < 0.5  # queued, not sent inline
+    assert sender.close() == 40
+    assert time.monotonic() - started < 10
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "40 step record(s) not sent to MLflow at " + down in warnings[0], lines
+
+
+def test_registry_mirror_follows_versions_and_aliases(tmp_path, mlflow_tracking_uri):
+    store = registry_inputs(open_store(str(tmp_path / "store")))
+    store.put_bytes(metrics_key("runs/r1"), "".join(json.dumps(r) + "\n" for r in records(10)).encode())
+    name = f"gpt-{uuid.uuid4().hex[:6]}"
+    first = register(store, name, report(2.0), gate_alias="production")
+    second = register(store, name, report(2.5), gate_alias="production")  # worse: production stays on 1
+    mlflow, run_id = fresh_run(mlflow_tracking_uri)
+    exp = mlflow.get_run(run_id).info.experiment_id
+    experiment = mlflow.get_experiment(exp).name
+    for model in (first, second, second):  # the last one replayed: nothing doubles
+        record_execution(mlflow, mlflow_tracking_uri, experiment, "exec-1", run_id, store, model, {"train": {"lr": 0.002}})
+    versions = {mv.tags["pretrain.version"]: mv for mv in mlflow.search_model_versions(f"name = '{name}'")}
+    assert sorted(versions) == ["1", "2"]
+    assert versions["2"].tags["pretrain.card"] == store.url(f"{second.prefix}/card.json")
+    assert versions["1"].tags["pretrain.dataset_version"] == "abc"
+    mlflow_of = {ours: mv.version for ours, mv in versions.items()}
+    # MLflow reserves 'latest' (its highest version): ours is 'latest-registered' there, and every tag says ours.
+    assert mlflow.get_registered_model(name).aliases == {"latest-registered": mlflow_of["2"], "production": mlflow_of["1"]}
+    tags = {
+        mv.tags["pretrain.version"]: mv.tags.get("pretrain.aliases") for mv in mlflow.search_model_versions(f"name = '{name}'")
+    }
+    assert tags == {"1": "production", "2": "latest"}
+    assert len(mlflow.get_metric_history(run_id, "loss")) == 10
+    run = mlflow.get_run(run_id)
+    assert run.data.tags["pretrain.run_prefix"] == "runs/r1" and run.data.tags["pretrain.tokenizer_sha256"] == "t" * 64
+    assert run.data.metrics["val_loss"] == 2.5 and run.info.status == "FINISHED"
+    links = json.loads(Path(mlflow.download_artifacts(run_id, "links/store.json", str(tmp_path))).read_text())
+    assert links["card"] == store.url(f"{second.prefix}/card.json") and links["checkpoint"].endswith("step-0000010")
+
+    # Moved outside the pipeline, and an alias MLflow has that the registry has not: mirrored, removed.
+    promote(store, f"{name}:2", "production")
+    mlflow.set_registered_model_alias(name, "stale", mlflow_of["1"])
+    line = mirror_promotion(store, name, mlflow_tracking_uri)
+    assert mlflow.get_registered_model(name).aliases == {"latest-registered": mlflow_of["2"], "production": mlflow_of["2"]}, line
+    tags = {
+        mv.tags["pretrain.version"]: mv.tags.get("pretrain.aliases") for mv in mlflow.search_model_versions(f"name = '{name}'")
+    }
+    assert tags == {"1": None, "2": "latest,production"}
+
+
+def test_ui_refuses_a_remote_server_and_names_it(monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.org")
+    assert main(["ui", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "open https://mlflow.example.org in a browser" in err
+
+
+def test_ui_serves_the_tracking_database_and_stops_with_its_workers(mlflow_tracking_uri, tmp_path):
+    mlflow = client(mlflow_tracking_uri)
+    name = f"ui-{uuid.uuid4().hex[:8]}"
+    experiment_id(mlflow, name, mlflow_tracking_uri)
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [str(BIN / "pretrain"), "ui", "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        announced = process.stdout.readline().strip()
+        assert announced == f"MLflow UI: http://127.0.0.1:{port} over {mlflow_tracking_uri} (Ctrl-C stops it)"
+        server = MlflowServer(tmp_path, port)
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                found = server.get("experiments/get-by-name", experiment_name=name)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and process.poll() is None, "pretrain ui did not answer"
+                time.sleep(0.3)
+        assert found["experiment"]["name"] == name
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        with pytest.raises(OSError):  # its workers went with it
+            server.get("experiments/get-by-name", experiment_name=name)
+    finally:
+        if process.poll() is None:
+            kill_group(process)
+
+
+def test_tracking_sync_replays_a_registered_model_once(tmp_path, mlflow_tracking_uri, capsys):
+    store = registry_inputs(open_store(str(tmp_path / "store")))
+    store.put_bytes(metrics_key("runs/r1"), "".join(json.dumps(r) + "\n" for r in records(6)).encode())
+    name = f"gpt-{uuid.uuid4().hex[:6]}"
+    register(store, name, report(2.0), config={"train": {"lr": 0.002}}, gate_alias="production")
+    experiment = f"sync-{uuid.uuid4().hex[:6]}"
+    command = ["tracking", "sync", f"{name}:production", "--store", store.uri, "--experiment", experiment]
+    assert main(command) == 0 and main(command) == 0  # the second finds the run by its model tag
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1] and lines[0].startswith(f"{name}:1 recorded in MLflow run ")
+    mlflow = client(mlflow_tracking_uri)
+    (run,) = mlflow.search_runs([mlflow.get_experiment_by_name(experiment).experiment_id])
+    assert len(mlflow.get_metric_history(run.info.run_id, "loss")) == 6 and run.data.params == {"train.lr": "0.002"}
+    assert mlflow.get_registered_model(name).aliases == {"latest-registered": 1, "production": 1}

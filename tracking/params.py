@@ -1,0 +1,38 @@
+"""The pipeline config as MLflow params: one flat ``section.key`` name per setting."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+MAX_PARAM_VALUE = 6000
+"""MLflow's limit on a param value's length (characters)."""
+MAX_PARAMS_PER_BATCH = 100
+"""MLflow's limit on params in one log_batch request."""
+TRUNCATED = "…(truncated)"
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"train": {"lr": 0.002}}`` → ``{"train.lr": "0.002"}``: nested mappings become dotted names,
+    every other value its text (lists and other containers as JSON); a value longer than MLflow
+    takes is cut to fit and says so. Keys come out sorted, so equal configs give equal params."""
+    out: dict[str, str] = {}
+    for key in sorted(config, key=str):
+        value = config[key]
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{name}."))
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        if len(text) > MAX_PARAM_VALUE:
+            text = text[: MAX_PARAM_VALUE - len(TRUNCATED)] + TRUNCATED
+        out[name] = text
+    return out
+
+
+def batches(params: Mapping[str, str], size: int = MAX_PARAMS_PER_BATCH) -> Iterator[dict[str, str]]:
+    """``params`` in chunks MLflow accepts in one request."""
+    items = list(params.items())
+    for start in range(0, len(items), size):
+        yield dict(items[start : start + size])

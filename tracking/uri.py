@@ -1,0 +1,51 @@
+"""Which MLflow tracking URI a setting means: the one place it is resolved."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from storage import default_store_uri
+
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+DB_NAME = "mlflow.db"
+ARTIFACTS_DIR = "mlflow-artifacts"
+"""Beside a SQLite database: the artifacts of its runs (only small JSON link files; never checkpoints)."""
+
+
+def default_folder() -> Path:
+    """The folder of the default store (``~/.local/share/pretrain`` for ``…/pretrain/store``); when
+    ``$PRETRAIN_STORE`` names an S3 store, the per-user data folder that would have held it."""
+    store = default_store_uri()
+    if "://" in store and not store.startswith("file://"):
+        data_home = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+        return Path(data_home, "pretrain")
+    return Path(store.removeprefix("file://")).expanduser().resolve().parent
+
+
+def resolve_uri(configured: str = "") -> str:
+    """``tracking.uri`` if set, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<default folder>/mlflow.db``."""
+    uri = configured.strip() or os.environ.get(TRACKING_URI_ENV, "").strip()
+    if uri:
+        return uri
+    return f"sqlite:///{default_folder() / DB_NAME}"
+
+
+def is_remote(uri: str) -> bool:
+    """Whether ``uri`` is a tracking server reached over HTTP (rather than a database or folder on this machine)."""
+    return uri.startswith(("http://", "https://", "databricks"))
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI, else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    # sqlite:///rel.db is relative to the working folder, sqlite:////abs.db absolute (SQLAlchemy's rule).
+    return Path(uri.removeprefix("sqlite:///").partition("?")[0]).resolve()
+
+
+def artifact_root(uri: str) -> str:
+    """Where a new experiment keeps artifacts: beside a SQLite database (not MLflow's ``./mlruns`` of
+    whatever folder the process runs in); '' = the server's or backend's own choice."""
+    db = sqlite_path(uri)
+    return (db.parent / ARTIFACTS_DIR).as_uri() if db is not None else ""
