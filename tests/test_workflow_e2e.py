@@ -89,7 +89,7 @@ def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_pat
     for task in expected:
         assert evaluation["lm_eval_results"]["candidate"][task]["n_samples"]["effective"] == 16
         assert "acc_stderr,none" in evaluation["lm_eval_results"]["candidate"][task]["results"]
-    print("lm-eval on the card:", json.dumps(lm_eval))
+    print(f"lm-eval on the card ({evaluation['lm_eval_results']['seconds']} s):", json.dumps(lm_eval))
 
     written = {prefix: store.list(prefix) for prefix in PIPELINE_PREFIXES}
     started = time.monotonic()
