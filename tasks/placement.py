@@ -25,7 +25,8 @@ CLUSTER: ClusterConfig = load_cluster()
 LOCK = Path(__file__).resolve().parent.parent / "requirements.lock"
 CUDA_BASE = "nvcr.io/nvidia/pytorch:25.01-py3"
 
-COMMON_PACKAGES = ["flytekit", "boto3", "tokenizers", "huggingface-hub", "webdataset", "numpy", "pandas", "pyyaml"]
+# mlflow: the tracking mirror (start_tracking and track_run in the slim image, the live feed of the train task).
+COMMON_PACKAGES = ["flytekit", "boto3", "tokenizers", "huggingface-hub", "webdataset", "numpy", "pandas", "pyyaml", "mlflow"]
 # matplotlib: the last task (track_run, slim image) draws the Comparison Deck (tasks.decks.run_comparison).
 DATA_PACKAGES = [*COMMON_PACKAGES, "great-expectations", "matplotlib"]
 # matplotlib draws the train task's Decks (pipeline.charts).
