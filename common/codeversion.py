@@ -9,6 +9,9 @@ reading source, not by a hand-written list.
   module's name and source bytes;
 * the installed versions of the third-party distributions those modules import, except the
   few in ``NEUTRAL_DISTRIBUTIONS`` that cannot change a number;
+* the files of a module's data folders: a module whose results depend on files beside it
+  declares them as ``__data__ = ("folder", ...)`` (``training.lm_eval_suite``: its task
+  YAML), and every file under those folders counts with it;
 * Python's major.minor.
 
 The walk is pure: nothing walked is imported or executed, so it runs on any copy of the
@@ -173,6 +176,15 @@ def library_versions(third_party: frozenset[str] | set[str]) -> dict[str, str]:
     return dict(sorted(versions.items()))
 
 
+def data_files(path: Path) -> list[Path]:
+    """The files under the folders that the module at ``path`` names in ``__data__``, sorted."""
+    for node in ast.parse(path.read_bytes()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__data__" for t in node.targets):
+            folders = ast.literal_eval(node.value)
+            return sorted(f for folder in folders for f in (path.parent / folder).rglob("*") if f.is_file())
+    return []
+
+
 def code_version(module: str, root: Path = PROJECT_ROOT) -> str:
     """A 16-hex-digit key of everything ``module``'s behaviour depends on (see the module doc)."""
     found = closure(module, root)
@@ -182,6 +194,10 @@ def code_version(module: str, root: Path = PROJECT_ROOT) -> str:
         digest.update(f"{name}\0".encode())
         digest.update(path.read_bytes())
         digest.update(b"\0")
+        for data in data_files(path):
+            digest.update(f"{data.relative_to(path.parent).as_posix()}\0".encode())
+            digest.update(data.read_bytes())
+            digest.update(b"\0")
     for dist, version in library_versions(found.third_party).items():
         digest.update(f"{dist}=={version}\0".encode())
     return digest.hexdigest()[:16]

@@ -40,7 +40,7 @@ from training.config import (
     layout_problems,
     world_problems,
 )
-from training.lm_eval_suite import metric_name, parse_metric_name, shipped_tasks
+from training.lm_eval_catalog import metric_name, parse_metric_name, shipped_tasks
 
 __all__ = ["PipelineConfig", "RegistryConfig", "from_dict", "launch_world", "load_config", "parse_config"]
 

@@ -47,6 +47,8 @@ EXPECTED = {
     "common/contracts.py": (ALL | {"run id"}, ALL),
     "pipeline/cli.py": (set(), set()),
     "tasks/decks.py": ({"prepare", "validate", "train", "evaluate"}, {"prepare", "validate", "train", "evaluate"}),
+    # A data file of training.lm_eval_suite (its __data__): the evaluation only, not every task that checks settings.
+    "training/lm_eval_tasks/heldout_cloze.yaml": ({"evaluate"}, {"evaluate"}),
 }
 ORDER = [*TASK_MODULES, "run id"]
 
@@ -105,7 +107,11 @@ def test_closures_keep_their_layers():
         assert "pipeline.cli" not in found.modules, f"{module} reaches the CLI: a CLI edit would rerun it"
         assert "workflows" not in found.modules, module
     register = closures["tasks.register"]
-    assert {m for m in register.modules if m.startswith("training")} == {"training", "training.config"}
+    assert {m for m in register.modules if m.startswith("training")} == {
+        "training",
+        "training.config",
+        "training.lm_eval_catalog",
+    }
     assert not {"torch", "megatron", "triton"} & register.third_party
     assert not {"torch", "megatron"} & closures["tasks.data"].third_party
     # The run id's code is part of train's: a change that moves the run id reruns train.

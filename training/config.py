@@ -300,7 +300,7 @@ class EvalConfig:
 
     def problems(self) -> list[str]:
         """Every setting of this section that cannot work, one line each."""
-        from training.lm_eval_suite import shipped_tasks  # the task catalog: YAML files, no torch
+        from training.lm_eval_catalog import shipped_tasks  # the task catalog: YAML files, no torch
 
         out = at_least("evaluation.batch_size", self.batch_size, 1)
         out += at_least("evaluation.lm_eval_examples", self.lm_eval_examples, 1)

@@ -35,41 +35,20 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from training.lm_eval_catalog import TASKS_DIR, metric_name
+
 if TYPE_CHECKING:
     import numpy as np
     from tokenizers import Tokenizer
 
-TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
-"""The shipped task definitions, one ``<task>.yaml`` each."""
-METRIC_PREFIX = "lm_eval"
-"""Flattened figures are named ``lm_eval.<task>.<metric>`` (EvalReport, the card, MLflow)."""
+__data__ = ("lm_eval_tasks",)
+"""Folders beside this module whose files its results depend on (``common.codeversion`` hashes them)."""
 CHOICES = 4
 """Endings per continuation example: the true one and three from other documents."""
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 """Set in the child that runs lm-eval: nothing is downloaded, every file is local."""
 _WORD = re.compile(r"[^\W\d]\w{2,}")
 """A cloze target: a word (identifier) of three characters or more, not starting with a digit."""
-
-
-# -- the catalog: torch-free, read by the config checks -------------------------------------------
-def shipped_tasks() -> dict[str, list[str]]:
-    """Every shipped task and the metrics its YAML declares (``{"heldout_cloze": ["acc", ...]}``)."""
-    out = {}
-    for path in sorted(TASKS_DIR.glob("*.yaml")):
-        spec = yaml.safe_load(path.read_text())
-        out[spec["task"]] = [m["metric"] for m in spec.get("metric_list", [])]
-    return out
-
-
-def metric_name(task: str, metric: str) -> str:
-    return f"{METRIC_PREFIX}.{task}.{metric}"
-
-
-def parse_metric_name(name: str) -> tuple[str, str] | None:
-    """``lm_eval.<task>.<metric>`` → (task, metric); None for any other name."""
-    prefix, _, rest = name.partition(".")
-    task, _, metric = rest.partition(".")
-    return (task, metric) if prefix == METRIC_PREFIX and task and metric else None
 
 
 def task_config(task: str, data_file: Path, cache_dir: Path) -> dict[str, Any]:
