@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from common.errors import ConfigError
@@ -26,6 +26,18 @@ def problems_error(problems: Iterable[str], source: str = "") -> ConfigError:
     where = f" in {source}" if source else ""
     head = f"the settings{where} have {len(lines)} problem{'s' if len(lines) != 1 else ''}:"
     return ConfigError(head + "".join(f"\n  - {line}" for line in lines))
+
+
+def flat_settings(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings by their full paths: ``{"train": {"lr": 0.002}}`` → ``{"train.lr": 0.002}``
+    (``prefix`` goes before each; an empty mapping is a value of its own)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and value:
+            out.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def at_least(path: str, value: float, low: float, advice: str = "") -> list[str]:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from common.settings import flat_settings
+
 MAX_PARAM_VALUE = 6000
 """MLflow's limit on a param value's length (characters)."""
 MAX_PARAMS_PER_BATCH = 100
@@ -18,12 +20,7 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     every other value its text (lists and other containers as JSON); a value longer than MLflow
     takes is cut to fit and says so. Keys come out sorted, so equal configs give equal params."""
     out: dict[str, str] = {}
-    for key in sorted(config, key=str):
-        value = config[key]
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, f"{name}."))
-            continue
+    for name, value in sorted(flat_settings(config, prefix).items()):
         text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
         if len(text) > MAX_PARAM_VALUE:
             text = text[: MAX_PARAM_VALUE - len(TRUNCATED)] + TRUNCATED

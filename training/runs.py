@@ -41,6 +41,7 @@ from common.contracts import (
     tensorboard_prefix,
 )
 from common.errors import UserError
+from common.settings import flat_settings
 from storage import Store
 
 RUNS = "runs"
@@ -326,19 +327,11 @@ def flat_config(meta: dict) -> dict[str, Any]:
     if meta.get("dataset") is not None:
         flat["dataset"] = meta["dataset"]
     for section in ("model", "train"):
-        _flatten(meta.get(section) or {}, section, flat)
+        flat.update(flat_settings(meta.get(section) or {}, f"{section}."))
     layouts = _layouts(meta)
     if layouts:
         flat["layouts"] = "; ".join(f"{s['first_step']}-{s['last_step']} {_layout_short(s)}" for s in layouts)
     return flat
-
-
-def _flatten(values: dict, prefix: str, out: dict[str, Any]) -> None:
-    for key, value in values.items():
-        if isinstance(value, dict):
-            _flatten(value, f"{prefix}.{key}", out)
-        else:
-            out[f"{prefix}.{key}"] = value
 
 
 def differences(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
