@@ -53,7 +53,8 @@ def find_gate_holder(store: str, registry: RegistryConfig) -> str:
     return _entry(store, f"{registry.model_name}:{registry.gate_alias}")
 
 
-def _execution_id() -> str:
+def flyte_execution_id() -> str:
+    """This Flyte execution's id (recorded on the card and in MLflow); "local" outside a backend."""
     try:
         return str(current_context().execution_id.name)
     except Exception:  # outside a Flyte execution
@@ -84,7 +85,7 @@ def register_model(report: EvalReport, registry: RegistryConfig, config: Pipelin
         config=dataclasses.asdict(config),
         gate_alias=registry.gate_alias,
         gate_tolerance=registry.gate_tolerance,
-        execution_id=_execution_id(),
+        execution_id=flyte_execution_id(),
     )
     decision = read_card(store, ref.prefix).gate
     holder = _entry(report.checkpoint.store, f"{registry.model_name}:{registry.gate_alias}")

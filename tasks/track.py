@@ -15,7 +15,7 @@ from pipeline.config import PipelineConfig
 from registry.registry import code_revision, read_card
 from storage import open_store
 from tasks.placement import registry_task
-from tasks.register import _execution_id
+from tasks.register import flyte_execution_id
 from tasks.user_errors import as_messages
 from tracking.client import client, describe, experiment_id, fresh_execution_id, start_run, where
 from tracking.mirror import record_execution, with_retry
@@ -37,7 +37,7 @@ def start_tracking(config: PipelineConfig) -> TrackingRef:
         print("tracking: off (tracking.enabled: false)")
         return TrackingRef()
     uri = resolve_uri(settings.uri)
-    ref = TrackingRef(uri=uri, experiment=settings.experiment, execution=fresh_execution_id(_execution_id()))
+    ref = TrackingRef(uri=uri, experiment=settings.experiment, execution=fresh_execution_id(flyte_execution_id()))
     code = code_revision()
     tags = {"pretrain.store": open_store(config.store).uri, "pretrain.code_commit": code.commit}
     tags["pretrain.code_dirty"] = str(code.dirty).lower()
