@@ -13,7 +13,7 @@ from flytekit import Deck, task
 from common.contracts import ModelRef, TrackingRef
 from pipeline.config import PipelineConfig
 from registry.registry import code_revision, read_card
-from storage import open_store
+from storage import Store, open_store
 from tasks.placement import registry_task
 from tasks.register import flyte_execution_id
 from tasks.user_errors import as_messages
@@ -52,11 +52,10 @@ def start_tracking(config: PipelineConfig) -> TrackingRef:
     return dataclasses.replace(ref, run_id=run_id)
 
 
-def _comparison_deck(model: ModelRef) -> None:
+def _comparison_deck(store: Store, model: ModelRef) -> None:
     """This execution's training run beside the one of the model that held the gate alias before it."""
     from tasks import decks
 
-    store = open_store(model.store)
     card = read_card(store, model.prefix)
     baseline = card.gate.baseline if card.gate is not None else ""
     if not baseline:
@@ -75,14 +74,14 @@ def track_run(tracking: TrackingRef, model: ModelRef, config: PipelineConfig) ->
     figures, lineage tags, links to the outputs), creating it if the first task could not, and
     mirror the registered version and the registry's aliases. An unreachable server is retried for
     ``tracking.retry_s``, then one WARNING line: the pipeline succeeds all the same."""
+    store = open_store(model.store)
     try:
-        _comparison_deck(model)
+        _comparison_deck(store, model)
     except Exception as e:  # a Deck is a view: never worth the execution
         _warn(f"no comparison Deck ({describe(e)})")
     if not tracking.uri:
         return
     settings = config.tracking
-    store = open_store(model.store)
     config_dict = dataclasses.asdict(config)
 
     def attempt() -> str:

@@ -40,12 +40,14 @@ from tracking.client import (
     experiment_id,
     figure_metrics,
     find_run,
+    fresh_execution_id,
     log_points,
     set_tags,
     start_run,
     step_metrics,
     where,
 )
+from tracking.uri import sqlite_path
 
 LINKS_ARTIFACT = "links/store.json"
 RESERVED_LATEST = "latest-registered"
@@ -242,8 +244,6 @@ def sync_model(
 ) -> str:
     """Replay a registered model's execution into MLflow (``pretrain tracking sync``): into the run that
     already mirrors it (by its model tag, else its Flyte execution id), or a new one. Returns the run id."""
-    from tracking.client import fresh_execution_id
-
     model = ModelRef(store=store.uri, name=spec_name, version=version, prefix=model_prefix(spec_name, version))
     card = read_card(store, model.prefix)
 
@@ -266,8 +266,6 @@ def sync_model(
 def mirror_promotion(store: Store, name: str, uri: str, timeout_s: float = 5.0) -> str:
     """After an alias moved outside the pipeline (``pretrain registry promote``): MLflow's aliases of
     ``name`` made to match, best effort, in one attempt. Returns one line saying what happened."""
-    from tracking.uri import sqlite_path
-
     db = sqlite_path(uri)
     if db is not None and not db.exists():
         return f"tracking: no MLflow database at {db}: nothing to mirror"

@@ -32,6 +32,7 @@ from common.contracts import (
 )
 from common.errors import local_space
 from common.hashing import config_hash
+from data_prep.manifest import file_sha256
 from storage import AlreadyCommitted, open_store
 from training import checkpoint, lm_eval_suite
 from training.config import EvalConfig, ModelConfig, ParallelConfig
@@ -152,7 +153,7 @@ def _lm_eval(report: EvalReport, store, cfg: EvalConfig, rows, tokenizer: Tokeni
         scored = lm_eval_suite.run_suite(models, files, cfg.batch_size, cfg.lm_eval_seed)
     seconds = time.monotonic() - started
     print(f"lm-eval: {', '.join(cfg.lm_eval_tasks)} on {' and '.join(models)} in {seconds:.1f}s", flush=True)
-    examples = {task: lm_eval_suite.sha256_of(path) for task, path in files.items()}
+    examples = {task: file_sha256(path) for task, path in files.items()}
     report = dataclasses.replace(
         report,
         lm_eval=lm_eval_suite.flatten(scored["candidate"]),

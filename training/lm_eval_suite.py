@@ -20,7 +20,6 @@ Importing this module is cheap (no torch, no lm-eval): the config checks list th
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -177,10 +176,6 @@ def build_task_files(
         path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         files[task] = path
     return files
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # -- running lm-eval ------------------------------------------------------------------------------
