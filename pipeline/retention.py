@@ -80,6 +80,10 @@ RUN_FILES = {METRICS, STEP_TIMES, HEALTH, RUN_LEASE, TENSORBOARD, DIAGNOSTICS}
 """What a run's folder holds besides its checkpoints and evaluations (``common.contracts``)."""
 TEMPORARY = ".tmp-"
 """A local store's temporary files (``storage.store``): a write in flight or left by a killed writer."""
+TEMPORARY_MIN_AGE_S = 600.0
+"""A temporary file written this recently is kept whatever the age rule (even ``--min-age 0``): a live
+writer's file in flight (a lease, a metrics rewrite, a checkpoint file) grows or is renamed within
+seconds, and deleting it under the writer fails that write (a training run's lease, once in CI)."""
 
 # What an entry is: the categories gc knows.
 UNCOMMITTED_CHECKPOINT = "uncommitted checkpoint"
@@ -257,6 +261,10 @@ class _Planner:
             folder = _Folder(o.key, [o])
             if self.recent(folder):
                 self.entries.append(folder.entry(TEMPORARY_FILE, False, self.too_recent(folder), file=True))
+            elif self.now - o.modified < TEMPORARY_MIN_AGE_S:
+                kept_min = TEMPORARY_MIN_AGE_S / 60
+                reason = f"written {_ago(self.now, o.modified)}: a write in flight (temporary files are kept {kept_min:g} min)"
+                self.entries.append(folder.entry(TEMPORARY_FILE, False, reason, file=True))
             else:
                 self.entries.append(folder.entry(TEMPORARY_FILE, True, f"last written {_ago(self.now, o.modified)}", file=True))
 
@@ -568,7 +576,7 @@ def still_eligible(store: Store, entry: Entry, min_age_s: float, now: float | No
         return "" if remove else reason
     if entry.what == TEMPORARY_FILE:
         when = store.modified(entry.where)
-        return "" if when is None or now - when >= min_age_s else f"written {_ago(now, when)}"
+        return "" if when is None or now - when >= max(min_age_s, TEMPORARY_MIN_AGE_S) else f"written {_ago(now, when)}"
     folder = _Folder(entry.where, store.list_info(entry.where, temporary=True))
     records = [when for when in map(store.modified, entry.records) if when is not None]
     newest = max([t for t in (folder.newest, *records) if t is not None], default=None)

@@ -186,6 +186,10 @@ def test_local_temporary_files_of_interrupted_writes(tmp_path, no_staging):
     (root / "runs/r/checkpoints/step-0000002/.tmp-def456").write_bytes(b"y" * 30)
     (root / "models/gpt/aliases").mkdir(parents=True)
     (root / "models/gpt/aliases/.tmp-lock").write_bytes(b"")  # the alias lock: never a leftover
+    # Even with the age rule off, a file this fresh may be a live writer's (a run's lease, in CI once).
+    fresh = retention.plan(store, min_age_s=0, staging_root=no_staging)
+    assert not fresh.removals and [e.what for e in fresh.kept] == [retention.TEMPORARY_FILE] * 2
+    assert all("a write in flight" in e.reason for e in fresh.kept)
     later = time.time() + 2 * HOUR
     plan = retention.plan(store, now=later, staging_root=no_staging)
     assert {(e.where, e.what, e.size) for e in plan.removals} == {
