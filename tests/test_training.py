@@ -90,3 +90,34 @@ def test_evaluation_loads_tp2_checkpoint_at_tp1(tp2_run):
     assert results["val_loss"] == report.val_loss and results["step"] == tp2_run.step and results["sample"] == report.sample
     exported = {key.rsplit("/", 1)[1] for key in store.list(f"{report.outputs}/hf")}
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= exported
+
+
+def test_a_twin_evaluating_after_its_twin_registered_gets_the_same_version(tp2_run, tmp_path):
+    """Two identical executions: the one that waited for the run's lease evaluates once the other has
+    registered this checkpoint and moved the gate alias to it. Its evaluation must be the other's (same
+    outputs, same baseline), or it registers a second version of the same model."""
+    from common.contracts import alias_key, checkpoint_prefix, model_prefix
+    from registry.registry import register
+
+    shutil.copytree(tp2_run.store, tmp_path / "store")
+    store_uri = str(tmp_path / "store")
+    final = dataclasses.replace(tp2_run, store=store_uri, dataset=dataclasses.replace(tp2_run.dataset, store=store_uri))
+    earlier = dataclasses.replace(final, step=4, prefix=checkpoint_prefix(final.run, 4))
+    store = open_store(store_uri)
+    cfg = EvalConfig(max_batches=1, batch_size=4, sample_tokens=2, prompt="def ", lm_eval_tasks=[])
+    config = {"model": dataclasses.asdict(MODEL), "evaluation": dataclasses.asdict(cfg)}  # comparable models
+    gate = {"config": config, "gate_alias": "production", "gate_tolerance": 100.0}  # every candidate passes
+
+    old = register(store, "gpt", evaluate(earlier, MODEL, cfg), **gate)
+    first = evaluate(final, MODEL, cfg, model_prefix("gpt", old.version))
+    registered = register(store, "gpt", first, **gate)
+    holder = model_prefix("gpt", registered.version)
+    assert store.get_json(alias_key("gpt", "production"))["version"] == registered.version
+
+    twin = evaluate(final, MODEL, cfg, holder)  # the gate holder is this very checkpoint
+    assert twin.baseline == first.baseline == model_prefix("gpt", old.version) and twin.outputs == first.outputs
+    assert twin.baseline_bits_per_byte == first.baseline_bits_per_byte
+    assert register(store, "gpt", twin, **gate) == registered
+
+    other = evaluate(earlier, MODEL, cfg, holder)  # another checkpoint compares with the holder as ever
+    assert other.baseline == holder and other.outputs != first.outputs

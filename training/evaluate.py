@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 
 from common.contracts import (
     ENTRY_CHECKPOINT,
+    ENTRY_EVALUATION,
     EVAL_RESULTS,
     HF_EXPORT,
     TOKENIZER,
@@ -88,8 +89,24 @@ def bits_per_byte(loss: float, stats: dict) -> float:
     return loss / math.log(2) * stats["val_doc_tokens"] / stats["val_bytes"]
 
 
+def baseline_for(store, ckpt: CheckpointRef, holder: str) -> str:
+    """The entry to compare ``ckpt`` with, given the gate alias's ``holder``: the holder, unless it was
+    registered from this very checkpoint. Then comparing says nothing, and it is the twin of an identical
+    execution that registered while this one waited for the run's lease: this evaluation is its
+    registration's evaluation, against the baseline that one had, so both compute the same outputs and
+    register the same version."""
+    if not holder:
+        return holder
+    card = ModelCard.from_dict(store.get_json(card_key(holder)))
+    if card.lineage.checkpoint != store.url(ckpt.prefix):
+        return holder
+    key = f"{holder}/{ENTRY_EVALUATION}"
+    return store.get_json(key).get("baseline", "") if store.exists(key) else ""
+
+
 def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, baseline: str) -> EvalReport:
     store = open_store(ckpt.store)
+    baseline = baseline_for(store, ckpt, baseline)
     rows, manifest = load_split(ckpt.dataset, "val")
     model = _load_tp1(store, ckpt.prefix, model_cfg, manifest)
     val_loss, count = _mean_loss(model, rows, cfg)
