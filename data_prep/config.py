@@ -38,6 +38,194 @@ def local_source_problem(source: str) -> str:
     return "does not exist; give an existing file, folder, glob or s3:// URI"
 
 
+class PiiMode(StrEnum):
+    """What ``data.pii`` does with one kind of personal data or secret it finds."""
+
+    REDACT = "redact"
+    DROP = "drop"
+    OFF = "off"
+
+
+@documented
+@dataclass
+class PiiConfig:
+    """Personal data and secrets in the text: each kind is redacted (replaced by a fixed
+    placeholder, counted as ``pii_<kind>``), or its document dropped (``skipped_pii_<kind>``), or left."""
+
+    email: PiiMode = PiiMode.REDACT
+    """E-mail addresses → ``<EMAIL>``: ``redact``, ``drop`` or ``off``."""
+
+    ip: PiiMode = PiiMode.OFF
+    """Globally routable IPv4/IPv6 addresses → ``<IP_ADDRESS>`` (private, loopback and documentation
+    ranges are left; a dotted version such as 1.2.3.4 is indistinguishable, hence ``off`` by default)."""
+
+    secret: PiiMode = PiiMode.REDACT
+    """Cloud keys (AWS access key ids and secret keys), private key blocks, GitHub/Slack/OpenAI-style
+    tokens → ``<SECRET>``."""
+
+    def __post_init__(self) -> None:
+        for name in ("email", "ip", "secret"):
+            setattr(self, name, as_choice(PiiMode, getattr(self, name)))
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        for name in ("email", "ip", "secret"):
+            out += choice_problem(f"data.pii.{name}", getattr(self, name), PiiMode)
+        return out
+
+
+@documented
+@dataclass
+class GopherConfig:
+    """Gopher document rules (Rae et al. 2021; datatrove's GopherQualityFilter). Prose-only:
+    off by default (code has few stop words and many ``#``)."""
+
+    enabled: bool = False
+    """Apply these rules."""
+    min_words: int = 50
+    """Fewest words (whitespace-separated, not pure punctuation); rule ``gopher_words``."""
+    max_words: int = 100_000
+    """Most words; rule ``gopher_words``."""
+    min_mean_word_length: float = 3.0
+    """Shortest mean word length in characters; rule ``gopher_word_length``."""
+    max_mean_word_length: float = 10.0
+    """Longest mean word length; rule ``gopher_word_length``."""
+    max_symbol_word_ratio: float = 0.1
+    """Most ``#`` plus ellipses (``...``, ``…``) per word; rule ``gopher_symbols``."""
+    max_bullet_lines: float = 0.9
+    """Largest share of lines starting with a bullet (``•``, ``-``, ``*``); rule ``gopher_bullets``."""
+    max_ellipsis_lines: float = 0.3
+    """Largest share of lines ending with an ellipsis; rule ``gopher_ellipsis``."""
+    min_alpha_words: float = 0.8
+    """Smallest share of words holding an alphabetic character; rule ``gopher_alpha``."""
+    min_stop_words: int = 2
+    """Fewest English stop words (the, be, to, of, and, that, have, with); rule ``gopher_stop_words`` (0 = off)."""
+
+
+@documented
+@dataclass
+class RepetitionConfig:
+    """Gopher repetition rules (datatrove's GopherRepetitionFilter): repeated lines, paragraphs
+    and n-grams. Fractions are of documents' lines/paragraphs or characters; 0 switches a rule off."""
+
+    enabled: bool = True
+    """Apply these rules. On by default, with only the two character-share rules set, looser than
+    Gopher's: source code repeats short lines (``return None``, ``else:``), and the python-stdlib
+    files reach 0.45 of lines and 0.37 of characters repeated, 0.15 in paragraphs (docs/data.md)."""
+    max_dup_lines: float = 0.0
+    """Largest share of lines that repeat an earlier line (Gopher: 0.3); rule ``rep_dup_lines``."""
+    max_dup_paragraphs: float = 0.0
+    """Largest share of paragraphs (blank-line separated) repeating an earlier one (Gopher: 0.3); rule ``rep_dup_paragraphs``."""
+    max_dup_line_chars: float = 0.5
+    """Largest share of characters in repeated lines (Gopher: 0.2); rule ``rep_dup_line_chars``."""
+    max_dup_paragraph_chars: float = 0.3
+    """Largest share of characters in repeated paragraphs (Gopher: 0.2); rule ``rep_dup_paragraph_chars``."""
+    max_top_ngram_chars: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    """For n = 2, 3, 4: largest share of characters covered by the most frequent n-gram
+    (Gopher: 0.2, 0.18, 0.16); rules ``rep_top_<n>gram``."""
+    max_dup_ngram_chars: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    """For n = 5 … 10: largest share of characters in repeated n-grams (Gopher: 0.15, 0.14, 0.13,
+    0.12, 0.11, 0.10); rules ``rep_dup_<n>gram``."""
+
+
+@documented
+@dataclass
+class C4Config:
+    """C4 line rules (Raffel et al. 2020; datatrove's C4QualityFilter). They remove lines (the
+    text changes, as in C4) and drop a document only for lorem ipsum, a curly brace, or too few
+    sentences left. Prose-only: off by default (code lines rarely end in punctuation)."""
+
+    enabled: bool = False
+    """Apply these rules."""
+    min_sentences: int = 5
+    """Fewest sentences left after the line rules; rule ``c4_sentences``."""
+    min_words_per_line: int = 3
+    """Lines with fewer words are removed."""
+    max_word_length: int = 1000
+    """Lines with a longer word are removed."""
+    terminal_punctuation: bool = True
+    """Remove lines that do not end in ``.``, ``?``, ``!`` or a quote (or end in an ellipsis)."""
+    javascript: bool = True
+    """Remove lines mentioning javascript."""
+    policy: bool = True
+    """Remove lines about terms of use, privacy or cookie policies."""
+    lorem_ipsum: bool = True
+    """Drop documents holding "lorem ipsum"; rule ``c4_lorem_ipsum``."""
+    curly_bracket: bool = True
+    """Drop documents with ``{`` in a kept line; rule ``c4_curly_bracket``."""
+
+
+@documented
+@dataclass
+class FineWebConfig:
+    """FineWeb rules (datatrove's FineWebQualityFilter). Prose-only: off by default (code has
+    many short lines without final punctuation)."""
+
+    enabled: bool = False
+    """Apply these rules."""
+    min_line_punct_ratio: float = 0.12
+    """Smallest share of lines ending in punctuation; rule ``fineweb_line_punct``."""
+    max_short_line_ratio: float = 0.67
+    """Largest share of lines of at most ``short_line_chars`` characters; rule ``fineweb_short_lines``."""
+    short_line_chars: int = 30
+    """What counts as a short line."""
+    max_dup_line_chars: float = 0.01
+    """Largest share of characters in repeated lines; rule ``fineweb_dup_line_chars``."""
+    max_newline_word_ratio: float = 0.3
+    """Most newlines per word; rule ``fineweb_newlines``."""
+
+
+@documented
+@dataclass
+class QualityConfig:
+    """Quality filters, by family; each drop is counted as ``skipped_quality_<rule>`` (docs/data.md)."""
+
+    gopher: GopherConfig = field(default_factory=GopherConfig)
+    """Gopher document rules (off by default)."""
+    repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
+    """Gopher repetition rules (on, two of them, with thresholds that code passes)."""
+    c4: C4Config = field(default_factory=C4Config)
+    """C4 line rules (off by default)."""
+    fineweb: FineWebConfig = field(default_factory=FineWebConfig)
+    """FineWeb rules (off by default)."""
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        fractions = {
+            "gopher": ("max_bullet_lines", "max_ellipsis_lines", "min_alpha_words"),
+            "repetition": ("max_dup_lines", "max_dup_paragraphs", "max_dup_line_chars", "max_dup_paragraph_chars"),
+            "fineweb": ("min_line_punct_ratio", "max_short_line_ratio", "max_dup_line_chars"),
+        }
+        for family, names in fractions.items():
+            for name in names:
+                value = getattr(getattr(self, family), name)
+                if not 0 <= value <= 1:
+                    out.append(f"data.quality.{family}.{name} is {value}: must be a fraction in [0, 1] (0 switches it off)")
+        rep = self.repetition
+        for name, count, first in (("max_top_ngram_chars", 3, 2), ("max_dup_ngram_chars", 6, 5)):
+            value = getattr(rep, name)
+            if len(value) != count or not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in value):
+                out.append(
+                    f"data.quality.repetition.{name} is {value}: give {count} fractions in [0, 1], "
+                    f"for n = {first} … {first + count - 1} (0 switches one off)"
+                )
+        g = self.gopher
+        if g.min_words > g.max_words:
+            out.append(f"data.quality.gopher.min_words is {g.min_words}: must be ≤ data.quality.gopher.max_words ({g.max_words})")
+        if g.min_mean_word_length > g.max_mean_word_length:
+            out.append(
+                f"data.quality.gopher.min_mean_word_length is {g.min_mean_word_length}: must be ≤ "
+                f"data.quality.gopher.max_mean_word_length ({g.max_mean_word_length})"
+            )
+        out += at_least("data.quality.gopher.min_stop_words", g.min_stop_words, 0, " (0 = off)")
+        out += at_least("data.quality.c4.min_sentences", self.c4.min_sentences, 0)
+        out += at_least("data.quality.c4.min_words_per_line", self.c4.min_words_per_line, 0)
+        out += at_least("data.quality.c4.max_word_length", self.c4.max_word_length, 1)
+        out += at_least("data.quality.fineweb.short_line_chars", self.fineweb.short_line_chars, 0)
+        out += at_least("data.quality.fineweb.max_newline_word_ratio", self.fineweb.max_newline_word_ratio, 0)
+        return out
+
+
 @documented
 @dataclass
 class DataConfig:
@@ -60,6 +248,19 @@ class DataConfig:
     """Documents longer than this are dropped (counted as ``too_long``). It also bounds memory:
     a file or record is streamed and abandoned as soon as it cannot fit."""
 
+    quality: QualityConfig = field(default_factory=QualityConfig)
+    """Quality filters (Gopher, repetition, C4, FineWeb rules), each switchable; see docs/data.md."""
+
+    languages: list[str] = field(default_factory=list)
+    """Languages to keep, as ISO 639-1 codes (``[en, de]``); ``[]`` keeps every language. Drops
+    are counted as ``skipped_language``. Code is kept whatever it is identified as (docs/data.md)."""
+
+    language_confidence: float = 0.5
+    """A document whose language is identified with less confidence than this is kept as undetermined."""
+
+    pii: PiiConfig = field(default_factory=PiiConfig)
+    """E-mail addresses, IP addresses and secrets: redacted, document dropped, or left, per kind."""
+
     near_dedup: bool = True
     """Drop near-duplicates (MinHash LSH over word shingles) besides exact duplicates."""
 
@@ -72,6 +273,16 @@ class DataConfig:
 
     minhash_rows: int = 8
     """MinHash values per LSH band (signature length = bands × rows)."""
+
+    near_dup_threshold: float = 0.7
+    """A document sharing an LSH band with an earlier kept one is dropped only if their Jaccard
+    similarity, estimated from 8-bit MinHash sketches (±0.04 at 0.7), is at least this; 0 drops
+    every LSH candidate unverified."""
+
+    sniff_unlisted: bool = True
+    """Files in a folder or S3 prefix whose suffix says no supported format are sniffed: read
+    (their first 8 KB, decompressed for .gz/.zst) as text when that is UTF-8 without NUL bytes;
+    false ignores them, counted by suffix. Files named in ``data.sources`` are always read."""
 
     max_documents: int = 0
     """Stop after this many usable documents (0 = no limit); handy for quick runs."""
@@ -112,6 +323,19 @@ class DataConfig:
             out.append(f"data.val_fraction is {self.val_fraction}: must be in [0, 1) (typical 0.005 … 0.1)")
         out += at_least("data.workers", self.workers, 0, " (0 = one per CPU core)")
         out += at_least("data.max_documents", self.max_documents, 0, " (0 = no limit)")
+        if not 0 <= self.near_dup_threshold <= 1:
+            out.append(
+                f"data.near_dup_threshold is {self.near_dup_threshold}: must be in [0, 1] "
+                "(estimated Jaccard similarity; typical 0.7, 0 = drop every LSH candidate unverified)"
+            )
+        out += self.quality.problems() + self.pii.problems()
+        out += [
+            f"data.languages[{i}] is {code!r}: give an ISO 639-1 code such as en, de, fr (or [] to keep all)"
+            for i, code in enumerate(self.languages)
+            if not (isinstance(code, str) and len(code) in (2, 3) and code.isalpha() and code.islower())
+        ]
+        if not 0 <= self.language_confidence <= 1:
+            out.append(f"data.language_confidence is {self.language_confidence}: must be in [0, 1] (typical 0.5)")
         return out
 
     def path_problems(self) -> list[str]:

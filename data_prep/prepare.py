@@ -23,6 +23,7 @@ import json
 import logging
 import tempfile
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +35,13 @@ from common.contracts import DOC_STATS, MANIFEST, TOKENIZER, DatasetRef, dataset
 from common.errors import local_space
 from common.settings import problems_error
 from data_prep import manifest as manifests
-from data_prep.clean import clean_text, content_hash, length_problem
+from data_prep.clean import clean_text, content_hash
 from data_prep.config import DataConfig, TokenizerConfig
-from data_prep.console import PassProgress, log_skip_summary, skip_summary
-from data_prep.dedup import Deduplicator, band_keys, digest_key, shingle_hashes, signature
+from data_prep.console import PassProgress, log_skip_summary, skip_summary, sniffed_summary
+from data_prep.dedup import Deduplicator, digest_key, near_row, sketch_words
+from data_prep.filters import filtered_text
 from data_prep.parallel import WorkerPool, trainer_threads
+from data_prep.pii import KINDS as PII_KINDS
 from data_prep.readers import Skips, iter_documents
 from data_prep.shards import ShardInfo, ShardWriter, StoredShard, token_dtype
 from data_prep.sources import DataError, Document, Ignored, RawFile, list_files, listing_hash, relative_names
@@ -67,40 +70,46 @@ _data: DataConfig | None = None
 _fallback_lut: np.ndarray | None = None
 
 
-def _scan_batch(batch: list[Document]) -> tuple[list[str], np.ndarray, np.ndarray | None, list[int]]:
-    """Per document: the filter's skip reason (or ``""``), content key, LSH band keys, split."""
+def _scan_batch(batch: list[Document]) -> tuple[list[str], np.ndarray, np.ndarray | None, list[int], dict[int, str]]:
+    """Per document: the filter's skip reason (or ``""``), content key, near-dup row (LSH band keys
+    and b-bit sketch: ``dedup.near_row``), split."""
     data = _data
     assert data is not None
-    n, width = len(batch), data.minhash_bands
+    n, width = len(batch), data.minhash_bands + sketch_words(data.minhash_bands, data.minhash_rows)
     reasons, splits = [], []
     keys = np.zeros(n, dtype=np.uint64)
     bands = np.zeros((n, width), dtype=np.uint64) if data.near_dedup else None
+    edited: dict[int, str] = {}
     for i, doc in enumerate(batch):
-        text = clean_text(doc.text, data.normalization)
-        reason = length_problem(text, data.min_chars, data.max_chars)
+        # The same function as the encode pass: it encodes exactly the text judged and hashed here.
+        text, reason, edits = filtered_text(doc.text, data)
         reasons.append(reason)
         splits.append(DROP)
         if reason:
             continue
+        if edits:
+            edited[i] = text  # redacted or cut: the tokenizer's sample takes it from here (usually none)
         digest = hashlib.sha256(text.encode("utf-8")).digest()
         keys[i] = digest_key(digest)
         splits[i] = VAL if split_of(digest.hex(), data.val_fraction) == "val" else TRAIN
         if bands is not None:
-            sig = signature(shingle_hashes(text, data.shingle_words), data.minhash_bands * data.minhash_rows)
-            bands[i] = band_keys(sig, data.minhash_bands, data.minhash_rows)
-    return reasons, keys, bands, splits
+            # LSH keys and the b-bit sketch that verifies their hits, in one row (dedup.near_row).
+            bands[i] = near_row(text, data.shingle_words, data.minhash_bands, data.minhash_rows)
+    return reasons, keys, bands, splits, edited
 
 
-def _encode_batch(batch: list[tuple[Document, int]]) -> list[tuple[str, int, int, np.ndarray, int]]:
-    """Per kept document: sha256, characters, UTF-8 bytes, token ids, byte-fallback tokens."""
+def _encode_batch(batch: list[tuple[Document, int]]) -> list[tuple[str, int, int, np.ndarray, int, dict[str, int]]]:
+    """Per kept document: sha256, characters, UTF-8 bytes, token ids, byte-fallback tokens, and
+    the filters' edits (``pii_<kind>`` redactions…), counted here, where only kept documents pass."""
     data, lut, encoder = _data, _fallback_lut, worker_encoder()
     assert data is not None and lut is not None
     out = []
     for doc, _ in batch:
-        text = clean_text(doc.text, data.normalization)
+        # The scan's own function: the text encoded is the text it judged and hashed (checked by the digest).
+        text, _, edits = filtered_text(doc.text, data)
         raw = text.encode("utf-8")
         ids = encoder.encode_batch([text])[0]
-        out.append((hashlib.sha256(raw).hexdigest(), len(text), len(raw), ids, int(lut[ids].sum())))
+        out.append((hashlib.sha256(raw).hexdigest(), len(text), len(raw), ids, int(lut[ids].sum()), edits))
     return out
 
 
@@ -132,6 +141,8 @@ class Scan:
     """Of those, dropped by length or as duplicates."""
     sample_bytes: int = 0
     dedup_bytes: int = 0
+    near_rejected: int = 0
+    """Documents that shared an LSH band with an earlier kept one and were kept: not similar enough."""
 
     @property
     def kept(self) -> int:
@@ -140,16 +151,16 @@ class Scan:
 
 def _scan(data: DataConfig, scan: Scan, pool: WorkerPool, sample_bytes: int) -> Iterator[str]:
     """Run the scan pass; yields the tokenizer's training sample as it goes."""
-    dedup = Deduplicator(data.near_dedup)
+    dedup = Deduplicator(data.near_dedup, data.minhash_bands, data.minhash_rows, data.near_dup_threshold)
     progress = PassProgress("scan", sum(f.size for f in scan.files))
     docs = iter_documents(progress.files(scan.files), data.text_field, max_doc_bytes(data), scan.skips)
-    for batch, (reasons, keys, bands, splits) in pool.map_ordered(_scan_batch, _batches(docs, lambda d: len(d.text))):
+    for batch, (reasons, keys, bands, splits, edited) in pool.map_ordered(_scan_batch, _batches(docs, lambda d: len(d.text))):
         progress.add_documents(len(batch))
         passing = np.flatnonzero([not r for r in reasons])
         verdicts = dedup.judge(keys[passing], bands[passing] if bands is not None else None)
         for i, verdict in zip(passing, verdicts, strict=True):
             reasons[i] = verdict
-        for doc, reason, key, split in zip(batch, reasons, keys, splits, strict=True):
+        for at, (doc, reason, key, split) in enumerate(zip(batch, reasons, keys, splits, strict=True)):
             scan.documents += 1
             if reason:
                 scan.filtered += 1
@@ -159,21 +170,24 @@ def _scan(data: DataConfig, scan: Scan, pool: WorkerPool, sample_bytes: int) -> 
             scan.verdicts.append(split)
             scan.kept_keys.append(int(key))
             if split == TRAIN and scan.sample_bytes < sample_bytes:
-                text = clean_text(doc.text, data.normalization)
+                # The filters' text (redacted, cut) where they changed it, as pass 2 encodes it.
+                text = edited[at] if at in edited else clean_text(doc.text, data.normalization)
                 scan.sample_bytes += len(text.encode("utf-8"))
                 yield text
             if data.max_documents and scan.kept >= data.max_documents:
-                scan.dedup_bytes = dedup.nbytes
+                scan.dedup_bytes, scan.near_rejected = dedup.nbytes, dedup.rejected_candidates
                 progress.finish()
                 return
-    scan.dedup_bytes = dedup.nbytes
+    scan.dedup_bytes, scan.near_rejected = dedup.nbytes, dedup.rejected_candidates
     progress.finish()
 
 
 def scan_corpus(data: DataConfig, pool: WorkerPool, tokenizer_config: TokenizerConfig | None) -> tuple[Scan, Tokenizer | None]:
     """Pass 1. With a tokenizer config, also trains the tokenizer on the scan's sample."""
-    ignored = Ignored()
-    files = list_files(data.sources, ignored)
+    ignored = Ignored(sniff=data.sniff_unlisted)
+    files = list_files(data.sources, ignored, data.sniff_unlisted)
+    if sniffed := sniffed_summary(ignored, relative_names(files)):
+        log.info("%s", sniffed)
     scan = Scan(files=files, ignored=ignored)
     tokenizer = None
     if tokenizer_config is not None:
@@ -213,6 +227,8 @@ class Encoded:
     val_doc_tokens: int = 0
     byte_fallback_tokens: int = 0
     sources_digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+    edits: Counter = field(default_factory=Counter)
+    """The filters' edits in the kept documents: ``pii_<kind>`` redactions, ``c4_lines_removed``."""
 
 
 def _kept_documents(data: DataConfig, scan: Scan, progress: PassProgress) -> Iterator[tuple[Document, int]]:
@@ -244,7 +260,7 @@ def encode_corpus(data: DataConfig, scan: Scan, pool: WorkerPool, staging: Path,
         batches = _batches(_kept_documents(data, scan, progress), lambda d: len(d[0].text))
         for batch, encoded in pool.map_ordered(_encode_batch, batches):
             progress.add_documents(len(batch))
-            for (doc, verdict), (digest, chars, nbytes, ids, fallback) in zip(batch, encoded, strict=True):
+            for (doc, verdict), (digest, chars, nbytes, ids, fallback, edits) in zip(batch, encoded, strict=True):
                 if kept >= scan.kept or digest_key(bytes.fromhex(digest)) != scan.kept_keys[kept]:
                     raise DataError(
                         f"{doc.source} changed while the dataset was being prepared (its content differs from the scan): "
@@ -258,6 +274,7 @@ def encode_corpus(data: DataConfig, scan: Scan, pool: WorkerPool, staging: Path,
                 result.sources_digest.update(("\n" if kept > 1 else "").encode() + name.encode())
                 result.source_bytes += nbytes
                 result.byte_fallback_tokens += fallback
+                result.edits.update(edits)
                 if split == "val":
                     result.val_bytes += nbytes
                     result.val_doc_tokens += len(ids)
@@ -397,8 +414,10 @@ def _stats(scan: Scan, encoded: Encoded) -> dict[str, int]:
         "skipped_total": sum(skipped.values()),
         **{f"skipped_{reason}": n for reason, n in sorted(skipped.items())},
         "duplicates_total": skipped.get("duplicate", 0) + skipped.get("near_duplicate", 0),
+        "near_duplicates_rejected_by_verification": scan.near_rejected,
         "files_listed": len(scan.files),
         "files_ignored": sum(scan.ignored.values()),
+        "files_sniffed": sum(scan.ignored.sniffed.values()),
         "train_documents": encoded.writers["train"].documents,
         "val_documents": encoded.writers["val"].documents,
         "train_tokens": encoded.writers["train"].tokens,
@@ -409,6 +428,9 @@ def _stats(scan: Scan, encoded: Encoded) -> dict[str, int]:
         "val_bytes": encoded.val_bytes,
         "val_doc_tokens": encoded.val_doc_tokens,
         "byte_fallback_tokens": encoded.byte_fallback_tokens,
+        # The filters' edits in the kept documents (their drops are the skipped_* counts above).
+        **{f"pii_{kind}": encoded.edits[f"pii_{kind}"] for kind in PII_KINDS},
+        "c4_lines_removed": encoded.edits["c4_lines_removed"],
         "tokenizer_sample_bytes": scan.sample_bytes,
         # The one part of memory that grows with the corpus (hash-set slots per document).
         "dedup_state_bytes": scan.dedup_bytes,

@@ -53,6 +53,13 @@ class ValidationConfig:
     """Largest share of read documents dropped as duplicates."""
     max_skipped_fraction: float = 0.5
     """Largest share of read documents skipped for any reason."""
+    max_quality_fraction: float = 0.3
+    """Largest share of read documents any one quality rule may drop (each ``skipped_quality_<rule>``
+    is bounded on its own: the failure names the rule)."""
+    max_language_fraction: float = 0.5
+    """Largest share of read documents dropped by the ``data.languages`` allow-list."""
+    max_pii_fraction: float = 0.1
+    """Largest share of read documents dropped for personal data or secrets (``data.pii`` kinds set to ``drop``)."""
     max_byte_fallback_ratio: float = 0.05
     """Largest share of tokens that are lone non-ASCII bytes (text the tokenizer could not merge)."""
     min_shard_bytes: int = 1024
@@ -68,7 +75,14 @@ class ValidationConfig:
         for low, high in (("min_doc_tokens", "max_doc_tokens"), ("min_shard_bytes", "max_shard_bytes")):
             if getattr(self, low) > getattr(self, high):
                 out.append(f"validation.{low} is {getattr(self, low)}: must be ≤ validation.{high} ({getattr(self, high)})")
-        for name in ("max_duplicate_fraction", "max_skipped_fraction", "max_byte_fallback_ratio"):
+        for name in (
+            "max_duplicate_fraction",
+            "max_skipped_fraction",
+            "max_byte_fallback_ratio",
+            "max_quality_fraction",
+            "max_language_fraction",
+            "max_pii_fraction",
+        ):
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 out.append(f"validation.{name} is {value}: must be a fraction in [0, 1]")
@@ -165,10 +179,49 @@ def _tables(store: Store, ref: DatasetRef) -> tuple[dict[str, pd.DataFrame], dic
                 "train_val_overlap": len(train & val),
                 "val_documents": len(val),
                 "train_documents": len(train),
+                **_filter_fractions(stats, read),
             }
         ]
     )
     return {"documents": docs, "shards": pd.DataFrame(rows), "dataset": summary}, manifest, modified
+
+
+def _filter_fractions(stats: dict, read: int) -> dict[str, float]:
+    """Share of read documents each filter dropped: ``language_fraction``, ``pii_fraction`` (all
+    kinds) and one ``skipped_quality_<rule>`` column per quality rule that dropped any."""
+    out = {
+        "language_fraction": stats.get("skipped_language", 0) / read,
+        "pii_fraction": sum(n for k, n in stats.items() if k.startswith("skipped_pii_")) / read,
+    }
+    out |= {k: n / read for k, n in sorted(stats.items()) if k.startswith(QUALITY_PREFIX)}
+    return out
+
+
+QUALITY_PREFIX = "skipped_quality_"
+_FAMILIES = {"gopher": "gopher", "rep": "repetition", "c4": "c4", "fineweb": "fineweb"}
+
+
+def advice(outcome: Outcome) -> str:
+    """What to change when a filter's drop-rate expectation fails ('' for other expectations)."""
+    column = outcome.column
+    if column.startswith(QUALITY_PREFIX):
+        rule = column.removeprefix(QUALITY_PREFIX)
+        family = _FAMILIES.get(rule.split("_", 1)[0], "")
+        return (
+            f"the quality rule {rule} dropped {outcome.observed} of the documents read: loosen or switch off "
+            f"data.quality.{family} (its rules and defaults: docs/data.md), or raise validation.max_quality_fraction"
+        )
+    if column == "language_fraction":
+        return (
+            f"the data.languages allow-list dropped {outcome.observed} of the documents read: add their languages "
+            "to data.languages ([] keeps all), or raise validation.max_language_fraction"
+        )
+    if column == "pii_fraction":
+        return (
+            f"data.pii dropped {outcome.observed} of the documents read: set the kinds that drop (data.pii.<kind>: drop) "
+            "to redact, or raise validation.max_pii_fraction"
+        )
+    return ""
 
 
 def great_expectations():
@@ -211,6 +264,13 @@ def _suites(config: ValidationConfig, manifest: dict) -> dict[str, list]:
             E.ExpectColumnMaxToBeBetween(column="train_val_overlap", max_value=0),
             E.ExpectColumnMinToBeBetween(column="val_documents", min_value=1),
             E.ExpectColumnMinToBeBetween(column="train_documents", min_value=1),
+            E.ExpectColumnMaxToBeBetween(column="language_fraction", max_value=config.max_language_fraction),
+            E.ExpectColumnMaxToBeBetween(column="pii_fraction", max_value=config.max_pii_fraction),
+            *(
+                E.ExpectColumnMaxToBeBetween(column=key, max_value=config.max_quality_fraction)
+                for key in sorted(manifest["stats"])
+                if key.startswith(QUALITY_PREFIX)
+            ),
         ],
     }
 
@@ -394,7 +454,8 @@ def check_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> Va
     failures = validation.failures
     if failures:
         report = store.url(f"{validation_prefix(ref.prefix)}/{VALIDATION_REPORT}")
-        lines = "\n".join([*(f"  - {f.line()}" for f in failures), *(f"  - {m}" for m in validation.modified)])
+        said = [f"  - {f.line()}" + (f": {advice(f)}" if advice(f) else "") for f in failures]
+        lines = "\n".join([*said, *(f"  - {m}" for m in validation.modified)])
         raise ValidationFailed(
             f"dataset {ref.version} failed {len(failures)} expectation(s); training was not started.\n{lines}\nReport: {report}",
             validation,

@@ -1369,3 +1369,23 @@ class MlflowServer:
             token = page.get("next_page_token", "")
             if not token:
                 return points
+
+
+_ENGLISH = (
+    "the of and to with that have be river garden morning teacher village window question answer market people "
+    "history library evening family kitchen journey mountain letter winter summer friend student doctor picture music "
+    "quietly carefully walked opened found wrote carried remembered explained noticed bright small old green careful "
+    "warm early long story table bread water city school road"
+).split()
+
+
+def english_docs(n: int, seed: int = 0, sentences: int = 8, words_per_sentence: int = 12) -> list[str]:
+    """``n`` distinct English-like documents (common words, stop words included; one sentence a
+    line, each ending in a period): prose that the Gopher, C4 and FineWeb rules keep and that
+    language identification calls English."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        lines = [" ".join(rng.choice(_ENGLISH) for _ in range(words_per_sentence)).capitalize() + "." for _ in range(sentences)]
+        docs.append("\n".join(lines))
+    return docs

@@ -124,3 +124,17 @@ def test_threshold_from_config(dataset):
     store, ref = dataset
     message = failure_of(store, ref, ValidationConfig(min_documents=100_000))
     assert "documents: expect_table_row_count_to_be_between failed (observed 60; expected min_value=100000" in message
+
+
+def test_a_quality_rule_that_drops_too_much_is_named_with_its_settings(tmp_path):
+    docs = {f"d{i}.txt": text for i, text in enumerate(distinct_docs(12))}
+    # Mostly one repeated line (repetition rule rep_dup_line_chars, on by default at 0.5).
+    docs |= {f"spam{i}.txt": f"Offer {i} of the week.\n" + "Buy cheap watches at the shop today!\n" * 12 for i in range(10)}
+    store = open_store(str(tmp_path / "store"))
+    ref = prepare_dataset(tiny_data(sources=[str(write_corpus(tmp_path / "c", docs))]), tiny_tokenizer(), store)
+    assert ref.stats["skipped_quality_rep_dup_line_chars"] == 10
+    message = failure_of(store, ref)
+    assert "dataset.skipped_quality_rep_dup_line_chars: expect_column_max_to_be_between failed (observed 0.4545" in message
+    assert "loosen or switch off data.quality.repetition" in message and "validation.max_quality_fraction" in message
+    assert "language_fraction" not in message and "pii_fraction" not in message  # checked, and passed
+    check_dataset(store, ref, ValidationConfig(max_quality_fraction=0.5))
