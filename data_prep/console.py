@@ -204,21 +204,42 @@ def skip_summary(skips: Skips, ignored: Counter, name: Callable[[str], str] = st
             )
         )
     if files_ignored:
-        suffixes = sorted(ignored, key=lambda s: (-ignored[s], s))
-        by_suffix = ", ".join(f"{s} ×{ignored[s]:,}" for s in suffixes[:SUFFIXES_SHOWN])
-        if len(suffixes) > SUFFIXES_SHOWN:
-            by_suffix += f" and {len(suffixes) - SUFFIXES_SHOWN} more suffixes"
-        names = [name(n) for s in suffixes for n in ignored_examples.get(s, [])[:1]]  # one per suffix first
-        names += [name(n) for s in suffixes for n in ignored_examples.get(s, [])[1:]]
-        lines.append(
-            (
-                logging.INFO,
-                f"  ignored {files_ignored:,} files by suffix ({by_suffix}), e.g. {_examples(names, files_ignored)}: "
-                f"a folder's files are read for {readable_suffixes()} only; rename the files, "
-                "or name a file in data.sources to read it as text whatever its suffix",
+        by_suffix, names = _by_suffix(ignored, ignored_examples, name)
+        if getattr(ignored, "sniffed_unlisted", False):
+            why = (
+                f"a folder's files are read for {readable_suffixes()}, and for other suffixes when they hold UTF-8 "
+                "text (data.sniff_unlisted); these did not (binary, or another encoding: convert text to UTF-8)"
             )
-        )
+        else:
+            why = (
+                f"a folder's files are read for {readable_suffixes()} only; set data.sniff_unlisted: true to read the "
+                "ones holding UTF-8 text whatever their suffix, rename them, or name a file in data.sources"
+            )
+        lines.append((logging.INFO, f"  ignored {files_ignored:,} files by suffix ({by_suffix}), e.g. {names}: {why}"))
     return lines
+
+
+def _by_suffix(counts: Counter, examples: dict[str, list[str]], name: Callable[[str], str]) -> tuple[str, str]:
+    """``.png ×3, .bin ×1`` (the most frequent suffixes) and example names, one per suffix first."""
+    suffixes = sorted(counts, key=lambda s: (-counts[s], s))
+    by_suffix = ", ".join(f"{s} ×{counts[s]:,}" for s in suffixes[:SUFFIXES_SHOWN])
+    if len(suffixes) > SUFFIXES_SHOWN:
+        by_suffix += f" and {len(suffixes) - SUFFIXES_SHOWN} more suffixes"
+    names = [name(n) for s in suffixes for n in examples.get(s, [])[:1]]
+    names += [name(n) for s in suffixes for n in examples.get(s, [])[1:]]
+    return by_suffix, _examples(names, sum(counts.values()))
+
+
+def sniffed_summary(ignored: Counter, name: Callable[[str], str] = str) -> str:
+    """One line on the files with unlisted suffixes that sniffing read as text ('' for none)."""
+    sniffed: Counter = getattr(ignored, "sniffed", Counter())
+    if not sniffed:
+        return ""
+    by_suffix, names = _by_suffix(sniffed, getattr(ignored, "sniffed_examples", {}), name)
+    return (
+        f"read {sum(sniffed.values()):,} files with unlisted suffixes as text ({by_suffix}), e.g. {names}: "
+        "their first 8 KB are UTF-8 text (data.sniff_unlisted: false leaves them out)"
+    )
 
 
 def log_skip_summary(lines: list[tuple[int, str]]) -> None:

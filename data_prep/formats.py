@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
+import zlib
 from typing import BinaryIO
 
 TEXT_SUFFIXES = (".txt", ".text", ".py", ".md", ".rst", ".json")
@@ -37,6 +39,48 @@ def kind_of(name: str, explicit: bool = False) -> str:
     if plain.endswith(TEXT_SUFFIXES) or explicit:
         return "text"
     return ""
+
+
+def stream_errors(compression: str) -> tuple[type[BaseException], ...]:
+    """What reading a broken stream of this compression raises."""
+    if compression == "gzip":
+        return (OSError, EOFError, zlib.error)
+    if compression == "zstd":
+        import zstandard  # only for .zst files
+
+        return (zstandard.ZstdError, OSError, EOFError)
+    return (OSError,)
+
+
+SNIFF_BYTES = 8192
+"""How much of an unlisted file (decompressed) is read to tell text from binary."""
+
+
+def looks_like_text(head: bytes) -> bool:
+    """Whether the first bytes of a file are UTF-8 text: no NUL byte, and valid UTF-8 (a character
+    cut off at the end of ``head`` is fine). Empty is not text: nothing to read."""
+    if not head or b"\x00" in head:
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def sniff_text(stream: BinaryIO, compression: str) -> bool:
+    """Whether ``stream`` (closed here) holds text by its first ``SNIFF_BYTES``, decompressed when
+    ``compression`` says so; a stream that cannot be read or decompressed is not text."""
+    reader = decompressed(stream, compression)
+    try:
+        head = b""
+        while len(head) < SNIFF_BYTES and (chunk := reader.read(SNIFF_BYTES - len(head))):
+            head += chunk
+    except stream_errors(compression):
+        return False
+    finally:
+        reader.close()
+    return looks_like_text(head)
 
 
 def decompressed(stream: BinaryIO, compression: str) -> BinaryIO:

@@ -11,28 +11,18 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import chain
 
-from data_prep.formats import compression_of, decompressed, kind_of
+from data_prep.formats import compression_of, decompressed, kind_of, stream_errors
 from data_prep.sources import Document, RawFile
 
 CHUNK = 1 << 20
 SNIFF = 8192
 EXAMPLES_PER_REASON = 3
 PARQUET_BATCH_ROWS = 1024
-
-# What a broken compressed stream raises while being read.
-_GZIP_ERRORS = (OSError, EOFError, zlib.error)
-
-
-def _zstd_errors() -> tuple[type[BaseException], ...]:
-    import zstandard  # only for .zst files
-
-    return (zstandard.ZstdError, OSError, EOFError)
 
 
 class Skips:
@@ -73,7 +63,7 @@ class _Broken(Exception):
 
 
 def _chunks(stream, compression: str) -> Iterator[bytes]:
-    errors = _GZIP_ERRORS if compression == "gzip" else _zstd_errors() if compression == "zstd" else (OSError,)
+    errors = stream_errors(compression)
     reason = {"gzip": "bad_gzip", "zstd": "bad_zstd"}.get(compression, "unreadable")
     while True:
         try:

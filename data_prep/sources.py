@@ -2,10 +2,12 @@
 
 A source is a local file, folder or glob, an ``s3://`` prefix, or ``python-stdlib``.
 Folders are walked recursively (symlinks followed, loops detected) and keep the files
-whose names say a supported format (``formats.kind_of``); other files are counted as
-ignored. Anything that cannot be listed properly (a symlink loop, a broken link, a FIFO,
-an unreadable folder) becomes an entry with a ``problem``: the reader counts it as a
-skip, so nothing disappears silently. Reading the files is ``data_prep.readers``' job.
+whose names say a supported format (``formats.kind_of``). Other files are sniffed when
+``data.sniff_unlisted`` is on (their first 8 KB, decompressed for a ``.gz``/``.zst`` suffix:
+UTF-8 without NUL bytes is text, read as such) and counted as ignored otherwise, by suffix.
+Anything that cannot be listed properly (a symlink loop, a broken link, a FIFO, an unreadable
+folder) becomes an entry with a ``problem``: the reader counts it as a skip, so nothing
+disappears silently. Reading the files is ``data_prep.readers``' job.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import BinaryIO
 
 from common.errors import UserError
 from data_prep.config import STDLIB_SOURCE, local_source_problem
-from data_prep.formats import kind_of
+from data_prep.formats import SNIFF_BYTES, compression_of, kind_of, sniff_text
 from storage import open_store
 
 _STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
@@ -35,29 +37,65 @@ class DataError(UserError, ValueError):
 
 
 class Ignored(Counter):
-    """Files left out for their suffix: a count per suffix, and the first few names of each."""
+    """Files left out for their suffix: a count per suffix, and the first few names of each. With
+    sniffing on (``sniffed_unlisted``), those are the unlisted files that are not text, and
+    ``sniffed`` counts the unlisted files read as text, by suffix, with a few names too."""
 
     EXAMPLES = 3
 
-    def __init__(self, counts: dict[str, int] | None = None) -> None:
+    def __init__(self, counts: dict[str, int] | None = None, sniff: bool = False) -> None:
         super().__init__(counts or {})
         self.examples: dict[str, list[str]] = {}
+        self.sniffed_unlisted = sniff
+        self.sniffed: Counter = Counter()
+        self.sniffed_examples: dict[str, list[str]] = {}
 
-    def relative_to(self, root: str, since: dict[str, int]) -> None:
-        """Names found since ``since`` (each suffix's example count then), made relative to the source ``root``."""
-        for suffix, names in self.examples.items():
-            start = since.get(suffix, 0)
-            names[start:] = [_inside(n, root) for n in names[start:]]
+    def marks(self) -> tuple[dict[str, int], dict[str, int]]:
+        """How many example names each suffix has now, ignored and sniffed (for ``relative_to``)."""
+        return {k: len(v) for k, v in self.examples.items()}, {k: len(v) for k, v in self.sniffed_examples.items()}
+
+    def relative_to(self, root: str, since: tuple[dict[str, int], dict[str, int]]) -> None:
+        """Names found since the ``marks`` ``since``, made relative to the source ``root``."""
+        for examples, before in zip((self.examples, self.sniffed_examples), since, strict=True):
+            for suffix, names in examples.items():
+                start = before.get(suffix, 0)
+                names[start:] = [_inside(n, root) for n in names[start:]]
+
+
+def _suffix(name: str) -> str:
+    return Path(name).suffix.lower() or "(no suffix)"
+
+
+def _example(examples: dict[str, list[str]], suffix: str, name: str) -> None:
+    names = examples.setdefault(suffix, [])
+    if len(names) < Ignored.EXAMPLES:
+        names.append(name)
 
 
 def _ignore(ignored: Counter, name: str) -> None:
     """Count a file left out for its suffix (and keep its name, for an ``Ignored``)."""
-    suffix = Path(name).suffix.lower() or "(no suffix)"
+    suffix = _suffix(name)
     ignored[suffix] += 1
     if isinstance(ignored, Ignored):
-        names = ignored.examples.setdefault(suffix, [])
-        if len(names) < Ignored.EXAMPLES:
-            names.append(name)
+        _example(ignored.examples, suffix, name)
+
+
+def _sniffed(ignored: Counter, name: str) -> None:
+    """Count an unlisted file that sniffing let in (for an ``Ignored``)."""
+    if isinstance(ignored, Ignored):
+        suffix = _suffix(name)
+        ignored.sniffed[suffix] += 1
+        _example(ignored.sniffed_examples, suffix, name)
+
+
+def sniffable(name: str) -> bool:
+    """Whether an unlisted name could be read as text if it holds text: compressed Parquet
+    (which has a listed suffix but no reader) is not."""
+    return not kind_of(name) and kind_of(name, explicit=True) == "text"
+
+
+# A compressed object's first 64 KB decompress to more than SNIFF_BYTES unless the whole object is smaller.
+_S3_SNIFF_RANGE = {"": SNIFF_BYTES, "gzip": 1 << 16, "zstd": 1 << 16}
 
 
 @dataclass(frozen=True)
@@ -119,7 +157,14 @@ def _stat_problem(err: OSError, path: Path) -> str:
     return "unreadable"
 
 
-def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile], ignored: Counter) -> None:
+def _sniff_local(path: Path) -> bool:
+    try:
+        return sniff_text(open(path, "rb"), compression_of(path.name))
+    except OSError:
+        return False  # unreadable now: ignored like any other file that is not text
+
+
+def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile], ignored: Counter, sniff: bool) -> None:
     """Files under ``folder`` in name order; symlinked folders are followed unless they lead
     back to one of their own ancestors (a loop)."""
     try:
@@ -139,16 +184,19 @@ def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile
             if key in ancestors:
                 out.append(_problem(path, "symlink_loop"))
             else:
-                _walk(path, ancestors | {key}, out, ignored)
+                _walk(path, ancestors | {key}, out, ignored, sniff)
         elif not stat.S_ISREG(st.st_mode):
             out.append(_problem(path, "not_a_regular_file"))
         elif kind_of(name):
             out.append(_local(path, st.st_size))
+        elif sniff and sniffable(name) and _sniff_local(path):
+            out.append(_local(path, st.st_size))
+            _sniffed(ignored, str(path))
         else:
             _ignore(ignored, str(path))
 
 
-def _local_path_files(path: Path, out: list[RawFile], ignored: Counter) -> None:
+def _local_path_files(path: Path, out: list[RawFile], ignored: Counter, sniff: bool) -> None:
     try:
         st = path.stat()
     except OSError as e:
@@ -156,25 +204,35 @@ def _local_path_files(path: Path, out: list[RawFile], ignored: Counter) -> None:
         return
     if stat.S_ISDIR(st.st_mode):
         # A folder is walked whatever its name: "notes.txt/" is a folder of documents.
-        _walk(path, frozenset({(st.st_dev, st.st_ino)}), out, ignored)
+        _walk(path, frozenset({(st.st_dev, st.st_ino)}), out, ignored, sniff)
     elif stat.S_ISREG(st.st_mode):
         out.append(_local(path, st.st_size))  # named explicitly: read even with an unusual suffix
     else:
         out.append(_problem(path, "not_a_regular_file"))
 
 
-def _local_files(source: str, out: list[RawFile], ignored: Counter) -> None:
+def _local_files(source: str, out: list[RawFile], ignored: Counter, sniff: bool) -> None:
     problem = local_source_problem(source)  # the rule `pretrain check` applies to data.sources
     if problem:
         raise DataError(f"corpus source {source!r} {problem}")
     if any(ch in source for ch in "*?["):
         for match in sorted(glob.glob(os.path.expanduser(source), recursive=True)):
-            _local_path_files(Path(match), out, ignored)
+            _local_path_files(Path(match), out, ignored, sniff)
         return
-    _local_path_files(Path(os.path.expanduser(source)), out, ignored)
+    _local_path_files(Path(os.path.expanduser(source)), out, ignored, sniff)
 
 
-def _s3_files(source: str, out: list[RawFile], ignored: Counter) -> None:
+def _sniff_s3(store, full_key: str) -> bool:
+    """A ranged GET of the object's first bytes, sniffed."""
+    compression = compression_of(full_key)
+    try:
+        body = store.client.get_object(Bucket=store.bucket, Key=full_key, Range=f"bytes=0-{_S3_SNIFF_RANGE[compression] - 1}")
+    except Exception:  # botocore's ClientError and connection errors: not readable now, so not admitted
+        return False
+    return sniff_text(body["Body"], compression)
+
+
+def _s3_files(source: str, out: list[RawFile], ignored: Counter, sniff: bool) -> None:
     store = open_store(source)
     found = 0
     paginator = store.client.get_paginator("list_objects_v2")
@@ -183,30 +241,34 @@ def _s3_files(source: str, out: list[RawFile], ignored: Counter) -> None:
         for obj in page.get("Contents", []):
             key = obj["Key"][len(prefix) :]
             found += 1
-            if kind_of(key):
+            if kind_of(key) or (sniff and sniffable(key) and _sniff_s3(store, obj["Key"])):
                 out.append(RawFile(store.url(key), int(obj["Size"]), lambda k=key, s=store: s.open_read(k)))
+                if not kind_of(key):
+                    _sniffed(ignored, store.url(key))
             else:
                 _ignore(ignored, store.url(key))
     if not found:
         raise DataError(f"corpus source {source!r} holds no objects: check the bucket and prefix")
 
 
-def list_files(sources: list[str], ignored: Counter | None = None) -> list[RawFile]:
-    """Every file the sources name, in a deterministic order. Files skipped for their
-    format are counted in ``ignored`` by suffix (an ``Ignored`` also keeps a few names, inside their source)."""
+def list_files(sources: list[str], ignored: Counter | None = None, sniff: bool = False) -> list[RawFile]:
+    """Every file the sources name, in a deterministic order. Files in a folder or prefix whose
+    suffix names no supported format are sniffed with ``sniff`` (``data.sniff_unlisted``) and kept
+    when they hold text; the rest are counted in ``ignored`` by suffix (an ``Ignored`` also keeps
+    a few names, inside their source, and counts the sniffed ones)."""
     if not sources:
         raise DataError("no corpus sources configured: set data.sources")
     ignored = Counter() if ignored is None else ignored
     files: list[RawFile] = []
     for source in sources:
         start = len(files)
-        since = {suffix: len(names) for suffix, names in getattr(ignored, "examples", {}).items()}
+        since = ignored.marks() if isinstance(ignored, Ignored) else ({}, {})
         if source == STDLIB_SOURCE:
             files += [_local(p, p.stat().st_size) for p in _stdlib_files()]
         elif source.startswith("s3://"):
-            _s3_files(source, files, ignored)
+            _s3_files(source, files, ignored, sniff)
         else:
-            _local_files(source, files, ignored)
+            _local_files(source, files, ignored, sniff)
         root = _root_of(source)
         files[start:] = [replace(f, relative=_inside(f.name, root)) for f in files[start:]]
         if isinstance(ignored, Ignored):
@@ -260,11 +322,12 @@ def listing_hash(files: list[RawFile]) -> str:
     return digest.hexdigest()
 
 
-def content_fingerprint(sources: list[str]) -> str:
-    """Hash of the content of every listed file, streamed (a corpus bigger than memory is
-    fine); problem entries count by name and reason. Independent of where the corpus lives."""
+def content_fingerprint(sources: list[str], sniff: bool) -> str:
+    """Hash of the content of every listed file (``sniff`` as ``list_files``), streamed (a corpus
+    bigger than memory is fine); problem entries count by name and reason. Independent of where
+    the corpus lives."""
     digest = hashlib.sha256()
-    for raw in list_files(sources):
+    for raw in list_files(sources, sniff=sniff):
         if raw.problem:
             digest.update(f"problem\t{raw.problem}\n".encode())
             continue

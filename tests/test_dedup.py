@@ -4,7 +4,7 @@ import hashlib
 
 import numpy as np
 
-from data_prep.dedup import Deduplicator, HashSet64, band_keys, digest_key, shingle_hashes, signature
+from data_prep.dedup import OWNERS_PER_KEY, BandOwners, Deduplicator, HashSet64, digest_key, near_row, shingle_hashes, signature
 from tests.helpers import distinct_docs
 
 
@@ -18,6 +18,33 @@ def test_hash_set_grows_and_answers_for_whole_arrays():
     others = rng.integers(1, 2**63, size=10_000, dtype=np.uint64)
     assert not table.contains(np.setdiff1d(others, keys)).any()
     assert table.nbytes <= 4 * 8 * len(keys)  # at most half full, doubling
+
+
+def test_band_owners_hold_several_owners_a_key_through_growth():
+    rng = np.random.default_rng(1)
+    keys = np.unique(rng.integers(1, 2**63, size=5_000, dtype=np.uint64))
+    table = BandOwners(capacity=16)
+    for owner in range(3):  # three owners each, added in chunks that make the table grow
+        for chunk in np.array_split(np.arange(len(keys)), 5):
+            table.add(keys[chunk], np.full(len(chunk), owner))
+    at, owners = table.owners(keys)
+    assert len(table) == 3 * len(keys) and table.nbytes <= 4 * 8 * len(table)
+    assert (np.bincount(at, minlength=len(keys)) == 3).all()
+    assert (owners.reshape(-1, 3) == [0, 1, 2]).all()  # grouped by key, in the order added
+    assert len(table.owners(rng.integers(1, 2**63, size=1000, dtype=np.uint64))[0]) == 0
+
+
+def test_a_large_family_of_alike_documents_bounds_the_owners_a_key_holds():
+    base = distinct_docs(1, words_per_doc=300)[0]
+    family = [f"{base} variant {i}" for i in range(3 * OWNERS_PER_KEY)]
+    assert verdicts(family) == [""] + ["near_duplicate"] * (len(family) - 1)
+    dedup = Deduplicator(near=True, threshold=1.5)  # no estimate reaches it: every one is kept
+    rows = np.array([near_row(t, 5, 16, 8) for t in family])
+    assert dedup.judge(np.arange(1, len(family) + 1, dtype=np.uint64), rows) == [""] * len(family)
+    assert dedup.rejected_candidates == len(family) - 1
+    # Each of the first document's band keys holds at most OWNERS_PER_KEY owners, not the whole family.
+    at, _ = dedup._owners.owners(rows[0, :16])
+    assert np.bincount(at, minlength=16).max() == OWNERS_PER_KEY
 
 
 def jaccard_estimate(a: str, b: str, length: int = 256) -> float:
@@ -41,8 +68,8 @@ def verdicts(texts: list[str], batches: int = 1) -> list[str]:
     out = []
     for chunk in np.array_split(np.arange(len(texts)), batches):
         keys = np.array([hash_key(texts[i]) for i in chunk], dtype=np.uint64)
-        bands = np.array([band_keys(signature(shingle_hashes(texts[i], 5), 128), 16, 8) for i in chunk]).reshape(-1, 16)
-        out += dedup.judge(keys, bands)
+        rows = np.array([near_row(texts[i], 5, 16, 8) for i in chunk]).reshape(len(chunk), -1)
+        out += dedup.judge(keys, rows)
     return out
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import logging
 import os
 import tracemalloc
 from collections import Counter
@@ -16,7 +18,7 @@ import zstandard
 
 from data_prep.prepare import load_manifest, prepare_dataset
 from data_prep.readers import Skips, iter_documents, read_file
-from data_prep.sources import DataError, content_fingerprint, list_files
+from data_prep.sources import DataError, Ignored, content_fingerprint, list_files, listing_hash
 from storage import open_store
 from tests.helpers import distinct_docs, tiny_data, tiny_tokenizer, write_corpus
 
@@ -65,7 +67,10 @@ def test_every_format_from_an_s3_prefix(s3_store, tmp_path):
     assert sorted(d.text for d in docs) == sorted(texts) and all(d.source.startswith("s3://") for d in docs)
     assert not skips.counts and ignored == {".bin": 1}
     # The content fingerprint does not depend on where the corpus lives.
-    assert content_fingerprint([s3_store.url("raw")]) == content_fingerprint([str(root)])
+    for sniff in (False, True):
+        assert content_fingerprint([s3_store.url("raw")], sniff) == content_fingerprint([str(root)], sniff)
+    # Sniffing lets notes.bin (text) in: the fingerprint covers what the listing reads.
+    assert content_fingerprint([str(root)], True) != content_fingerprint([str(root)], False)
 
 
 def test_globs_and_explicit_files(tmp_path):
@@ -187,3 +192,74 @@ def test_file_gone_between_listing_and_reading_is_skipped(tmp_path):
     skips = Skips()
     docs = [d for f in files for d in read_file(f, "text", CAP, skips)]
     assert len(docs) == 1 and skips.counts == {"unreadable": 1} and skips.examples["unreadable"][0].endswith("gone.txt")
+
+
+def unlisted_corpus(root: Path) -> tuple[Path, dict[str, str]]:
+    """A folder of files whose suffixes say no format: text ones (what a person would call text)
+    and binary ones; returns it and the text each text file holds."""
+    texts = distinct_docs(5)
+    # Past the sniffed 8 KB, and with a 2-byte character cut by the 8 KB mark.
+    long = "a" * 8191 + "é" + texts[3]
+    text_files = {"notes.1.gz": texts[0], "LICENSE": texts[1], "sub/data.zst": texts[2], "run.log": long}
+    files: dict[str, str | bytes] = {
+        "notes.1.gz": gzip.compress(texts[0].encode()),
+        "LICENSE": texts[1],
+        "sub/data.zst": zstandard.ZstdCompressor().compress(texts[2].encode()),
+        "run.log": long,
+        "foo.md.bz2": bz2.compress(texts[0].encode()),  # a compression we do not read: binary
+        "image.png": b"\x89PNG\r\n\x1a\n" + bytes(range(256)),
+        "legacy.dat": "caf\xe9 ".encode("latin-1") * 40,  # text, but not UTF-8
+        "table.parquet.gz": gzip.compress(b"PAR1"),  # compressed Parquet: no reader, not sniffed
+        ".keep": b"",  # empty: nothing to read
+        "a.txt": texts[4],
+    }
+    return write_corpus(root, files), text_files
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_unlisted_text_files_are_sniffed_and_read(tmp_path, request, where):
+    root, text_files = unlisted_corpus(tmp_path / "corpus")
+    source = str(root)
+    if where == "s3":
+        s3_store = request.getfixturevalue("s3_store")
+        s3_store.upload_dir(root, "raw")
+        source = s3_store.url("raw")
+    ignored = Ignored(sniff=True)
+    files = list_files([source], ignored, sniff=True)
+    docs = {d.source.rsplit("/", 1)[1]: d.text for d in iter_documents(files, "text", CAP, Skips())}
+    assert docs == {name.rsplit("/", 1)[-1]: text for name, text in text_files.items()} | {"a.txt": distinct_docs(5)[4]}
+    assert dict(ignored) == {".bz2": 1, ".png": 1, ".dat": 1, ".gz": 1, "(no suffix)": 1}
+    assert dict(ignored.sniffed) == {".gz": 1, "(no suffix)": 1, ".zst": 1, ".log": 1}
+    assert ignored.sniffed_examples[".zst"] == ["sub/data.zst"] and ignored.examples[".gz"] == ["table.parquet.gz"]
+    # The listing is the same every time, and the same wherever the corpus lives.
+    assert [f.relative for f in files] == ["LICENSE", "a.txt", "notes.1.gz", "run.log", "sub/data.zst"]
+    again = list_files([source], sniff=True)
+    assert listing_hash(again) == listing_hash(files) == listing_hash(list_files([str(root)], sniff=True))
+    # Off: every unlisted file is ignored, counted by suffix.
+    off = Ignored()
+    assert [f.relative for f in list_files([source], off)] == ["a.txt"]
+    assert sum(off.values()) == 9 and not off.sniffed
+
+
+def test_prepare_says_what_it_sniffed_and_what_it_ignored(tmp_path, caplog):
+    root, _ = unlisted_corpus(tmp_path / "corpus")
+    store = open_store(str(tmp_path / "store"))
+    with caplog.at_level(logging.INFO, logger="data_prep"):
+        ref = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0, min_chars=20), tiny_tokenizer(), store)
+    assert ref.stats["files_sniffed"] == 4 and ref.stats["files_ignored"] == 5 and ref.stats["files_listed"] == 5
+    by_suffix = load_manifest(store, ref)["sources"]["ignored_by_suffix"]
+    assert by_suffix == {"(no suffix)": 1, ".bz2": 1, ".dat": 1, ".gz": 1, ".png": 1}
+    assert ref.stats["documents_kept"] == 5  # the four sniffed files and a.txt
+    messages = [r.getMessage() for r in caplog.records]
+    sniffed = [m for m in messages if m.startswith("read 4 files with unlisted suffixes as text")]
+    assert len(sniffed) == 1 and "e.g. LICENSE, notes.1.gz, run.log, …" in sniffed[0], sniffed
+    assert "data.sniff_unlisted: false" in sniffed[0]
+    ignored = [m for m in messages if m.startswith("  ignored 5 files by suffix")]
+    assert len(ignored) == 1 and "e.g. .keep, foo.md.bz2, legacy.dat, …" in ignored[0] and "data.sniff_unlisted" in ignored[0]
+    caplog.clear()
+    data = tiny_data(sources=[str(root)], max_documents=0, min_chars=20, sniff_unlisted=False)
+    # Off, one document is left: too few to split, and the summary says which setting reads the rest.
+    with caplog.at_level(logging.INFO, logger="data_prep"), pytest.raises(DataError, match="validation"):
+        prepare_dataset(data, tiny_tokenizer(), store)
+    ignored = [r.getMessage() for r in caplog.records if r.getMessage().startswith("  ignored 9 files by suffix")]
+    assert len(ignored) == 1 and "set data.sniff_unlisted: true" in ignored[0]
