@@ -24,6 +24,9 @@ _PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~…•–—“”�
 _STRIP = "".join(sorted(_PUNCTUATION))
 _CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]")
 _SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
+# A whitespace-separated word without a letter: only digits, underscores, punctuation, symbols
+# (one regex pass over the text instead of a Python loop over every character of every word).
+_NO_LETTER_WORD = re.compile(r"(?<!\S)(?:[\d_]|[^\w\s])+(?!\S)")
 _BULLETS = ("•", "-", "*")
 _ELLIPSES = ("...", "…")
 _END_PUNCTUATION = (".", "?", "!", '"', "'")
@@ -77,7 +80,7 @@ def gopher_problem(text: str, words: list[str], config: GopherConfig) -> str:
         return "gopher_bullets"
     if sum(line.rstrip().endswith(_ELLIPSES) for line in lines) / len(lines) > config.max_ellipsis_lines:
         return "gopher_ellipsis"
-    if sum(any(c.isalpha() for c in w) for w in words) / len(words) < config.min_alpha_words:
+    if 1 - len(_NO_LETTER_WORD.findall(text)) / len(words) < config.min_alpha_words:
         return "gopher_alpha"
     if config.min_stop_words and _stop_words(words, config.min_stop_words) < config.min_stop_words:
         return "gopher_stop_words"
