@@ -30,10 +30,12 @@ test-fast: venv
 	$(BIN)/python -m pytest -m "not slow"
 
 bench: venv
+	$(BIN)/python -m pip install -q -c requirements.lock -e ".[dev,bench]"
 	$(BIN)/python benchmarks/bench_tokenize.py
 	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_kernels.py
 	$(BIN)/python benchmarks/bench_observability.py
+	$(BIN)/python benchmarks/bench_dataprep.py
 
 # Kills and S3 outages in every stage, each rerun and checked (docs/soak.md); not part of bench or test.
 soak: venv
