@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.contracts import CHECKPOINT_DIGESTS, ENTRY_CHECKPOINT, EvalReport
+from common.contracts import CHECKPOINT_DIGESTS, ENTRY_CHECKPOINT, EvalReport, checkpoint_prefix
 from data_prep.sources import DataError
 from registry.registry import register
 from storage import open_store
@@ -193,12 +193,15 @@ def test_registered_copy_carries_its_digests_for_continued_pretraining_and_the_g
     assert sorted(listed) == sorted(f for f in files if f != CHECKPOINT_DIGESTS)
     assert "rng/rank-00000.pt" not in listed  # the entry keeps the weights and meta only
     assert listed["model/.metadata"] == recorded(folder(ckpt))["files"]["model/.metadata"]
-    # The gate's baseline: the entry loads, then refuses once one of its files is changed.
-    assert 0 < evaluate(ckpt, MODEL, EVAL, baseline=entry).baseline_bits_per_byte < math.inf  # -1: not loaded
+    # The gate's baseline: the entry loads, then refuses once one of its files is changed. The candidate
+    # is another checkpoint (a copy): the entry's own checkpoint is no baseline for itself (evaluate.baseline_for).
+    other = dataclasses.replace(ckpt, prefix=checkpoint_prefix(ckpt.run, 1), step=1)
+    shutil.copytree(folder(ckpt), folder(other))
+    assert 0 < evaluate(other, MODEL, EVAL, baseline=entry).baseline_bits_per_byte < math.inf  # -1: not loaded
     marker = tmp_path / "payload-ran"
     (copy / "model" / ".metadata").write_bytes(malicious_metadata(copy, marker))
     with pytest.raises(CheckpointIntegrityError, match=rf"{ENTRY_CHECKPOINT} is not the one committed: model/\.metadata"):
-        evaluate(ckpt, MODEL, EVAL, baseline=entry)
+        evaluate(other, MODEL, EVAL, baseline=entry)
     # Continued pretraining from the entry: load_weights checks the same way.
     init_distributed(TP1, STEPS.seed, standalone=True)
     try:
