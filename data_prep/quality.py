@@ -88,13 +88,15 @@ def gopher_problem(text: str, words: list[str], config: GopherConfig) -> str:
 
 
 def _stop_words(words: list[str], enough: int) -> int:
-    found = 0
+    """Distinct stop words (Gopher, and datatrove: "the cat the dog" has one), counted up to ``enough``."""
+    found: set[str] = set()
     for w in words:
-        if w.strip(_STRIP).lower() in STOP_WORDS:
-            found += 1
-            if found >= enough:  # most prose reaches it within a few words
+        w = w.strip(_STRIP).lower()
+        if w in STOP_WORDS:
+            found.add(w)
+            if len(found) >= enough:  # most prose reaches it within a few words
                 break
-    return found
+    return len(found)
 
 
 # --- Gopher repetition rules ---------------------------------------------------------

@@ -80,6 +80,12 @@ def test_each_rule_drops_its_document_and_keeps_prose(rule):
     assert quality_problem(PROSE, config) == ("", PROSE)
 
 
+def test_stop_words_are_counted_distinct_as_gopher_does():
+    words = " ".join(f"lorem ipsum dolor sit amet elit{i}" for i in range(12))
+    assert quality_problem(f"{words} the cat the dog", gopher())[0] == "gopher_stop_words"  # "the" twice is one
+    assert quality_problem(f"{words} the cat and the dog", gopher())[0] == ""
+
+
 def test_c4_removes_lines_and_both_passes_see_the_same_text():
     data = DataConfig(quality=c4(), min_chars=16)
     raw = PROSE + "\nA heading without punctuation\nEnable JavaScript in the browser to see the garden.\nToo short."
