@@ -33,6 +33,7 @@ def test_flatten_names_every_setting_once():
     params = flatten(config)
     assert params["train.lr"] == "0.002" and params["model.num_layers"] == "4" and params["tracking.enabled"] == "true"
     assert params["data.sources"] == '["python-stdlib"]' and params["store"] == ""
+
     def leaves(value) -> int:  # nested sections (data.quality.gopher...) flatten to their leaves
         return sum(map(leaves, value.values())) if isinstance(value, dict) and value else 1
 
