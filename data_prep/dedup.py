@@ -103,9 +103,8 @@ def digest_key(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "little") or 1
 
 
-class HashSet64:
-    """An open-addressing set of nonzero uint64 keys (8 bytes a slot, at most half full),
-    probed for whole arrays at once."""
+class _Slots:
+    """Open addressing over a power-of-two array of uint64 slots (0: empty), kept at most half full."""
 
     def __init__(self, capacity: int = 1 << 12) -> None:
         self._slots = np.zeros(capacity, dtype=np.uint64)
@@ -117,6 +116,25 @@ class HashSet64:
     @property
     def nbytes(self) -> int:
         return self._slots.nbytes
+
+    def _make_room(self, adding: int) -> np.ndarray:
+        """Before ``adding`` more entries: the held entries, removed to be inserted again, if the table
+        had to double (once or more) to stay half empty; else none."""
+        needed = 2 * (self._size + adding)
+        if needed <= len(self._slots):
+            return self._slots[:0]
+        old = self._slots[self._slots != 0]
+        capacity = len(self._slots)
+        while capacity < needed:
+            capacity *= 2
+        self._slots = np.zeros(capacity, dtype=np.uint64)
+        self._size = 0
+        return old
+
+
+class HashSet64(_Slots):
+    """An open-addressing set of nonzero uint64 keys (8 bytes a slot, at most half full),
+    probed for whole arrays at once."""
 
     def _find(self, keys: np.ndarray) -> np.ndarray:
         """For each key, its slot if present, else the empty slot that ends its probe."""
@@ -135,8 +153,9 @@ class HashSet64:
 
     def add_new(self, keys: np.ndarray) -> None:
         """Insert distinct keys that are not in the set yet."""
-        if 2 * (self._size + len(keys)) > len(self._slots):
-            self._grow(2 * (self._size + len(keys)))
+        old = self._make_room(len(keys))
+        if old.size:
+            self.add_new(old)
         self._size += len(keys)
         while keys.size:
             slots = self._find(keys)
@@ -147,17 +166,8 @@ class HashSet64:
             rest[first] = False
             keys = keys[rest]
 
-    def _grow(self, needed: int) -> None:
-        old = self._slots[self._slots != 0]
-        capacity = len(self._slots)
-        while capacity < needed:
-            capacity *= 2
-        self._slots = np.zeros(capacity, dtype=np.uint64)
-        self._size = 0
-        self.add_new(old)
 
-
-class BandOwners:
+class BandOwners(_Slots):
     """Band key → the kept documents that had it (up to ``OWNERS_PER_KEY``), in 8 bytes an entry
     (open addressing, at most half full): the key's high 32 bits as a fingerprint and the owner's
     32-bit index. A key's entries lie in its probe run, before the first empty slot.
@@ -166,17 +176,6 @@ class BandOwners:
     verified against its sketch, so a false match costs one comparison, never a wrong drop. It
     bounds one table to 2**32 kept documents, and false matches grow as entries approach 2**32.
     """
-
-    def __init__(self, capacity: int = 1 << 12) -> None:
-        self._slots = np.zeros(capacity, dtype=np.uint64)
-        self._size = 0
-
-    def __len__(self) -> int:
-        return self._size
-
-    @property
-    def nbytes(self) -> int:
-        return self._slots.nbytes
 
     @staticmethod
     def fingerprints(keys: np.ndarray) -> np.ndarray:
@@ -204,12 +203,8 @@ class BandOwners:
 
     def add(self, keys: np.ndarray, owners: np.ndarray) -> None:
         """Add an entry per (key, owner) pair."""
-        if 2 * (self._size + len(keys)) > len(self._slots):
-            capacity = len(self._slots)
-            while capacity < 2 * (self._size + len(keys)):
-                capacity *= 2
-            old, self._slots = self._slots[self._slots != 0], np.zeros(capacity, dtype=np.uint64)
-            self._size = 0
+        old = self._make_room(len(keys))
+        if old.size:
             self._insert(old)
         self._insert(self.fingerprints(keys) << _U64(32) | owners.astype(np.uint64))
 
