@@ -50,6 +50,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from machine_info import cpu_model  # benchmarks/ (the script's folder)
+
 ROOT = Path(__file__).resolve().parents[1]
 FILE_BYTES = 4 << 20
 MIN_CHARS, MAX_CHARS = 200, 400_000  # documents outside are not picked (no length filter decides anything)
@@ -389,16 +391,6 @@ def _examples(ours_drop: set[str], their_drop: set[str], kinds: dict[str, str]) 
 
 
 # --- the benchmark ----------------------------------------------------------------------------
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # 40 MB: datatrove with spaCy runs at ~0.1–0.2 MB/s per core here, 2–3 minutes a repeat.
@@ -521,7 +513,7 @@ def main() -> None:
         "agreement_whitespace_words": {name: row["agreement"] for name, row in agree_ws.items()},
         "agreement_whitespace_words_detail": agree_ws,
         "machine": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "cores": os.cpu_count(),
             "python": platform.python_version(),
             "datatrove": version("datatrove"),

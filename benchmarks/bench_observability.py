@@ -27,12 +27,12 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
 import time
 import warnings
 
 import torch
+from machine_info import cpu_model  # benchmarks/ (the script's folder)
 
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
@@ -126,16 +126,6 @@ def _ranks(size: str, repeats: int, steps: int, every: int) -> dict:
     return medians
 
 
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="medium")
@@ -167,7 +157,7 @@ def main() -> None:
         "ratios": {name: statistics.median(values) for name, values in ratios.items()},
         "spread": {name: [min(values), max(values)] for name, values in ratios.items()},
         "machine": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "cores": os.cpu_count(),
             "threads_per_rank": 1,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
