@@ -39,7 +39,6 @@ import csv
 import gzip
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -50,7 +49,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from machine_info import cpu_model  # benchmarks/ (the script's folder)
+from machine_info import machine  # benchmarks/ (the script's folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE_BYTES = 4 << 20
@@ -402,7 +401,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.mb, args.repeats = 6, 1
-    from importlib.metadata import version
 
     import datatrove  # noqa: F401  (fail before building anything when the bench extra is missing)
 
@@ -512,14 +510,7 @@ def main() -> None:
         # Datatrove's pipeline with whitespace words (as ours) instead of spaCy's tokens.
         "agreement_whitespace_words": {name: row["agreement"] for name, row in agree_ws.items()},
         "agreement_whitespace_words_detail": agree_ws,
-        "machine": {
-            "cpu": cpu_model(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "datatrove": version("datatrove"),
-            "spacy": version("spacy"),
-            "tokenizers": version("tokenizers"),
-        },
+        "machine": machine(["datatrove", "spacy", "tokenizers"]),
         "seconds": time.perf_counter() - started,
     }
     print(json.dumps(result))

@@ -32,7 +32,7 @@ import time
 import warnings
 
 import torch
-from machine_info import cpu_model  # benchmarks/ (the script's folder)
+from machine_info import machine  # benchmarks/ (the script's folder)
 
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
@@ -156,13 +156,7 @@ def main() -> None:
         "step_ms": {name: statistics.median(medians[name]) * 1e3 for name in LOOPS},
         "ratios": {name: statistics.median(values) for name, values in ratios.items()},
         "spread": {name: [min(values), max(values)] for name, values in ratios.items()},
-        "machine": {
-            "cpu": cpu_model(),
-            "cores": os.cpu_count(),
-            "threads_per_rank": 1,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__,
-        },
+        "machine": machine(["torch"], threads_per_rank=1),
         "seconds": time.perf_counter() - started,
     }
     print(json.dumps(result))
