@@ -1,23 +1,56 @@
-"""Training throughput of our megatron-core GPT against a plain-PyTorch GPT of the same shape, and of the
-data loader against what training consumes, measured in the same run.
+"""Training throughput of our megatron-core GPT against the strongest plain-PyTorch GPT of the same
+parameter count, and of the data loader against what training consumes, measured in the same run.
 
-(a) ours: ``training.model.build_gpt`` (TP=1, one process) + AdamW, fwd + bwd + clip + optimizer step;
-    plain: ``PlainGPT`` below (RMSNorm, SwiGLU, RoPE, tied embeddings, SDPA attention), same shape and
-    parameter count, same optimizer. Steps alternate between the two so that load from other processes
-    hits both alike; tokens/s comes from the median step time after warm-up.
+(a) Four variants, same shape, batch, dtype (fp32 on CPU, bf16 on CUDA), AdamW hyperparameters
+    (lr 1e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices only) and global-norm clip 1.0;
+    every step reads the loss and the gradient norm back, as a trainer logging them does:
+    - ``ours``: ``training.model.build_gpt`` with ``model.kernels: triton`` (the default), stepped by
+      ``training.step.LocalStep``, the trainer's own single-stage step (torch AdamW, its clipping).
+      ``triton`` runs our kernels only where they can run (CUDA, or ``TRITON_INTERPRET=1``): on a CPU
+      it resolves to the PyTorch references, so on CPU ``ours`` and ``ours_torch_kernels`` run the same
+      code (``kernels_run`` in the JSON says which ran) and their ratio shows the measurement's noise.
+      The interpreter is never timed.
+    - ``ours_torch_kernels``: the same with ``model.kernels: torch``: megatron's overhead alone.
+    - ``plain_compiled``: ``PlainGPT`` below (``F.rms_norm``, causal SDPA with native GQA, RoPE from
+      cos/sin tables built once in the compute dtype, SwiGLU, tied embeddings), each block and the
+      head ``torch.compile``d (default mode; per block, as torchtitan does, so a 24-layer model
+      compiles one block), fused AdamW (``fused=True``; ``optimizer`` says if it fell back), torch's
+      ``clip_grad_norm_``. Compile time is excluded from the step times and reported (``compile_s``).
+    - ``plain_eager``: the same model and optimizer, not compiled: shows what compiling gains.
+    The parameter counts are asserted equal. Steps alternate round-robin between the variants (the
+    order rotates every step) for ``--repeats`` repeats of ``--steps`` steps after ``--warmup``
+    warm-up steps each; tokens/s comes from the median step time.
 (b) loader: the training loader of ``training/data.py`` reading the shards of a dataset prepared in a
     temporary store by ``data_prep.prepare.prepare_dataset``, one pass, nothing else running.
-(c) on CUDA (the default when available): bf16, the gpt-350m shape, model TFLOP/s and MFU against the
-    device's data-sheet peak (``training/metrics.py``).
+(c) on CUDA (the default when available): bf16, the gpt-350m shape (or ``--size 1b``, configs/gpt-1b.yaml's
+    shape at TP=1 without recompute), model TFLOP/s and MFU against the device's data-sheet peak
+    (``training/metrics.py``). ``--profile`` profiles two steps each of ``ours`` and ``plain_compiled``
+    with torch.profiler and groups the self time (CUDA kernels on a GPU, CPU ops on a CPU) into attention,
+    matmul, norm, rope, activation, loss, optimizer, compiled (inductor-fused) and other.
 
 Prints human-readable lines, then one JSON object as the last line:
-  ours / plain                 tokens_per_s (median step), step_ms, best_tokens_per_s (fastest step),
-                               parameters, model_tflops_per_s, mfu
-  ratio_ours_vs_plain          goal ≥ 0.9 (and ratio_ours_vs_plain_best, of the fastest steps)
+  ours, ours_torch_kernels, plain_compiled, plain_eager
+                               tokens_per_s (median step of all repeats), step_ms, best_tokens_per_s
+                               (fastest step), tokens_per_s_repeats (per repeat) with tokens_per_s_min/max,
+                               first_step_s, parameters, model_tflops_per_s, mfu
+  plain                        = plain_compiled (before issue 14 it was an eager, unfused model)
+  ratios, spread               medians and [min, max] of per-repeat ratios (> 1: ours faster; each the
+                               median of the repeat's paired step-time ratios, see repeat_ratios):
+                               ours_vs_plain_compiled (CPU goal ≥ 0.9 at ≥ 5M parameters; GPU goal ≥ 1.0),
+                               ours_torch_kernels_vs_plain_compiled, ours_vs_plain_eager, ours_vs_ours_torch_kernels
+  plain_compile_speedup        plain_compiled over plain_eager: median, min, max of the per-repeat ratios
+  ratio_ours_vs_plain          ours over plain = plain_compiled, from the median step times (the ratios
+                               above are the better figure); ratio_ours_vs_plain_best from the fastest steps
+  kernels                      "triton": ours's model.kernels (ours_torch_kernels has "torch")
+  steps                        timed steps per repeat per variant (before issue 14: per model, one repeat)
   loader                       tokens_per_s, seconds, rows (or "skipped" with the reason)
-  ratio_loader_vs_consumption  loader tokens/s over ours: goal ≥ 10
+  ratio_loader_vs_consumption  loader tokens/s over ours (a single-rank pass over local files: not a
+                               measure of feeding GPUs from S3)
+  machine                      CPU, cores, threads, device, versions (benchmarks/machine_info.py)
 
-  python benchmarks/bench_train.py [--device cpu|cuda] [--size tiny|small|350m] [--steps N] [--warmup N]
+  python benchmarks/bench_train.py [--device cpu|cuda] [--size tiny|small|350m|1b] [--repeats 3]
+                                   [--steps N] [--warmup N] [--threads N] [--profile] [--no-loader]
+  --size tiny is the smoke run (seconds, plus the compile).
 """
 
 from __future__ import annotations
@@ -25,6 +58,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -33,99 +67,166 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from machine_info import machine, ratio_keys  # benchmarks/ (the script's folder)
 from torch import nn
 
-from training.config import ModelConfig, ParallelConfig
+from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.metrics import device_peak, flops_per_token, non_embedding_params
 
 # Model shapes; vocab is a multiple of 64 so that megatron's padding leaves it unchanged.
 SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(layers=2, hidden=64, heads=4, vocab=384, seq=64, batch=4),  # smoke test
-    "small": dict(layers=4, hidden=256, heads=4, vocab=8192, seq=256, batch=4),  # 5.3M parameters: the CPU default
-    "350m": dict(layers=24, hidden=1024, heads=16, vocab=32768, seq=2048, batch=8),  # configs/gpt-350m.yaml
+    "tiny": dict(layers=2, hidden=64, heads=4, groups=4, vocab=384, seq=64, batch=4),  # smoke test
+    "small": dict(layers=4, hidden=256, heads=4, groups=4, vocab=8192, seq=256, batch=4),  # 5.3M parameters: the CPU default
+    "350m": dict(layers=24, hidden=1024, heads=16, groups=16, vocab=32768, seq=2048, batch=8),  # configs/gpt-350m.yaml
+    "1b": dict(layers=24, hidden=2048, heads=16, groups=8, vocab=32768, seq=2048, batch=4),  # configs/gpt-1b.yaml at TP=1
 }
 # Documents of the corpus (Python's standard library) prepared for the loader measurement.
-LOADER_DOCUMENTS = {"tiny": 60, "small": 300, "350m": 300}
+LOADER_DOCUMENTS = {"tiny": 60, "small": 300, "350m": 300, "1b": 300}
+VARIANTS = ("ours", "ours_torch_kernels", "plain_compiled", "plain_eager")
+# The optimizer settings of both sides: the trainer's betas and eps (training/step.py), one lr, its clip.
+LR, WEIGHT_DECAY, CLIP = 1e-4, 0.1, 1.0
+EPS_NORM = 1e-5  # megatron's RMSNorm epsilon (build_gpt keeps the default)
+
+Step = Callable[[], tuple[float, float]]  # one optimizer step; returns (loss, grad norm) as read back
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Non-interleaved RoPE (megatron's default): the two halves of each head rotate as pairs."""
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Non-interleaved RoPE (megatron's default layout) from tables built once: under torch.compile
+    the whole expression is one fused kernel."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class Block(nn.Module):
-    def __init__(self, hidden: int, heads: int, ffn: int) -> None:
+    def __init__(self, hidden: int, heads: int, groups: int, ffn: int) -> None:
         super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
-        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
+        self.heads, self.groups, self.dim = heads, groups, hidden // heads
+        self.norm1, self.norm2 = nn.Parameter(torch.ones(hidden)), nn.Parameter(torch.ones(hidden))
+        self.qkv = nn.Linear(hidden, (heads + 2 * groups) * self.dim, bias=False)  # fused, as megatron's linear_qkv
+        self.proj = nn.Linear(hidden, hidden, bias=False)
         self.fc1, self.fc2 = nn.Linear(hidden, 2 * ffn, bias=False), nn.Linear(ffn, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True)
+        qkv = self.qkv(F.rms_norm(x, (h,), self.norm1, EPS_NORM))
+        q, k, v = qkv.split([self.heads * self.dim, self.groups * self.dim, self.groups * self.dim], dim=-1)
+        q = q.view(b, s, self.heads, self.dim).transpose(1, 2)
+        k, v = (t.view(b, s, self.groups, self.dim).transpose(1, 2) for t in (k, v))
+        gqa = self.groups != self.heads  # SDPA repeats the key/value heads itself (flash does so natively)
+        attn = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, is_causal=True, enable_gqa=gqa)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, s, h))
-        gate, up = self.fc1(self.norm2(x)).chunk(2, dim=-1)
+        gate, up = self.fc1(F.rms_norm(x, (h,), self.norm2, EPS_NORM)).chunk(2, dim=-1)
         return x + self.fc2(F.silu(gate) * up)
 
 
-class PlainGPT(nn.Module):
-    """nanoGPT-style reference with our model's architecture (no biases, tied output layer)."""
+class Head(nn.Module):
+    """Final norm, tied output projection and the mean next-token cross-entropy (fp32 softmax)."""
 
-    def __init__(self, layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int, rotary_base: int = 10000) -> None:
+    def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.blocks = nn.ModuleList(Block(hidden, heads, ffn) for _ in range(layers))
-        self.norm = RMSNorm(hidden)
+        self.norm = nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(F.rms_norm(x, (x.shape[-1],), self.norm, EPS_NORM), weight)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class PlainGPT(nn.Module):
+    """What a practitioner writes for our architecture (no biases, tied output layer, GQA)."""
+
+    def __init__(self, shape: dict[str, int], ffn: int, rotary_base: int = 10000) -> None:
+        super().__init__()
+        hidden, heads = shape["hidden"], shape["heads"]
+        self.embed = nn.Embedding(shape["vocab"], hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads, shape["groups"], ffn) for _ in range(shape["layers"]))
+        self.head = Head(hidden)
         for p in self.parameters():
             if p.ndim == 2:
                 nn.init.normal_(p, std=0.02)
         dim = hidden // heads
-        angles = torch.outer(torch.arange(seq).float(), 1.0 / rotary_base ** (torch.arange(0, dim, 2).float() / dim))
+        angles = torch.outer(torch.arange(shape["seq"]).float(), 1.0 / rotary_base ** (torch.arange(0, dim, 2).float() / dim))
         angles = torch.cat((angles, angles), dim=-1)
+        # Buffers: .to(dtype) casts them once, not every step.
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+    def compile_regions(self) -> None:
+        """torch.compile each block and the head (torchtitan's per-block compile): the blocks share
+        one compiled graph, so compile time does not grow with depth."""
+        for block in self.blocks:
+            block.compile()
+        self.head.compile()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         inputs, labels = tokens[:, :-1], tokens[:, 1:]
         x = self.embed(inputs)
-        cos, sin = self.cos[: inputs.shape[1]].to(x.dtype), self.sin[: inputs.shape[1]].to(x.dtype)
         for block in self.blocks:
-            x = block(x, cos, sin)
-        logits = self.norm(x) @ self.embed.weight.t()
-        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+            x = block(x, self.cos, self.sin)
+        return self.head(x, self.embed.weight, labels)
 
 
-def optimizer_step(params: list[torch.Tensor], optimizer: torch.optim.Optimizer, loss_fn: Callable[[], torch.Tensor]) -> None:
-    loss_fn().backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+def adamw_groups(model: nn.Module) -> list[dict]:
+    """Weight decay on matrices only, as training/step.py's LocalStep."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
 
 
-def build_ours(shape: dict[str, int], kernels: str) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
-    from training.model import build_gpt, init_distributed, mean_loss
+def fused_adamw(model: nn.Module) -> tuple[torch.optim.Optimizer, str]:
+    """torch's fused AdamW (one kernel for all parameters), else the default (foreach) one; says which."""
+    from training.step import BETAS, EPS
 
-    init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
-    model = build_gpt(model_config(shape, kernels), shape["vocab"], shape["seq"], tensor_parallel=1)
-    return model, lambda tokens: mean_loss(model, tokens)
+    try:
+        return torch.optim.AdamW(adamw_groups(model), lr=LR, betas=BETAS, eps=EPS, fused=True), "fused"
+    except (RuntimeError, ValueError) as err:
+        return torch.optim.AdamW(adamw_groups(model), lr=LR, betas=BETAS, eps=EPS), f"foreach (fused raised: {err})"
+
+
+def plain_step(model: PlainGPT, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, attention: str) -> Step:
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step() -> tuple[float, float]:
+        with attention_backend(attention):
+            loss = model(tokens)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item(), norm.item()
+
+    return step
 
 
 def model_config(shape: dict[str, int], kernels: str = "triton") -> ModelConfig:
-    layers, hidden, heads = shape["layers"], shape["hidden"], shape["heads"]
-    return ModelConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, kernels=kernels)
+    return ModelConfig(
+        num_layers=shape["layers"],
+        hidden_size=shape["hidden"],
+        num_attention_heads=shape["heads"],
+        num_query_groups=shape["groups"],
+        kernels=kernels,
+    )
+
+
+def build_ours(shape: dict[str, int], kernels: str, device: torch.device, tokens: torch.Tensor) -> tuple[nn.Module, Step, str]:
+    """build_gpt and the trainer's LocalStep, as ``training.step.build_step`` makes them at TP=PP=1."""
+    from training.layers import IMPL_ATTR
+    from training.model import build_gpt
+    from training.step import LocalStep
+    from training.timing import StepTimer
+
+    batch = shape["batch"]
+    cfg = TrainConfig(micro_batch_size=batch, global_batch_size=batch, lr=LR, weight_decay=WEIGHT_DECAY, grad_clip=CLIP)
+    model = build_gpt(model_config(shape, kernels), shape["vocab"], shape["seq"], tensor_parallel=1, init_seed=cfg.seed)
+    assert next(model.parameters()).device.type == device.type, "megatron built the model on another device"
+    local, timer = LocalStep(model, cfg, accumulation=1, sequence_parallel=False), StepTimer(device)
+
+    def step() -> tuple[float, float]:
+        result = local.step(tokens, LR, timer)
+        return result.loss, result.grad_norm
+
+    return model, step, getattr(model.config, IMPL_ATTR)
 
 
 def sync(device: torch.device) -> None:
@@ -135,7 +236,7 @@ def sync(device: torch.device) -> None:
 
 def attention_backend(name: str):
     """The plain model's SDPA backend: 'sdpa' lets torch choose (flash on CUDA); 'math' is the unfused
-    softmax(QKᵀ)V that megatron's local attention also computes, to tell attention apart from the rest."""
+    softmax(QKᵀ)V, to tell attention apart from the rest."""
     if name == "math":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -143,53 +244,178 @@ def attention_backend(name: str):
     return contextlib.nullcontext()
 
 
-def measure_models(
-    shape: dict[str, int], device: torch.device, steps: int, warmup: int, kernels: str = "triton", plain_attention: str = "sdpa"
-) -> dict[str, dict]:
-    from training.model import ffn_size
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # a tied weight is one parameter on both sides
+
+
+def build_variants(shape: dict[str, int], device: torch.device, attention: str) -> tuple[dict[str, Step], dict[str, dict]]:
+    """The four steps on one fixed batch, and what each variant is (parameters, kernels, optimizer)."""
+    from training.model import ffn_size, init_distributed
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what build_gpt uses
-    ours, ours_loss = build_ours(shape, kernels)
-    assert next(ours.parameters()).device.type == device.type, "megatron built the model on another device"
+    init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
     torch.manual_seed(0)
-    ffn = ffn_size(model_config(shape))
-    plain = PlainGPT(shape["layers"], shape["hidden"], shape["heads"], ffn, shape["vocab"], shape["seq"]).to(device, dtype)
-    runs = {"ours": (ours, ours_loss), "plain": (plain, plain.loss)}
     tokens = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"] + 1), device=device)
-    step_s: dict[str, list[float]] = {name: [] for name in runs}
-    optimizers = {}
-    for name, (model, _) in runs.items():
-        model.train()
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizers[name] = (params, torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1))
-    for i in range(warmup + steps):
-        for name, (_, loss_fn) in runs.items():
-            params, optimizer = optimizers[name]
+    steps, info = {}, {}
+    for name, kernels in (("ours", "triton"), ("ours_torch_kernels", "torch")):
+        model, steps[name], ran = build_ours(shape, kernels, device, tokens)
+        info[name] = {"parameters": parameter_count(model), "kernels": kernels, "kernels_run": ran, "optimizer": "foreach"}
+    for name in ("plain_compiled", "plain_eager"):
+        torch.manual_seed(0)
+        with device:  # initialised where it runs: a 1B model's init on the CPU alone takes tens of seconds
+            plain = PlainGPT(shape, ffn_size(model_config(shape))).to(dtype)
+        plain.train()
+        if name == "plain_compiled":
+            plain.compile_regions()
+        optimizer, kind = fused_adamw(plain)
+        steps[name] = plain_step(plain, optimizer, tokens, attention)
+        info[name] = {"parameters": parameter_count(plain), "compiled": name == "plain_compiled", "optimizer": kind}
+    counts = {name: i["parameters"] for name, i in info.items()}
+    if len(set(counts.values())) != 1:
+        raise AssertionError(f"the variants must have the same parameter count: {counts}")
+    return steps, info
+
+
+def time_steps(
+    steps: dict[str, Step], device: torch.device, warmup: int, per_repeat: int, repeats: int
+) -> tuple[dict[str, float], dict[str, list[list[float]]]]:
+    """Seconds of each variant's first step (compile included), and of its timed steps per repeat.
+    Variants alternate step by step, the order rotating, so that load from other processes and
+    cache effects of the preceding variant hit all of them alike."""
+    names = list(steps)
+    first: dict[str, float] = {}
+    timed: dict[str, list[list[float]]] = {name: [[] for _ in range(repeats)] for name in names}
+    for i in range(warmup + per_repeat * repeats):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
             sync(device)
             start = time.perf_counter()
-            with attention_backend(plain_attention) if name == "plain" else contextlib.nullcontext():
-                optimizer_step(params, optimizer, lambda: loss_fn(tokens))  # noqa: B023 (called right here)
+            steps[name]()
             sync(device)
+            seconds = time.perf_counter() - start
+            if i == 0:
+                first[name] = seconds
             if i >= warmup:
-                step_s[name].append(time.perf_counter() - start)
+                timed[name][(i - warmup) // per_repeat].append(seconds)
+    return first, timed
+
+
+def summarize(shape: dict[str, int], device: torch.device, first: dict[str, float], timed: dict[str, list[list[float]]]) -> dict:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tokens = shape["batch"] * shape["seq"]
     per_token = flops_per_token(non_embedding_params(model_config(shape)), shape["layers"], shape["hidden"], shape["seq"])
     peak, source = device_peak(device, dtype)
-    results = {}
-    for name, (model, _) in runs.items():
-        median = statistics.median(step_s[name])
-        tokens_per_s = shape["batch"] * shape["seq"] / median
+    results: dict = {}
+    for name, repeats in timed.items():
+        every = [s for r in repeats for s in r]
+        median = statistics.median(every)
+        per_repeat = [tokens / statistics.median(r) for r in repeats]
         results[name] = {
-            "tokens_per_s": round(tokens_per_s, 1),
+            "tokens_per_s": round(tokens / median, 1),
             "step_ms": round(1000 * median, 2),
             # The fastest step: on a shared machine the least disturbed by other processes.
-            "best_tokens_per_s": round(shape["batch"] * shape["seq"] / min(step_s[name]), 1),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "model_tflops_per_s": round(per_token * tokens_per_s / 1e12, 4),
-            "mfu": round(per_token * tokens_per_s / peak, 4) if peak else None,
+            "best_tokens_per_s": round(tokens / min(every), 1),
+            "tokens_per_s_repeats": [round(t, 1) for t in per_repeat],
+            "tokens_per_s_min": round(min(per_repeat), 1),
+            "tokens_per_s_max": round(max(per_repeat), 1),
+            "first_step_s": round(first[name], 3),
+            "model_tflops_per_s": round(per_token * tokens / median / 1e12, 4),
+            "mfu": round(per_token * tokens / median / peak, 4) if peak else None,
         }
     results["peak"] = {"flops": peak, "source": source}
     if device.type == "cuda":
         results["peak"]["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    return results
+
+
+def repeat_ratios(timed: dict[str, list[list[float]]]) -> dict:
+    """Per-repeat ratios (> 1: the first named is faster), as ``ratios`` (median) and ``spread`` ([min, max]).
+
+    A repeat's ratio is the median over its rounds of the paired ratio b's step time / a's: the steps
+    of one round run back to back and share that moment's load from other processes, which on a
+    shared machine moves step times far more than the difference being measured."""
+
+    def over(a: str, b: str) -> list[float]:
+        return [statistics.median(y / x for x, y in zip(ra, rb, strict=True)) for ra, rb in zip(timed[a], timed[b], strict=True)]
+
+    keys = ratio_keys(
+        {
+            "ours_vs_plain_compiled": over("ours", "plain_compiled"),
+            "ours_torch_kernels_vs_plain_compiled": over("ours_torch_kernels", "plain_compiled"),
+            "ours_vs_plain_eager": over("ours", "plain_eager"),
+            "ours_vs_ours_torch_kernels": over("ours", "ours_torch_kernels"),
+        }
+    )
+    keys["ratios"] = {k: round(v, 3) for k, v in keys["ratios"].items()}
+    keys["spread"] = {k: [round(v, 3) for v in mm] for k, mm in keys["spread"].items()}
+    gain = over("plain_compiled", "plain_eager")
+    keys["plain_compile_speedup"] = {k: round(f(gain), 3) for k, f in (("median", statistics.median), ("min", min), ("max", max))}
+    return keys
+
+
+# Profile groups: the first whose pattern matches an op or kernel name (lower case) takes its time.
+GROUPS: list[tuple[str, re.Pattern[str]]] = [
+    ("optimizer", re.compile(r"adam|foreach|multi_tensor|multitensor")),
+    ("compiled", re.compile(r"^triton_(poi|red|per|tem)_|compiledfxgraph|compiledfunction|torch-compiled|torchdynamo")),
+    ("attention", re.compile(r"attention|flash|fmha|sdpa|scaled_dot_product")),
+    ("loss", re.compile(r"cross_entropy|log_softmax|nll_loss|_ce_|linear_ce|logsumexp")),
+    ("rope", re.compile(r"rope|rotary")),
+    ("norm", re.compile(r"rms|norm")),
+    ("activation", re.compile(r"silu|swiglu|glu")),
+    ("matmul", re.compile(r"(^|[^a-z])(a|b)?mm([^a-z]|$)|matmul|gemm|linear|nvjet|xmma|cutlass|cublas|sm90_")),
+]
+
+
+def group_of(name: str) -> str:
+    low = name.lower()
+    return next((group for group, pattern in GROUPS if pattern.search(low)), "other")
+
+
+def profile_step(step: Step, device: torch.device, steps: int = 2) -> dict:
+    """Self time per group and the top ops of ``steps`` steps, per step: CUDA kernels on a GPU (and
+    how much of the step the GPU was busy), CPU ops on a CPU."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync(device)
+        wall_ms = 1000 * (time.perf_counter() - start) / steps
+    events = prof.key_averages()
+    if device.type == "cuda":
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA] or list(events)
+        timed = [(e.key, e.self_device_time_total / 1000 / steps) for e in kernels]
+    else:
+        timed = [(e.key, e.self_cpu_time_total / 1000 / steps) for e in events]
+    timed = [(k, ms) for k, ms in timed if ms > 0]
+    groups: dict[str, float] = {}
+    for key, ms in timed:
+        groups[group_of(key)] = groups.get(group_of(key), 0.0) + ms
+    busy = sum(ms for _, ms in timed)
+    top = sorted(timed, key=lambda kv: -kv[1])[:15]
+    return {
+        "step_ms": round(wall_ms, 2),
+        "busy_ms": round(busy, 2),  # GPU: kernel time; the rest of step_ms the GPU waited (launches, syncs)
+        "groups_ms": {g: round(ms, 2) for g, ms in sorted(groups.items(), key=lambda kv: -kv[1])},
+        "top_ms": [[key[:90], round(ms, 2)] for key, ms in top],
+    }
+
+
+def measure_models(shape: dict[str, int], device: torch.device, args: argparse.Namespace) -> dict:
+    steps, info = build_variants(shape, device, args.plain_attention)
+    first, timed = time_steps(steps, device, args.warmup, args.steps, args.repeats)
+    results = summarize(shape, device, first, timed)
+    results["ratios"] = repeat_ratios(timed)
+    for name in VARIANTS:
+        results[name] |= info[name]
+    # The first step's excess over a timed one: torch.compile's time for plain_compiled.
+    results["compile_s"] = round(first["plain_compiled"] - results["plain_compiled"]["step_ms"] / 1000, 2)
+    if args.profile:
+        results["profile"] = {name: profile_step(steps[name], device) for name in ("ours", "plain_compiled")}
     return results
 
 
@@ -225,67 +451,102 @@ def loader_pass(ref, batch_size: int):
             yield sampler.rank_batch(step, 0, 1)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--size", choices=sorted(SIZES), help="model shape (default: 350m on CUDA, small on CPU)")
-    parser.add_argument("--steps", type=int, default=0, help="timed steps per model (default: 20 on CUDA, 8 on CPU)")
-    parser.add_argument("--warmup", type=int, default=-1, help="untimed steps first (default: 3 on CUDA, 2 on CPU)")
-    parser.add_argument("--kernels", choices=("triton", "torch"), default="triton", help="ours: model.kernels")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats; ratios are medians of per-repeat ratios")
+    parser.add_argument("--steps", type=int, default=0, help="timed steps per variant per repeat (default: 3 CUDA, 5 CPU)")
+    parser.add_argument("--warmup", type=int, default=-1, help="untimed steps first, compile included (default: 2)")
     parser.add_argument("--plain-attention", choices=("sdpa", "math"), default="sdpa", help="plain: SDPA backend")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's; 1 is steadier on a busy CPU)")
+    parser.add_argument("--profile", action="store_true", help="profile two steps of ours and plain_compiled, grouped by op")
     parser.add_argument("--no-loader", action="store_true", help="skip (b), the loader measurement")
     args = parser.parse_args()
     cuda = args.device == "cuda"
-    size = args.size or ("350m" if cuda else "small")
-    steps = args.steps or (20 if cuda else 8)
-    warmup = args.warmup if args.warmup >= 0 else (3 if cuda else 2)
+    args.size = args.size or ("350m" if cuda else "small")
+    # GPU: 4 variants × (2 + 3 × 3) steps, so the 1B shape fits gpu_checks.sh's 90 s with its compile and
+    # profile. CPU: 5 steps per repeat, as a shared machine's noise needs (the default run takes ~2 minutes).
+    args.steps = args.steps or (3 if cuda else 5)
+    args.warmup = args.warmup if args.warmup >= 0 else 2
+    if args.repeats < 1 or args.warmup < 1:
+        parser.error("--repeats and --warmup must be ≥ 1 (the first step compiles)")
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    return args
+
+
+def report(result: dict) -> None:
+    print(f"{result['device']}, {result['size']} {result['shape']}, {result['dtype']}", end=", ")
+    print(f"{result['repeats']} repeats × {result['steps']} steps after {result['warmup']} warm-up")
+    for name in VARIANTS:
+        r = result[name]
+        print(
+            f"  {name:<19} {r['tokens_per_s']:>10.1f} tokens/s [{r['tokens_per_s_min']}, {r['tokens_per_s_max']}]"
+            f"  step {r['step_ms']} ms  first step {r['first_step_s']} s  mfu {r['mfu']}"
+        )
+    for name, value in result["ratios"].items():
+        print(f"  {name:<37} {value} {result['spread'][name]}")
+    print(f"  plain compile speedup {result['plain_compile_speedup']}, compile {result['compile_s']} s")
+    for name, prof in result.get("profile", {}).items():
+        print(f"  profile {name}: step {prof['step_ms']} ms, busy {prof['busy_ms']} ms, {json.dumps(prof['groups_ms'])}")
+        for key, ms in prof["top_ms"][:8]:
+            print(f"      {ms:>9.2f} ms  {key}")
+    print(f"  loader {json.dumps(result['loader'])}")
+    if "ratio_loader_vs_consumption" in result:
+        print(f"  loader/consumption {result['ratio_loader_vs_consumption']}")
+
+
+def main() -> None:
+    args = parse_args()
+    cuda = args.device == "cuda"
     if not cuda:
         # build_gpt puts the model on the GPU whenever one exists; hide it for a CPU measurement.
         torch.cuda.is_available = lambda: False  # type: ignore[assignment]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    shape = SIZES[size]
+    shape = SIZES[args.size]
 
     from training.model import shutdown_distributed
 
     try:
-        models = measure_models(shape, device, steps, warmup, args.kernels, args.plain_attention)
+        models = measure_models(shape, device, args)
     finally:
         shutdown_distributed()
-    ours, plain = models["ours"], models["plain"]
+    ours, plain = models["ours"], models["plain_compiled"]
     result = {
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch_threads": torch.get_num_threads(),
-        "size": size,
+        "size": args.size,
         "shape": shape,
         "dtype": "bf16" if cuda else "fp32",
-        "steps": steps,
-        "warmup": warmup,
-        "kernels": args.kernels,
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "kernels": "triton",
         "plain_attention": args.plain_attention,
-        "ours": ours,
+        **{name: models[name] for name in VARIANTS},
         "plain": plain,
+        "compile_s": models["compile_s"],
         "peak": models["peak"],
         "ratio_ours_vs_plain": round(ours["tokens_per_s"] / plain["tokens_per_s"], 3),
         "ratio_ours_vs_plain_best": round(ours["best_tokens_per_s"] / plain["best_tokens_per_s"], 3),
+        **models["ratios"],
     }
+    if "profile" in models:
+        result["profile"] = models["profile"]
     if args.no_loader:
         result["loader"] = {"skipped": "--no-loader"}
     else:
         try:
-            result["loader"] = measure_loader(shape, LOADER_DOCUMENTS[size])
+            result["loader"] = measure_loader(shape, LOADER_DOCUMENTS[args.size])
             result["ratio_loader_vs_consumption"] = round(result["loader"]["tokens_per_s"] / ours["tokens_per_s"], 2)
         except Exception as err:  # e.g. a GPU image without the data-prep dependencies: still report (a)
             result["loader"] = {"skipped": f"{type(err).__name__}: {err}"}
-    print(f"{result['device']}, {size} {shape}, {result['dtype']}, {steps} timed steps after {warmup} warm-up")
-    for name in ("ours", "plain"):
-        print(f"  {name:<6} {json.dumps(result[name])}")
-    print(f"  ours/plain {result['ratio_ours_vs_plain']} (fastest steps {result['ratio_ours_vs_plain_best']})")
-    print(f"  loader {json.dumps(result['loader'])}")
-    if "ratio_loader_vs_consumption" in result:
-        print(f"  loader/consumption {result['ratio_loader_vs_consumption']}")
+    result["machine"] = machine(["torch", "megatron-core", "triton"])
+    report(result)
     print(json.dumps(result))
 
 
