@@ -1,10 +1,12 @@
 """The fast encoder gives HF ``tokenizers``' ids exactly, or hands over to HF."""
 
+import random
+
 import pytest
-from tokenizers import normalizers
+from tokenizers import Tokenizer, normalizers
 
 from data_prep.config import TokenizerConfig
-from data_prep.encoder import FastBPE, HFEncoder, make_encoder
+from data_prep.encoder import HF_PIECE_BYTES, FastBPE, HFEncoder, bmp_pretokenizer, make_encoder, pretokenizer
 from data_prep.sources import _stdlib_files
 from data_prep.tokenizer import encode_parallel, train_tokenizer
 from tests.helpers import distinct_docs
@@ -65,3 +67,66 @@ def test_other_tokenizers_fall_back_to_hf(tokenizer):
     assert encoder.encode_batch(["ABC"])[0].tolist() == lowercasing.encode("ABC").ids
     with pytest.raises(ValueError, match="normalizer"):
         FastBPE(lowercasing)
+
+
+# Real sentences per script; the seeded mix below repeats them in new orders, as a corpus would.
+SCRIPTS = {
+    "cjk": ["无法打开文件，请检查权限。", "鉴定令牌过期处理已禁用", "日本語の文章には空白がありません。", "東京都の天気"],
+    "hangul": ["마지막 로그인 후 로그인 시도가 실패하였습니다.", "암호 기한이 곧 끝납니다"],
+    "kana": ["ひらがなとカタカナ", "ファイルを開けませんでした。もう一度お試しください"],
+    "arabic": ["لا يمكن فتح الملف، يرجى التحقق من الأذونات.", "مرحبا بالعالم"],
+    "cyrillic": ["Не удалось открыть файл: доступ запрещён.", "Привет, мир! Съешь же ещё этих мягких булок."],
+    "devanagari": ["फ़ाइल खोली नहीं जा सकी, अनुमति जाँचें।", "नमस्ते दुनिया"],
+    "emoji": ["👍🏽 done ✅", "👨‍👩‍👧‍👦 family", "🇯🇵🇰🇷 flags 😀😀😀", "🏳️‍🌈"],
+    # Letters and numbers beyond U+FFFF (CJK extension B, mathematical letters and digits) next to others.
+    "astral": ["𠀀𠀁漢字𠀂", "abc𝐀𝐁𝐂def", "x𝟙𝟚3"],
+}
+
+
+def multilingual_docs(n: int, seed: int = 0) -> list[str]:
+    """Documents mixing the scripts' sentences, emoji between them (a fixed seed: always the same)."""
+    rng = random.Random(seed)
+    sentences = [s for group in SCRIPTS.values() for s in group]
+    return ["\n".join(rng.choice(sentences) + rng.choice(["", " ", "😀", "。"]) for _ in range(30)) for _ in range(n)]
+
+
+LONG_RUNS = [
+    "".join(SCRIPTS["cjk"]) * 40,  # no spaces for ~2,000 characters
+    "".join(SCRIPTS["kana"] + SCRIPTS["hangul"]).replace(" ", "") * 30,
+    "あ" * 3000,
+    "a" * 5000,
+    " " * 3000 + "x",
+    "!" * 2000,
+    "😀" * 1000,
+    "ـ" * 2000,  # Arabic tatweel
+]
+
+
+@pytest.fixture(scope="module")
+def multilingual_tokenizer() -> Tokenizer:
+    # Trained on these scripts, the vocabulary holds merges across UTF-8 character boundaries.
+    return train_tokenizer(multilingual_docs(40), TokenizerConfig(vocab_size=1500))
+
+
+def test_multilingual_and_long_runs_give_hf_ids(multilingual_tokenizer):
+    fast = FastBPE(multilingual_tokenizer)
+    texts = multilingual_docs(20, seed=1) + LONG_RUNS + [" ".join(LONG_RUNS)]
+    for text in texts:
+        assert fast.encode(text).tolist() == multilingual_tokenizer.encode(text).ids, text[:40]
+    assert [a.tolist() for a in fast.encode_batch(texts)] == [e.ids for e in multilingual_tokenizer.encode_batch_fast(texts)]
+
+
+def test_astral_letters_take_the_full_pattern(multilingual_tokenizer):
+    fast = FastBPE(multilingual_tokenizer)
+    for text in SCRIPTS["astral"]:
+        assert bmp_pretokenizer().findall(text) != pretokenizer().findall(text)  # the case matters
+        assert fast.encode(text).tolist() == multilingual_tokenizer.encode(text).ids, text
+
+
+def test_own_merge_gives_hf_ids_at_every_length(multilingual_tokenizer):
+    """Pieces of HF_PIECE_BYTES or more go to HF's model: our merge loop is checked here on its own."""
+    fast = FastBPE(multilingual_tokenizer)
+    pieces = {p for text in multilingual_docs(10, seed=2) + LONG_RUNS for p in pretokenizer().findall(text)}
+    assert any(len(p.encode()) >= 1000 for p in pieces) and any(len(p.encode()) < HF_PIECE_BYTES for p in pieces)
+    for piece in sorted(pieces):
+        assert list(fast._merge(piece.encode())) == multilingual_tokenizer.encode(piece).ids, piece[:40]
