@@ -1389,3 +1389,55 @@ def english_docs(n: int, seed: int = 0, sentences: int = 8, words_per_sentence: 
         lines = [" ".join(rng.choice(_ENGLISH) for _ in range(words_per_sentence)).capitalize() + "." for _ in range(sentences)]
         docs.append("\n".join(lines))
     return docs
+
+
+# ----------------------------------------------------------------------------------------------
+# Liger-Kernel, the peer of our Triton kernels (tests/test_kernels_liger.py)
+
+# Liger modules that bind another module's kernels at import come after that module: a reload
+# under the interpreter must see the reloaded (interpreted) kernels.
+_LIGER_ORDER = ("utils", "cross_entropy", "rms_norm", "swiglu", "rope", "fused_linear_cross_entropy")
+
+
+def load_liger(name: str) -> ModuleType:
+    """``liger_kernel.ops.<name>``, with its @triton.jit kernels (and those it imports from other
+    Liger modules) built for the interpreter if TRITON_INTERPRET=1, as `load_kernels` does ours."""
+    # Imported outside interpreter mode, as in load_kernels: triton's own @jit helpers stay compiled.
+    from triton.runtime.interpreter import InterpretedFunction
+
+    def interpreted(module: ModuleType) -> set[bool]:  # of every kernel it launches, its own or imported
+        return {isinstance(value, InterpretedFunction) for value in _all_kernels(module).values()}
+
+    module = None
+    with _interpreter_mode():
+        for dependency in _LIGER_ORDER[: _LIGER_ORDER.index(name) + 1]:
+            module = importlib.import_module(f"liger_kernel.ops.{dependency}")
+            if interpret() and interpreted(module) != {True}:
+                module = importlib.reload(module)
+    assert module is not None and _all_kernels(module), f"liger_kernel.ops.{name} launches no Triton kernel"
+    assert interpreted(module) == {interpret()}, f"liger_kernel.ops.{name}: interpreter mode does not match TRITON_INTERPRET"
+    return module
+
+
+def _all_kernels(module: ModuleType) -> dict[str, Any]:
+    """The @triton.jit functions among ``module``'s globals, defined there or imported."""
+    from triton.runtime.jit import KernelInterface
+
+    return {name: value for name, value in vars(module).items() if isinstance(value, KernelInterface)}
+
+
+@contextmanager
+def count_all_launches(module: ModuleType, names: tuple[str, ...]) -> Iterator[Launches]:
+    """`count_launches` over the kernels ``names`` that ``module`` launches by a global name, also
+    those it imported (Liger's fused linear cross-entropy launches cross_entropy's kernel). Named,
+    because a module's globals also hold @triton.jit device functions (Liger's ``silu``), which
+    kernels call, not launch, and which must stay what they are."""
+    launches = Launches()
+    originals = {name: _all_kernels(module)[name] for name in names}
+    for name, kernel in originals.items():
+        setattr(module, name, _Spy(name, kernel, launches))
+    try:
+        yield launches
+    finally:
+        for name, kernel in originals.items():
+            setattr(module, name, kernel)
