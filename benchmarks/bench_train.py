@@ -355,14 +355,14 @@ def repeat_ratios(timed: dict[str, list[list[float]]]) -> dict:
 
 # Profile groups: the first whose pattern matches an op or kernel name (lower case) takes its time.
 GROUPS: list[tuple[str, re.Pattern[str]]] = [
-    ("optimizer", re.compile(r"adam|foreach|multi_tensor|multitensor")),
+    ("optimizer", re.compile(r"adam|foreach|multi_tensor|multitensor|vector_norm")),  # the clip's norm too
     ("compiled", re.compile(r"^triton_(poi|red|per|tem)_|compiledfxgraph|compiledfunction|torch-compiled|torchdynamo")),
     ("attention", re.compile(r"attention|flash|fmha|sdpa|scaled_dot_product")),
     ("loss", re.compile(r"cross_entropy|log_softmax|nll_loss|_ce_|linear_ce|logsumexp")),
     ("rope", re.compile(r"rope|rotary")),
     ("norm", re.compile(r"rms|norm")),
     ("activation", re.compile(r"silu|swiglu|glu")),
-    ("matmul", re.compile(r"(^|[^a-z])(a|b)?mm([^a-z]|$)|matmul|gemm|linear|nvjet|xmma|cutlass|cublas|sm90_")),
+    ("matmul", re.compile(r"(^|[^a-z])(add|badd)?b?mm([^a-z]|$)|matmul|gemm|linear|nvjet|xmma|cutlass|cublas|sm90_")),
 ]
 
 
