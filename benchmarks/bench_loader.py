@@ -392,8 +392,9 @@ def _cold_run(folder: Path, job: dict, ranks: int) -> tuple[list[dict], float]:
         return records, time.perf_counter() - t0
 
 
-def node_demand(cfg) -> dict:
-    """What one 8-GPU node consumes, and the gpt-1b preset's data-sheet bound beside the measured basis."""
+def node_demand(cfg, per_gpu: tuple[float, str] | None = None) -> dict:
+    """What one 8-GPU node consumes, and the gpt-1b preset's data-sheet bound beside the measured basis.
+    ``per_gpu``: (tokens/s, basis) measured in this run (bench_train on a GPU), instead of the recorded figure."""
     import torch
 
     from training.metrics import flops_per_token, non_embedding_params, table_peak
@@ -402,9 +403,9 @@ def node_demand(cfg) -> dict:
     per_token = flops_per_token(non_embedding_params(cfg.model), cfg.model.num_layers, cfg.model.hidden_size, cfg.data.seq_len)
     return {
         "gpus": GPUS_PER_NODE,
-        "tokens_per_s_per_gpu": MEASURED_TOKENS_PER_S_PER_GPU,
-        "tokens_per_s": GPUS_PER_NODE * MEASURED_TOKENS_PER_S_PER_GPU,
-        "basis": MEASURED_BASIS,
+        "tokens_per_s_per_gpu": per_gpu[0] if per_gpu else MEASURED_TOKENS_PER_S_PER_GPU,
+        "tokens_per_s": GPUS_PER_NODE * (per_gpu[0] if per_gpu else MEASURED_TOKENS_PER_S_PER_GPU),
+        "basis": per_gpu[1] if per_gpu else MEASURED_BASIS,
         "gpt_1b_bound_tokens_per_s_per_gpu": round(peak * 0.5 / per_token),
         "gpt_1b_bound_basis": "H200 989 TFLOP/s bf16 dense x 50% MFU / model FLOPs per token (6N + 12·L·h·s), gpt-1b.yaml",
     }
@@ -423,10 +424,13 @@ def _median_shares(runs: list[dict]) -> dict:
     return {k: round(statistics.median(s[k] for s in shares), 3) for k in shares[0]}
 
 
-def measure(mb: float = 300.0, repeats: int = 3, ranks: int = 2, quick: bool = False) -> dict:
-    """Write the dataset to a fresh S3 server, then ``repeats`` × (cold loader run, cold raw-GET run)."""
+def measure(
+    mb: float = 300.0, repeats: int = 3, ranks: int = 2, quick: bool = False, per_gpu: tuple[float, str] | None = None
+) -> dict:
+    """Write the dataset to a fresh S3 server, then ``repeats`` × (cold loader run, cold raw-GET run).
+    ``per_gpu``: the demand basis measured in the caller's run (see ``node_demand``)."""
     shape, cfg = preset_shape(quick)
-    demand = node_demand(cfg)
+    demand = node_demand(cfg, per_gpu)
     if shape.global_batch_size % (ranks * shape.micro_batch_size):
         raise ValueError(f"global batch {shape.global_batch_size} does not split into {ranks} ranks × micro-batches")
     from storage import open_store

@@ -27,6 +27,9 @@ parameter count, and of the data loader against what training consumes, measured
     (``training/metrics.py``). ``--profile`` profiles two steps each of ``ours`` and ``plain_compiled``
     with torch.profiler and groups the self time (CUDA kernels on a GPU, CPU ops on a CPU) into attention,
     matmul, norm, rope, activation, loss, optimizer, compiled (inductor-fused) and other.
+(d) the loader at its real job: ``benchmarks/bench_loader.py`` (two data-parallel ranks, cold, from the
+    SeaweedFS S3 server, a 300 MB gpt-1b-shaped dataset) against one 8-GPU node's demand; on a GPU the
+    demand is this run's own tokens/s, elsewhere the recorded H200 figure. ``--loader-s3-mb 0`` skips it.
 
 Prints human-readable lines, then one JSON object as the last line:
   ours, ours_torch_kernels, plain_compiled, plain_eager
@@ -45,11 +48,14 @@ Prints human-readable lines, then one JSON object as the last line:
   steps                        timed steps per repeat per variant (before issue 14: per model, one repeat)
   loader                       tokens_per_s, seconds, rows (or "skipped" with the reason)
   ratio_loader_vs_consumption  loader tokens/s over ours (a single-rank pass over local files: not a
-                               measure of feeding GPUs from S3)
+                               measure of feeding GPUs from S3; kept for continuity)
+  loader_s3                    (d) benchmarks/bench_loader.py's result: two ranks, cold, from SeaweedFS S3;
+                               its ratios (loader_s3_vs_node_demand, goal >= 10) join "ratios" and "spread"
   machine                      CPU, cores, threads, device, versions (benchmarks/machine_info.py)
 
   python benchmarks/bench_train.py [--device cpu|cuda] [--size tiny|small|350m|1b] [--repeats 3]
                                    [--steps N] [--warmup N] [--threads N] [--profile] [--no-loader]
+                                   [--loader-s3-mb MB]
   --size tiny is the smoke run (seconds, plus the compile).
 """
 
@@ -461,7 +467,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--plain-attention", choices=("sdpa", "math"), default="sdpa", help="plain: SDPA backend")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's; 1 is steadier on a busy CPU)")
     parser.add_argument("--profile", action="store_true", help="profile two steps of ours and plain_compiled, grouped by op")
-    parser.add_argument("--no-loader", action="store_true", help="skip (b), the loader measurement")
+    parser.add_argument("--no-loader", action="store_true", help="skip (b) and (d), the loader measurements")
+    parser.add_argument(
+        "--loader-s3-mb", type=float, default=-1, help="(d): MB of the S3 loader dataset (default 300; 0 skips; tiny: 0)"
+    )
     args = parser.parse_args()
     cuda = args.device == "cuda"
     args.size = args.size or ("350m" if cuda else "small")
@@ -545,6 +554,21 @@ def main() -> None:
             result["ratio_loader_vs_consumption"] = round(result["loader"]["tokens_per_s"] / ours["tokens_per_s"], 2)
         except Exception as err:  # e.g. a GPU image without the data-prep dependencies: still report (a)
             result["loader"] = {"skipped": f"{type(err).__name__}: {err}"}
+        loader_s3_mb = args.loader_s3_mb if args.loader_s3_mb >= 0 else (0 if args.size == "tiny" else 300)
+        if loader_s3_mb:
+            # The loader at its real job (benchmarks/bench_loader.py): two ranks, cold, from SeaweedFS S3.
+            try:
+                from bench_loader import measure as measure_loader_s3
+
+                # On a GPU the demand is this run's own tokens/s; on CPU, the recorded H200 figure (bench_loader).
+                per_gpu = None
+                if args.device == "cuda":
+                    per_gpu = (ours["tokens_per_s"], f"ours, this run: {args.size} on {result['device']}")
+                result["loader_s3"] = measure_loader_s3(mb=loader_s3_mb, repeats=args.repeats, per_gpu=per_gpu)
+                result["ratios"] |= result["loader_s3"]["ratios"]
+                result["spread"] |= result["loader_s3"]["spread"]
+            except Exception as err:  # a GPU image without SeaweedFS: still report the rest
+                result["loader_s3"] = {"skipped": f"{type(err).__name__}: {err}"}
     result["machine"] = machine(["torch", "megatron-core", "triton"])
     report(result)
     print(json.dumps(result))
