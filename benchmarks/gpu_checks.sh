@@ -38,9 +38,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 python3 -c "import torch, triton, megatron.core as m; print('torch', torch.__version__, 'triton', triton.__version__, 'megatron-core', m.__version__)"
 # Budgets add up to 7 min 30 s, leaving the rest of the 8 minutes for the wheels and start-up.
 step kernel_tests 60 python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels_*.py tests/test_model_kernels.py
-step bench_kernels 120 python3 benchmarks/bench_kernels.py --iters 10
-step bench_train_350m 75 python3 benchmarks/bench_train.py --device cuda --size 350m --no-loader
+step bench_kernels 150 python3 benchmarks/bench_kernels.py --iters 10
+step bench_train_350m 60 python3 benchmarks/bench_train.py --device cuda --size 350m --no-loader
 step bench_train_1b 90 python3 benchmarks/bench_train.py --device cuda --size 1b --profile --no-loader
-step train_smoke 60 python3 benchmarks/gpu_train_smoke.py
+step train_smoke 45 python3 benchmarks/gpu_train_smoke.py
 step step_check 45 python3 benchmarks/gpu_step_check.py
 python3 benchmarks/collect_results.py "$out"
