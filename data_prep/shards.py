@@ -217,10 +217,38 @@ def _tokens(key: str, members: dict[str, bytes], url: str) -> np.ndarray:
             f"shard {url}, sample {key} holds {sorted(members)}, not just {TOKENS}: "
             "not written by this pipeline; prepare it again"
         )
-    rows = np.load(io.BytesIO(members[TOKENS]), allow_pickle=False)
+    rows = _npy(members[TOKENS])
     if rows.ndim != 2:
         raise DataError(f"shard {url}, sample {key}: {TOKENS} has shape {rows.shape}, not [rows, seq_len + 1]")
     return rows
+
+
+_NPY_V1 = b"\x93NUMPY\x01"
+
+
+@functools.lru_cache(maxsize=64)
+def _npy_v1_header(header: bytes) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """dtype and shape of a version-1 ``.npy`` header; ``None`` for what ``np.load`` should judge."""
+    stream = io.BytesIO(header)
+    np.lib.format.read_magic(stream)
+    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    return None if fortran_order or dtype.hasobject else (dtype, shape)
+
+
+def _npy(data: bytes) -> np.ndarray:
+    """``np.load(data, allow_pickle=False)``, but a header already seen is not parsed again: every
+    sample of a shard has the same one (bar the last), and parsing its Python literal was most of
+    the loader's decode time. The array is a read-only view of ``data``; anything unusual (another
+    format version, a short payload) goes to ``np.load`` as before."""
+    if data[:7] == _NPY_V1 and len(data) >= 10:
+        end = 10 + int.from_bytes(data[8:10], "little")
+        parsed = _npy_v1_header(data[:end])
+        if parsed is not None:
+            dtype, shape = parsed
+            count = int(np.prod(shape))
+            if len(data) - end == count * dtype.itemsize:
+                return np.frombuffer(data, dtype=dtype, count=count, offset=end).reshape(shape)
+    return np.load(io.BytesIO(data), allow_pickle=False)
 
 
 def read_rows(shards: Sequence[StoredShard | str]) -> np.ndarray:
