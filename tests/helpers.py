@@ -1441,3 +1441,112 @@ def count_all_launches(module: ModuleType, names: tuple[str, ...]) -> Iterator[L
     finally:
         for name, kernel in originals.items():
             setattr(module, name, kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Parallel layouts: what each rank really built, and a run's final weights in one piece
+
+
+def train_recording_layout(facts_dir: str, *args):
+    """``training.train.train(*args)`` that also writes what this rank built to
+    ``facts_dir/rank-<RANK>.json`` (see ``_layout_facts``), so that a test can tell the layout asked
+    for from the one used: the run's recorded layout is made from the settings, not from the model."""
+    import training.train
+
+    build = training.train.build_step
+
+    def recording_build_step(*build_args, **build_kwargs):
+        trainer = build(*build_args, **build_kwargs)
+        facts = _layout_facts(trainer)
+        seen = _record_sequence_length(trainer.model, facts)
+        step = trainer.step
+
+        def recording_step(*step_args, **step_kwargs):
+            result = step(*step_args, **step_kwargs)
+            if "optimizer_state_elements" not in facts:  # optimizer state exists once a step has run
+                seen.remove()
+                facts["optimizer_state_elements"] = _optimizer_state_elements(trainer.optimizer)
+                Path(facts_dir, f"rank-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(facts))
+            return result
+
+        trainer.step = recording_step
+        return trainer
+
+    training.train.build_step = recording_build_step
+    return training.train.train(*args)
+
+
+def _layout_facts(trainer) -> dict:
+    """Facts of the built model and optimizer, not of the settings: megatron's process groups, the
+    sequence-parallel flag of every tensor-parallel linear layer, the transformer layers this rank
+    holds (megatron's global 1-based numbers), its embedding and output layer, its parameters."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    model = trainer.model
+    linears = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    return {
+        "rank": dist.get_rank(),
+        "step": type(trainer).__name__,
+        # megatron chains one optimizer per parameter group kind: the classes of the chain's parts
+        "optimizer": [type(part).__name__ for part in getattr(trainer.optimizer, "chained_optimizers", [trainer.optimizer])],
+        "tensor_parallel": ps.get_tensor_model_parallel_world_size(),
+        "pipeline_parallel": ps.get_pipeline_model_parallel_world_size(),
+        "pipeline_rank": ps.get_pipeline_model_parallel_rank(),
+        "data_parallel": ps.get_data_parallel_world_size(),
+        "linears_sequence_parallel": sorted({bool(m.sequence_parallel) for m in linears}),
+        "layers": [layer.layer_number for layer in model.decoder.layers],
+        "embedding": hasattr(model, "embedding"),
+        "output_layer": hasattr(model, "output_layer"),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "recompute": model.config.recompute_granularity,  # None, "selective" or "full"
+    }
+
+
+def _record_sequence_length(model, facts: dict):
+    """Record the sequence length the first transformer layer receives (split across the
+    tensor-parallel ranks under sequence parallelism): a hook to remove once it has run."""
+
+    def hook(module, args, kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        facts["layer_input_sequence"] = int(hidden.shape[0])  # megatron's [sequence, batch, hidden]
+
+    return model.decoder.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _optimizer_state_elements(optimizer) -> int:
+    """Elements of this rank's Adam first moments: every parameter's, or one data-parallel shard's
+    under megatron's distributed optimizer (its inner torch optimizer steps the shard only)."""
+    total = 0
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", part)
+        total += sum(state["exp_avg"].numel() for state in inner.state.values() if "exp_avg" in state)
+    return total
+
+
+def layout_facts(facts_dir: Path) -> list[dict]:
+    """Every rank's facts written by ``train_recording_layout``, in rank order."""
+    files = sorted(facts_dir.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    return [json.loads(p.read_text()) for p in files]
+
+
+def final_weights(ref, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The run's final checkpoint loaded whole at TP=1, PP=1 in this process (evaluation's path:
+    megatron reshards any saved layout), as ``{parameter name: tensor}``."""
+    import tempfile
+
+    from training import checkpoint
+    from training.config import ParallelConfig
+    from training.model import build_gpt, init_distributed, shutdown_distributed
+
+    store = open_store(ref.store)
+    manifest = store.get_json(f"{ref.dataset.prefix}/manifest.json")
+    init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
+    try:
+        model = build_gpt(model_cfg, manifest["vocab_size"], manifest["seq_len"], tensor_parallel=1)
+        with tempfile.TemporaryDirectory(prefix="layout-weights-") as tmp:
+            checkpoint.load_model(model, checkpoint.fetch(store, ref.prefix, Path(tmp)))
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
+    finally:
+        shutdown_distributed()
