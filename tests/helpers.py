@@ -402,8 +402,14 @@ class _Spy:
 def count_launches(module: ModuleType) -> Iterator[Launches]:
     """Count the Triton launches of `module`'s kernels inside the block: proof that a result
     came from the Triton path and not silently from torch."""
+    with _spying(module, kernels_of(module)) as launches:
+        yield launches
+
+
+@contextmanager
+def _spying(module: ModuleType, originals: dict) -> Iterator[Launches]:
+    """``originals`` (name: kernel) of ``module`` replaced by counting spies inside the block."""
     launches = Launches()
-    originals = kernels_of(module)
     for name, kernel in originals.items():
         setattr(module, name, _Spy(name, kernel, launches))
     try:
@@ -1432,15 +1438,8 @@ def count_all_launches(module: ModuleType, names: tuple[str, ...]) -> Iterator[L
     those it imported (Liger's fused linear cross-entropy launches cross_entropy's kernel). Named,
     because a module's globals also hold @triton.jit device functions (Liger's ``silu``), which
     kernels call, not launch, and which must stay what they are."""
-    launches = Launches()
-    originals = {name: _all_kernels(module)[name] for name in names}
-    for name, kernel in originals.items():
-        setattr(module, name, _Spy(name, kernel, launches))
-    try:
+    with _spying(module, {name: _all_kernels(module)[name] for name in names}) as launches:
         yield launches
-    finally:
-        for name, kernel in originals.items():
-            setattr(module, name, kernel)
 
 
 # ----------------------------------------------------------------------------------------------
