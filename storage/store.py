@@ -106,6 +106,11 @@ def _conditions(if_absent: bool, if_match: str | None) -> None:
         raise ValueError("if_match needs the ETag the object was read with")
 
 
+def _check_range(start: int, end: int) -> None:
+    if start < 0 or end < 0:
+        raise ValueError(f"byte range [{start}, {end}) has a negative bound: offsets count from the start")
+
+
 def content_etag(data: bytes) -> str:
     """A local object's ETag: the sha256 of its content."""
     return hashlib.sha256(data).hexdigest()
@@ -265,6 +270,24 @@ class Store:
         raise NotImplementedError
 
     def open_read(self, key: str):  # -> binary file-like
+        raise NotImplementedError
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """The bytes ``[start, end)`` of ``key`` (``end`` exclusive), read without fetching the rest.
+
+        An ``end`` past the object's size gives the bytes up to its end, a ``start`` at or past it
+        gives ``b""``, and so does ``start >= end``; a missing key raises StoreError all the same.
+        A negative ``start`` or ``end`` is a ValueError (there are no suffix ranges here)."""
+        raise NotImplementedError
+
+    def copy(self, src: str, dst: str) -> None:
+        """Make ``dst`` an object with the bytes of ``src``, replacing any ``dst``, atomically (a reader
+        sees the old ``dst`` or the whole copy), without the bytes passing through this process where
+        the backend allows (local: a hard link; S3: a server-side copy). Later writes to either key
+        leave the other as it is. A missing ``src`` raises StoreError naming it.
+
+        The copy's ``modified()``: S3 the time of the copy; local the source's last write (the two
+        share one inode, so one mtime)."""
         raise NotImplementedError
 
     # -- helpers built on the primitives ---------------------------------------------
@@ -494,6 +517,52 @@ class LocalStore(Store):
             return open(self._path(key), "rb")
         except FileNotFoundError as e:
             raise StoreError(f"{self.url(key)} does not exist") from e
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        _check_range(start, end)
+        with self.open_read(key) as f:
+            if start >= end:
+                return b""
+            f.seek(start)
+            return f.read(end - start)
+
+    def copy(self, src: str, dst: str) -> None:
+        source, dest = self._path(src), self._path(dst)
+        with self._space(dst):
+            self._makedirs(dest.parent)
+            tmp = self._link_temp(source, dest.parent, src)
+            _replace(tmp, dest)
+            if os.path.lexists(tmp):
+                # ``dst`` already was a link of ``src`` (copied before): rename(2) then does nothing
+                # and leaves the temporary name behind.
+                os.unlink(tmp)
+
+    def _link_temp(self, source: Path, folder: Path, src: str) -> str:
+        """A new temporary name in ``folder`` for the bytes of ``source``: a hard link to it (no bytes
+        move), or a copy where the filesystem links nothing across (another device, no hard links).
+
+        Sharing the inode is safe because no write here ever changes a file in place: every write
+        is a new temporary file renamed over the name (a new inode), so overwriting ``src`` later
+        leaves ``dst`` with the old bytes, and the other way round."""
+        while True:
+            tmp = str(folder / f".tmp-{os.urandom(8).hex()}")  # ``.tmp-``: listings skip it, gc knows it
+            try:
+                os.link(source, tmp)
+                return tmp
+            except FileExistsError:
+                continue  # a name already taken: draw another
+            except FileNotFoundError as e:
+                if not source.is_file():
+                    raise StoreError(f"{self.url(src)} does not exist") from e
+                raise
+            except OSError:
+                break
+        try:
+            return self._write_temp(folder, source=source)
+        except FileNotFoundError as e:
+            if not source.is_file():
+                raise StoreError(f"{self.url(src)} does not exist") from e
+            raise
 
     def download(self, key: str, path: str | Path) -> None:
         src = self._path(key)
@@ -783,6 +852,52 @@ class S3Store(Store):
     def open_read(self, key: str):
         resp = self._call(key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))
         return resp["Body"]
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        from botocore.exceptions import ClientError
+
+        _check_range(start, end)
+        full = self._key(check_key(key))
+        if start >= end:
+            # No Range header names zero bytes; the HEAD still reports a missing key as every read does.
+            self._call(key, self.client.head_object, Bucket=self.bucket, Key=full)
+            return b""
+        try:
+            resp = self._call(key, self.client.get_object, Bucket=self.bucket, Key=full, Range=f"bytes={start}-{end - 1}")
+        except StoreError as e:
+            cause = e.__cause__
+            code = cause.response.get("Error", {}).get("Code") if isinstance(cause, ClientError) else None
+            if code in {"InvalidRange", "416"}:  # ``start`` at or past the end (or an empty object)
+                return b""
+            raise
+        return resp["Body"].read()
+
+    copy_multipart_threshold = 5 * 1024**3
+    """Copies above this size go in parts (UploadPartCopy); below, one CopyObject (S3's limit: 5 GiB)."""
+    copy_multipart_chunk = 256 * 1024**2
+    """Part size of those copies (raised as needed to stay within 10,000 parts)."""
+
+    def copy(self, src: str, dst: str) -> None:
+        from boto3.s3.transfer import TransferConfig
+        from botocore.exceptions import ClientError
+
+        source = {"Bucket": self.bucket, "Key": self._key(check_key(src))}
+        full = self._key(check_key(dst))
+        if source["Key"] == full:
+            # S3 refuses a copy onto itself (InvalidRequest); the bytes are there already if the key is.
+            self._call(src, self.client.head_object, Bucket=self.bucket, Key=full)
+            return
+        config = TransferConfig(multipart_threshold=self.copy_multipart_threshold, multipart_chunksize=self.copy_multipart_chunk)
+        try:
+            self._call(dst, self.client.copy, CopySource=source, Bucket=self.bucket, Key=full, Config=config)
+        except StoreError as e:
+            cause = e.__cause__
+            code = cause.response.get("Error", {}).get("Code") if isinstance(cause, ClientError) else None
+            # The managed copy HEADs the source first: a missing one is a 404 there (NoSuchKey from a
+            # CopyObject when it goes away in between); errors of the write itself name ``dst``.
+            if code in {"404", "NoSuchKey", "NotFound"}:
+                raise StoreError(f"{self.url(src)} does not exist: nothing to copy to {self.url(dst)}") from cause
+            raise
 
     def download(self, key: str, path: str | Path) -> None:
         path = Path(path)
