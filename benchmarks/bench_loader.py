@@ -196,7 +196,7 @@ def write_dataset(store, mb: float, shape: Shape, cfg, staging: Path) -> tuple[o
         tokenizer=tokenizer,
         tokenizer_from="",
         staging=staging,
-        splits={split: _split_entry(w) for split, w in writers.items()},
+        splits={split: _split_entry(w.shards, w.documents) for split, w in writers.items()},
         stats=stats,
         sources={"synthetic": f"seed {SEED}, lognormal document lengths around {MEAN_DOC_TOKENS} tokens, uniform ids"},
         sources_sha256=hashlib.sha256(f"synthetic-{SEED}".encode()).hexdigest(),

@@ -319,15 +319,15 @@ def run_child(args: list[str]) -> tuple[dict, float, float]:
 # Where prepare's time goes: cumulative cProfile seconds of the function that does each stage
 # (both passes: reading and filters run in each).
 STAGES = {
-    "scan_pass": ("prepare.py", "_scan"),
-    "encode_pass": ("prepare.py", "encode_corpus"),
-    "reading": ("readers.py", "iter_documents"),
+    "scan_pass": ("scan.py", "scan_partition"),
+    "encode_pass": ("encode.py", "encode_partition"),
+    "reading": ("readers.py", "read_file"),
     "filters": ("filters.py", "filtered_text"),
     "dedup_near_rows": ("dedup.py", "near_row"),
-    "dedup_judge": ("dedup.py", "judge"),
+    "dedup_stages": ("prepare.py", "resolve_and_report"),
     "bpe_training": ("tokenizer.py", "train_tokenizer"),
     "encoding": ("encoder.py", "encode_batch"),
-    "shards": ("shards.py", "add"),
+    "shards": ("encode.py", "pack_shards"),
 }
 
 

@@ -285,7 +285,8 @@ class DataConfig:
     false ignores them, counted by suffix. Files named in ``data.sources`` are always read."""
 
     max_documents: int = 0
-    """Stop after this many usable documents (0 = no limit); handy for quick runs."""
+    """Read the corpus only up to the document that makes this many pass the filters (0 = no
+    limit); duplicates among them are then dropped, so a few fewer may be kept. For quick runs."""
 
     val_fraction: float = 0.05
     """Share of documents held out for validation, assigned by a hash of the content."""
@@ -302,6 +303,10 @@ class DataConfig:
 
     workers: int = 0
     """Processes that clean, hash and tokenize (0 = one per CPU core); the output does not depend on it."""
+
+    partitions: int = 0
+    """Pieces the corpus listing is cut into, each scanned and encoded by its own task (a pod each
+    on a cluster); 0 = one per 256 MB listed. The dataset does not depend on it."""
 
     def __post_init__(self) -> None:
         self.normalization = as_choice(Normalization, self.normalization)
@@ -322,6 +327,7 @@ class DataConfig:
         if not 0 <= self.val_fraction < 1:
             out.append(f"data.val_fraction is {self.val_fraction}: must be in [0, 1) (typical 0.005 … 0.1)")
         out += at_least("data.workers", self.workers, 0, " (0 = one per CPU core)")
+        out += at_least("data.partitions", self.partitions, 0, " (0 = one per 256 MB of corpus)")
         out += at_least("data.max_documents", self.max_documents, 0, " (0 = no limit)")
         if not 0 <= self.near_dup_threshold <= 1:
             out.append(

@@ -15,7 +15,7 @@ from data_prep.shards import token_dtype
 from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN
 
 FORMAT = "pretrain-wds-v1"
-RUNTIME_ONLY = {"workers"}
+RUNTIME_ONLY = {"workers", "partitions"}
 # Where the corpus and a given tokenizer live. What they hold is recorded (the listing inside each
 # source, every shard's and the tokenizer's sha256): the same corpus elsewhere is the same dataset.
 LOCATIONS = {"sources", "file"}

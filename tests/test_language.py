@@ -3,8 +3,7 @@ examples), keeps code and undetermined text, and keeps the python-stdlib demo wh
 
 from data_prep.config import DataConfig
 from data_prep.language import code_share, identify, language_problem, looks_like_code
-from data_prep.parallel import WorkerPool
-from data_prep.prepare import _set_worker_state, load_manifest, prepare_dataset, scan_corpus
+from data_prep.prepare import list_corpus, load_manifest, prepare_dataset, scan_corpus
 from storage import open_store
 from tests.helpers import english_docs, tiny_data, tiny_tokenizer, write_corpus
 
@@ -47,12 +46,10 @@ def test_prepare_counts_language_drops_with_examples(tmp_path):
     assert sorted(manifest["sources"]["skipped_examples"]["language"]) == ["de.txt", "fr.txt"]
 
 
-def test_english_only_keeps_the_stdlib_demo():
+def test_english_only_keeps_the_stdlib_demo(tmp_path):
     data = DataConfig(near_dedup=False, workers=2, languages=["en"])
-    _set_worker_state(data)
-    with WorkerPool(data.workers) as pool:
-        scan, _ = scan_corpus(data, pool, None)
-    assert scan.kept > 500 and "language" not in scan.skips.counts
+    resolution = scan_corpus(data, list_corpus(data), open_store(str(tmp_path)), "work", 0)
+    assert resolution.kept > 500 and "language" not in resolution.skips
 
 
 def test_allow_list_codes_are_checked():

@@ -2,13 +2,12 @@
 its Jaccard similarity passes ``data.near_dup_threshold``. Ground truth is the exact Jaccard
 similarity of the word 5-shingle sets, computed here."""
 
-import hashlib
 import random
 
 import numpy as np
 import pytest
 
-from data_prep.dedup import Deduplicator, digest_key, near_row
+from data_prep.dedup import band_pairs, near_drops, near_duplicates, near_row, similar
 from data_prep.prepare import load_manifest, prepare_dataset
 from storage import open_store
 from tests.helpers import tiny_data, tiny_tokenizer, write_corpus
@@ -58,14 +57,20 @@ def planted_set(seed: int = 15) -> tuple[list[str], list[int], list[float]]:
     return [" ".join(w) for w, _, _ in docs], [o for _, o, _ in docs], [s for _, _, s in docs]
 
 
-def judged(texts: list[str], threshold: float, batch: int = 256) -> tuple[list[str], int]:
-    dedup = Deduplicator(True, 16, 8, threshold)
+def judged(texts: list[str], threshold: float, shards: int = 1) -> tuple[list[str], int]:
+    """Verdicts with the band entries cut into ``shards`` by key, as the near stage cuts them."""
     rows = np.array([near_row(t, SHINGLE, 16, 8) for t in texts])
-    keys = np.array([digest_key(hashlib.sha256(t.encode()).digest()) for t in texts], dtype=np.uint64)
-    out: list[str] = []
-    for start in range(0, len(texts), batch):
-        out += dedup.judge(keys[start : start + batch], rows[start : start + batch])
-    return out, dedup.rejected_candidates
+    ids = np.arange(len(texts), dtype=np.uint64)
+    keys, owners = rows[:, :16].ravel(), np.repeat(ids, 16)
+    pairs = [band_pairs(keys[keys % np.uint64(shards) == s], owners[keys % np.uint64(shards) == s]) for s in range(shards)]
+    both = np.unique(np.stack([np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])], axis=1), axis=0)
+    sketches = np.ascontiguousarray(rows[:, 16:]).view(np.uint8)
+    later, earlier = both[:, 0], both[:, 1]
+    dropped, rejected = near_drops(
+        later, earlier, similar(sketches[later.astype(np.intp)], sketches[earlier.astype(np.intp)], threshold)
+    )
+    gone = set(dropped.tolist())
+    return ["near_duplicate" if i in gone else "" for i in range(len(texts))], rejected
 
 
 def rates(verdicts: list[str], originals: list[int], exact: list[float]) -> dict:
@@ -100,10 +105,16 @@ def test_verification_drops_the_similar_and_keeps_the_merely_proposed():
     assert all(verified[i] == "" for i, o in enumerate(originals) if o < 0)
 
 
-def test_verdicts_do_not_depend_on_the_batches():
+def test_verdicts_do_not_depend_on_the_shards():
     texts, _, _ = planted_set()
     texts = texts[:300] + texts[800:1100]
-    assert judged(texts, 0.7, batch=7) == judged(texts, 0.7, batch=4096)
+    one = judged(texts, 0.7)
+    assert one[0].count("near_duplicate") > 20
+    assert judged(texts, 0.7, shards=3) == judged(texts, 0.7, shards=7) == one
+    # The stages' own composition, in one place, agrees.
+    rows = np.array([near_row(t, SHINGLE, 16, 8) for t in texts])
+    dropped, rejected = near_duplicates(np.arange(len(texts), dtype=np.uint64), rows, 16, 8, 0.7)
+    assert [i for i, v in enumerate(one[0]) if v] == dropped.tolist() and rejected == one[1]
 
 
 def banded_pair(base: list[str], similarity: float) -> list[str]:

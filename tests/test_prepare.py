@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from data_prep.config import DataConfig
-from data_prep.prepare import load_manifest, prepare_dataset, shard_urls, split_of
+from data_prep.prepare import load_manifest, prepare_dataset, shard_urls
+from data_prep.workers import split_of
 from data_prep.shards import ShardWriter, pack, read_rows, write_shards
 from data_prep.sources import DataError
 from storage import open_store
