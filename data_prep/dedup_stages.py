@@ -126,6 +126,13 @@ class Resolution:
     smallest: tuple[int, int, int] | None = None
     """(content key, partition, place) of the kept document with the smallest key."""
 
+    @classmethod
+    def from_json(cls, record: dict) -> Resolution:
+        """Back from ``dataclasses.asdict`` through JSON (tuples came back as lists)."""
+        examples = {reason: [(int(p), name) for p, name in placed] for reason, placed in record["examples"].items()}
+        smallest = tuple(record["smallest"]) if record["smallest"] is not None else None
+        return cls(**{**record, "examples": examples, "smallest": smallest})
+
 
 def resolve(store, work: str, parts: int, data: DataConfig, shards: int, sample_budget: int) -> Resolution:
     cut = passing_cut(store, work, parts, data.max_documents)

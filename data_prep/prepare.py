@@ -35,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from common.contracts import DOC_STATS, MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
@@ -125,64 +126,179 @@ def work_tokenizer(store: Store, work: str) -> Tokenizer:
     return Tokenizer.from_str(store.get_bytes(f"{work}/{TOKENIZER}").decode())
 
 
-# --- the step, in one process -----------------------------------------------------------
-def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: Store, tokenizer_key: str = "") -> DatasetRef:
-    """Build and commit the dataset. ``tokenizer_key`` names a tokenizer.json in the store to
-    reuse (continued pretraining must keep its model's vocabulary); otherwise one is trained."""
+# --- the stages, each callable on its own (a Flyte task each: tasks/data.py) ---------------
+@dataclass
+class Preparation:
+    """One preparation in progress: what every stage needs to find its inputs."""
+
+    store: str
+    """The store URI the dataset goes to; the work files live there too."""
+    work: str
+    """The work prefix (``partitions.work_prefix``), removed at commit."""
+    data: DataConfig
+    tokenizer: TokenizerConfig
+    tokenizer_key: str = ""
+    """A tokenizer.json in the store to reuse (a base model's), or ``""``."""
+    listing_sha256: str = ""
+    """The listing the partitions cut: a stage that lists something else stops."""
+    partitions: int = 1
+
+    @property
+    def tokenizer_from(self) -> str:
+        """Which tokenizer, not where it lives: a store key (a base model's) or the config's file."""
+        return self.tokenizer_key or ("tokenizer.file" if self.tokenizer.file else "")
+
+
+@dataclass(frozen=True)
+class PackJob:
+    """Shards ``[first, end)`` of one split: one pack task's share."""
+
+    split: str
+    first: int
+    end: int
+
+
+SHARDS_PER_PACK = 64
+"""Shards a pack task writes (32 MB at the defaults): enough to amortise a task's start."""
+
+
+def plan(
+    store: Store, data: DataConfig, tokenizer_config: TokenizerConfig, tokenizer_key: str = "", nonce: str = ""
+) -> Preparation:
+    """Check the settings, the store and a given tokenizer, list the corpus and cut it."""
     check_settings(data, tokenizer_config)
     store.check()
-    given, given_from = given_tokenizer(store, tokenizer_key, tokenizer_config)
-    tokenizer_from = tokenizer_key or ("tokenizer.file" if given else "")
+    given_tokenizer(store, tokenizer_key, tokenizer_config)  # a bad one fails now, not after the scan
     listing = list_corpus(data)
-    work = work_for(data, tokenizer_config, tokenizer_from, listing, uuid.uuid4().hex)
-    try:
-        resolution = scan_corpus(data, listing, store, work, tokenizer_config.train_bytes if given is None else 0)
-        if given is None:
-            with WorkerPool(data.workers) as pool, trainer_threads(pool.workers):
-                tokenizer = train_tokenizer(
-                    sample_texts(data, listing.files, listing.partitions, store, work, pool), tokenizer_config
-                )
-        else:
-            tokenizer = given
-        store.put_bytes(f"{work}/{TOKENIZER}", tokenizer.to_str().encode())
-        log.info("tokenizer %s", given_from or f"trained on {resolution.sample_bytes:,} bytes")
-        eod_id, dtype = tokenizer.token_to_id(EOD_TOKEN), token_dtype(tokenizer.get_vocab_size())
-        set_worker_state(data, tokenizer)
-        with WorkerPool(data.workers) as pool:
-            for part in listing.partitions:
-                encode_partition(data, listing.files, part, store, work, pool, eod_id, dtype)
-        shards = {}
-        for split in SPLITS:
-            _, count = split_layout(store, work, len(listing.partitions), data, split)
-            shards[split] = pack_shards(store, work, len(listing.partitions), data, split, 0, count, dtype)
-        return commit_dataset(data, tokenizer_config, tokenizer_from, listing, store, work, resolution, shards)
-    finally:
-        store.delete_prefix(work)
+    prep = Preparation(store.uri, "", data, tokenizer_config, tokenizer_key, listing_hash(listing.files), len(listing.partitions))
+    prep.work = work_for(data, tokenizer_config, prep.tokenizer_from, listing, nonce or uuid.uuid4().hex)
+    log.info(
+        "%s files, %s MB, in %s partition(s)",
+        f"{len(listing.files):,}",
+        f"{sum(f.size for f in listing.files) / 1e6:,.1f}",
+        prep.partitions,
+    )
+    return prep
 
 
-def scan_corpus(data: DataConfig, listing: Listing, store: Store, work: str, sample_budget: int) -> Resolution:
-    """Scan every partition, de-duplicate and resolve: which documents are kept, and where."""
-    parts = len(listing.partitions)
-    set_worker_state(data)
-    with WorkerPool(data.workers) as pool:
-        for part in listing.partitions:
-            scan_partition(data, listing.files, part, store, work, pool)
-    for shard in range(listing.shards):
-        exact_shard(store, work, parts, data, shard, listing.shards)
-    if data.near_dedup:
-        for shard in range(listing.shards):
-            near_shard(store, work, parts, data, shard, listing.shards)
-    return resolve_and_report(data, listing, store, work, sample_budget)
+def _listing(prep: Preparation) -> Listing:
+    """The plan's listing again, checked to be the same."""
+    listing = list_corpus(prep.data, quiet=True)
+    if listing_hash(listing.files) != prep.listing_sha256 or len(listing.partitions) != prep.partitions:
+        raise DataError(f"the corpus {prep.data.sources} changed since this preparation listed it: rerun once it is stable")
+    return listing
 
 
-def resolve_and_report(data: DataConfig, listing: Listing, store: Store, work: str, sample_budget: int) -> Resolution:
-    """``dedup_stages.resolve``, with the skip summary logged first: a corpus with nothing usable
-    fails there, and the summary says why."""
-    resolution = resolve(store, work, len(listing.partitions), data, listing.shards, sample_budget)
+def scan_stage(prep: Preparation, store: Store, index: int) -> None:
+    listing = _listing(prep)
+    set_worker_state(prep.data)
+    with WorkerPool(prep.data.workers) as pool:
+        scan_partition(prep.data, listing.files, listing.partitions[index], store, prep.work, pool)
+
+
+def exact_stage(prep: Preparation, store: Store, shard: int) -> None:
+    exact_shard(store, prep.work, prep.partitions, prep.data, shard, prep.partitions)
+
+
+def near_stage(prep: Preparation, store: Store, shard: int) -> None:
+    if prep.data.near_dedup:
+        near_shard(store, prep.work, prep.partitions, prep.data, shard, prep.partitions)
+
+
+def resolve_stage(prep: Preparation, store: Store) -> Resolution:
+    """The global verdicts (``dedup_stages.resolve``), the skip summary logged, and checked: a
+    corpus with nothing usable fails here, after the summary says why."""
+    listing = _listing(prep)
+    budget = 0 if prep.tokenizer_key or prep.tokenizer.file else prep.tokenizer.train_bytes
+    resolution = resolve(store, prep.work, prep.partitions, prep.data, prep.partitions, budget)
     log_skip_summary(skip_summary(_skips(resolution, {}), listing.ignored, relative_names(listing.files)))
-    check_kept(data, resolution, store, work)
     log.info("scan: %s documents read, %s kept", f"{resolution.documents:,}", f"{resolution.kept:,}")
+    check_kept(prep.data, resolution, store, prep.work)
+    store.put_json(f"{prep.work}/resolution.json", dataclasses.asdict(resolution))
     return resolution
+
+
+def tokenizer_stage(prep: Preparation, store: Store) -> None:
+    """The given tokenizer, or one trained on ``resolve``'s sample, to ``<work>/tokenizer.json``."""
+    tokenizer, given_from = given_tokenizer(store, prep.tokenizer_key, prep.tokenizer)
+    if tokenizer is None:
+        listing = _listing(prep)
+        set_worker_state(prep.data)
+        with WorkerPool(prep.data.workers) as pool, trainer_threads(pool.workers):
+            texts = sample_texts(prep.data, listing.files, listing.partitions, store, prep.work, pool)
+            tokenizer = train_tokenizer(texts, prep.tokenizer)
+    store.put_bytes(f"{prep.work}/{TOKENIZER}", tokenizer.to_str().encode())
+    log.info("tokenizer %s", given_from or "trained on the sample")
+
+
+def encode_stage(prep: Preparation, store: Store, index: int) -> None:
+    listing = _listing(prep)
+    tokenizer = work_tokenizer(store, prep.work)
+    set_worker_state(prep.data, tokenizer)
+    with WorkerPool(prep.data.workers) as pool:
+        encode_partition(prep.data, listing.files, listing.partitions[index], store, prep.work, pool, *_token_format(tokenizer))
+
+
+def _token_format(tokenizer: Tokenizer) -> tuple[int, np.dtype]:
+    return tokenizer.token_to_id(EOD_TOKEN), token_dtype(tokenizer.get_vocab_size())
+
+
+def pack_jobs(prep: Preparation, store: Store) -> list[PackJob]:
+    """The pack tasks' shares of every split's shards."""
+    jobs = []
+    for split in SPLITS:
+        _, count = split_layout(store, prep.work, prep.partitions, prep.data, split)
+        jobs += [PackJob(split, lo, min(lo + SHARDS_PER_PACK, count)) for lo in range(0, count, SHARDS_PER_PACK)]
+    return jobs
+
+
+def pack_stage(prep: Preparation, store: Store, job: PackJob) -> list[ShardInfo]:
+    _, dtype = _token_format(work_tokenizer(store, prep.work))
+    return pack_shards(store, prep.work, prep.partitions, prep.data, job.split, job.first, job.end, dtype)
+
+
+def commit_stage(prep: Preparation, store: Store, packed: list[list[ShardInfo]]) -> DatasetRef:
+    """Commit the dataset from the pack tasks' shards (in job order), then remove the work files."""
+    resolution = Resolution.from_json(store.get_json(f"{prep.work}/resolution.json"))
+    shards = {split: [s for job in packed for s in job if s.name.startswith(f"{split}-")] for split in SPLITS}
+    ref = commit_dataset(prep, _listing(prep), store, resolution, shards)
+    store.delete_prefix(prep.work)
+    return ref
+
+
+def prepare_dataset(data: DataConfig, tokenizer_config: TokenizerConfig, store: Store, tokenizer_key: str = "") -> DatasetRef:
+    """Build and commit the dataset, every stage in this process, one partition or shard after
+    another. ``tokenizer_key`` names a tokenizer.json in the store to reuse (continued pretraining
+    must keep its model's vocabulary); otherwise one is trained."""
+    prep = plan(store, data, tokenizer_config, tokenizer_key)
+    try:
+        for index in range(prep.partitions):
+            scan_stage(prep, store, index)
+        for shard in range(prep.partitions):
+            exact_stage(prep, store, shard)
+        for shard in range(prep.partitions):
+            near_stage(prep, store, shard)
+        resolve_stage(prep, store)
+        tokenizer_stage(prep, store)
+        for index in range(prep.partitions):
+            encode_stage(prep, store, index)
+        return commit_stage(prep, store, [pack_stage(prep, store, job) for job in pack_jobs(prep, store)])
+    finally:
+        store.delete_prefix(prep.work)  # after a failure too: nothing half-made stays behind
+
+
+def scan_corpus(data: DataConfig, store: Store) -> Resolution:
+    """The scan, de-duplication and resolve stages alone: which documents would be kept."""
+    prep = plan(store, data, TokenizerConfig())
+    try:
+        for index in range(prep.partitions):
+            scan_stage(prep, store, index)
+        for shard in range(prep.partitions):
+            exact_stage(prep, store, shard)
+            near_stage(prep, store, shard)
+        return resolve_stage(prep, store)
+    finally:
+        store.delete_prefix(prep.work)
 
 
 def _skips(resolution: Resolution, dedup_examples: dict[str, list[tuple[int, str]]]) -> Skips:
@@ -202,18 +318,11 @@ def _skips(resolution: Resolution, dedup_examples: dict[str, list[tuple[int, str
 
 # --- commit -----------------------------------------------------------------------------
 def commit_dataset(
-    data: DataConfig,
-    tokenizer_config: TokenizerConfig,
-    tokenizer_from: str,
-    listing: Listing,
-    store: Store,
-    work: str,
-    resolution: Resolution,
-    shards: dict[str, list[ShardInfo]],
+    prep: Preparation, listing: Listing, store: Store, resolution: Resolution, shards: dict[str, list[ShardInfo]]
 ) -> DatasetRef:
     """Gather the stages' outputs into the manifest and commit the dataset (its version is known
     only now: the shards move from the work prefix by server-side copies)."""
-    parts = len(listing.partitions)
+    data, work, parts = prep.data, prep.work, prep.partitions
     tokenizer = work_tokenizer(store, work)
     encoded = [store.get_json(f"{work}/encoded/{i}.json") for i in range(parts)]
     counts, edits = Counter(), Counter()
@@ -238,10 +347,9 @@ def commit_dataset(
         stats = _stats(resolution, listing, counts, edits, shards)
         manifest = manifests.build(
             data=data,
-            tokenizer_config=tokenizer_config,
+            tokenizer_config=prep.tokenizer,
             tokenizer=tokenizer,
-            # Which tokenizer, not where it lives: a store key (a base model's) or the config's file.
-            tokenizer_from=tokenizer_from,
+            tokenizer_from=prep.tokenizer_from,
             staging=staging,
             splits={split: _split_entry(shards[split], counts[f"{split}_documents"]) for split in SPLITS},
             stats=stats,

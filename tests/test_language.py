@@ -3,7 +3,7 @@ examples), keeps code and undetermined text, and keeps the python-stdlib demo wh
 
 from data_prep.config import DataConfig
 from data_prep.language import code_share, identify, language_problem, looks_like_code
-from data_prep.prepare import list_corpus, load_manifest, prepare_dataset, scan_corpus
+from data_prep.prepare import load_manifest, prepare_dataset, scan_corpus
 from storage import open_store
 from tests.helpers import english_docs, tiny_data, tiny_tokenizer, write_corpus
 
@@ -48,7 +48,7 @@ def test_prepare_counts_language_drops_with_examples(tmp_path):
 
 def test_english_only_keeps_the_stdlib_demo(tmp_path):
     data = DataConfig(near_dedup=False, workers=2, languages=["en"])
-    resolution = scan_corpus(data, list_corpus(data), open_store(str(tmp_path)), "work", 0)
+    resolution = scan_corpus(data, open_store(str(tmp_path)))
     assert resolution.kept > 500 and "language" not in resolution.skips
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from data_prep.config import C4Config, DataConfig, FineWebConfig, GopherConfig, QualityConfig, RepetitionConfig
 from data_prep.filters import filtered_text
-from data_prep.prepare import list_corpus, load_manifest, prepare_dataset, scan_corpus
+from data_prep.prepare import load_manifest, prepare_dataset, scan_corpus
 from data_prep.quality import quality_problem
 from storage import open_store
 from tests.helpers import english_docs, tiny_data, tiny_tokenizer, write_corpus
@@ -120,6 +120,6 @@ def test_prepare_counts_each_rule_with_examples(tmp_path):
 
 def test_defaults_keep_the_stdlib_demo_whole(tmp_path):
     data = DataConfig(near_dedup=False, workers=2)
-    resolution = scan_corpus(data, list_corpus(data), open_store(str(tmp_path)), "work", 0)
+    resolution = scan_corpus(data, open_store(str(tmp_path)))
     assert resolution.kept > 500
     assert not [reason for reason in resolution.skips if reason.startswith(("quality_", "pii_", "language"))]
