@@ -126,7 +126,7 @@ def encode_partition(
             elif verdict in DROPPED:
                 placed = examples.setdefault(DROPPED[verdict], [])
                 if len(placed) < EXAMPLES_PER_REASON:
-                    placed.append((docid, relative(doc.source)))
+                    placed.append((docid, doc.source))
             elif verdict > NEAR_DUPLICATE:  # past the max_documents cut
                 return
 

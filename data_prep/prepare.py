@@ -206,14 +206,18 @@ def near_stage(prep: Preparation, store: Store, shard: int) -> None:
 
 
 def resolve_stage(prep: Preparation, store: Store) -> Resolution:
-    """The global verdicts (``dedup_stages.resolve``), the skip summary logged, and checked: a
-    corpus with nothing usable fails here, after the summary says why."""
+    """The global verdicts (``dedup_stages.resolve``), checked: a corpus with nothing usable fails
+    here, after the skip summary says why (else the commit logs it, with every example)."""
     listing = _listing(prep)
     budget = 0 if prep.tokenizer_key or prep.tokenizer.file else prep.tokenizer.train_bytes
     resolution = resolve(store, prep.work, prep.partitions, prep.data, prep.partitions, budget)
-    log_skip_summary(skip_summary(_skips(resolution, {}), listing.ignored, relative_names(listing.files)))
     log.info("scan: %s documents read, %s kept", f"{resolution.documents:,}", f"{resolution.kept:,}")
-    check_kept(prep.data, resolution, store, prep.work)
+    try:
+        check_kept(prep.data, resolution, store, prep.work)
+    except DataError:
+        # The duplicates' examples are the encode stage's: the summary has none of them yet.
+        log_skip_summary(skip_summary(_skips(resolution, {}), listing.ignored, relative_names(listing.files)))
+        raise
     store.put_json(f"{prep.work}/resolution.json", dataclasses.asdict(resolution))
     return resolution
 
@@ -295,6 +299,7 @@ def scan_corpus(data: DataConfig, store: Store) -> Resolution:
             scan_stage(prep, store, index)
         for shard in range(prep.partitions):
             exact_stage(prep, store, shard)
+        for shard in range(prep.partitions):  # each near shard reads every exact shard's drops
             near_stage(prep, store, shard)
         return resolve_stage(prep, store)
     finally:
@@ -340,6 +345,7 @@ def commit_dataset(
             )
     skips = _skips(resolution, dedup_examples)
     relative = relative_names(listing.files)
+    log_skip_summary(skip_summary(skips, listing.ignored, relative))
     with tempfile.TemporaryDirectory(prefix="pretrain-dataset-") as tmp, local_space(tmp, "the dataset's manifest and doc stats"):
         staging = Path(tmp)
         tokenizer.save(str(staging / TOKENIZER))

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Annotated
 
-from flytekit import Cache, Deck, HashMethod, task
+from flytekit import Cache, Deck, HashMethod, dynamic, map_task, task
 
 from common.contracts import TOKENIZER, DatasetRef
 from common.hashing import config_hash
+from data_prep import prepare as stages
 from data_prep.config import DataConfig, TokenizerConfig
-from data_prep.prepare import prepare_dataset
+from data_prep.shards import ShardInfo
 from data_prep.sources import content_fingerprint
 from data_prep.validation import Validation, ValidationConfig, ValidationFailed, check_dataset, report_html
-from storage import open_store
+from storage import Store, open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import data_task
@@ -37,19 +39,107 @@ def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(cor
     return data
 
 
-@task(cache=Cache(version=VERSION, serialize=True), **data_task())
+@dynamic(cache=Cache(version=VERSION, serialize=True), **data_task())
 @as_messages
 def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_model: str) -> DatasetRef:
     """Read, clean, de-duplicate, tokenize and shard the corpus into the store.
 
+    Lists the corpus and cuts it into ``data.partitions``, then fans out: a scan task per
+    partition, exact and near de-duplication per key shard, one resolve and one tokenizer task,
+    an encode task per partition, a pack task per range of shards, and the commit. A task that
+    fails is retried alone (``retries``); the others keep their results.
+
     A ``base_model`` (registry entry) lends its tokenizer: continued pretraining keeps the vocabulary.
     """
+    _log_progress()
+    tokenizer_key = f"{base_model}/{TOKENIZER}" if base_model else ""
+    prep = stages.plan(open_store(store), data, tokenizer, tokenizer_key)
+    partitions = list(range(prep.partitions))
+    scanned = map_task(functools.partial(scan_partition, prep=prep))(index=partitions)
+    exact = map_task(functools.partial(dedup_exact, prep=prep))(shard=partitions)
+    near = map_task(functools.partial(dedup_near, prep=prep))(shard=partitions)
+    resolved = resolve_documents(prep=prep)
+    trained = train_tokenizer(prep=prep)
+    encoded = map_task(functools.partial(encode_partition, prep=prep))(index=partitions)
+    jobs = plan_packing(prep=prep)
+    packed = map_task(functools.partial(pack_shards, prep=prep))(job=jobs)
+    scanned >> exact >> near >> resolved >> trained >> encoded >> jobs
+    return commit_dataset(prep=prep, packed=packed)
+
+
+def _log_progress() -> None:
     progress = logging.getLogger("data_prep")
     if not progress.handlers:
         progress.addHandler(logging.StreamHandler())
         progress.setLevel(logging.INFO)
-    tokenizer_key = f"{base_model}/{TOKENIZER}" if base_model else ""
-    ref = prepare_dataset(data, tokenizer, open_store(store), tokenizer_key=tokenizer_key)
+
+
+def _store(prep: stages.Preparation) -> Store:
+    _log_progress()
+    return open_store(prep.store)
+
+
+@task(**data_task())
+@as_messages
+def scan_partition(prep: stages.Preparation, index: int) -> None:
+    """Read, clean and filter one partition's files; its keys and signatures to the work prefix."""
+    stages.scan_stage(prep, _store(prep), index)
+
+
+@task(**data_task())
+@as_messages
+def dedup_exact(prep: stages.Preparation, shard: int) -> None:
+    """Exact duplicates among the content keys of one key shard."""
+    stages.exact_stage(prep, _store(prep), shard)
+
+
+@task(**data_task())
+@as_messages
+def dedup_near(prep: stages.Preparation, shard: int) -> None:
+    """Verified near-duplicate pairs among the LSH buckets of one key shard."""
+    stages.near_stage(prep, _store(prep), shard)
+
+
+@task(**data_task())
+@as_messages
+def resolve_documents(prep: stages.Preparation) -> None:
+    """Which documents are kept, in which split, and the tokenizer's sample."""
+    stages.resolve_stage(prep, _store(prep))
+
+
+@task(**data_task())
+@as_messages
+def train_tokenizer(prep: stages.Preparation) -> None:
+    """Train the BPE tokenizer on the sample (or take the given one)."""
+    stages.tokenizer_stage(prep, _store(prep))
+
+
+@task(**data_task())
+@as_messages
+def encode_partition(prep: stages.Preparation, index: int) -> None:
+    """Encode one partition's kept documents into token streams."""
+    stages.encode_stage(prep, _store(prep), index)
+
+
+@task(**data_task())
+@as_messages
+def plan_packing(prep: stages.Preparation) -> list[stages.PackJob]:
+    """The pack tasks' shares of the shards."""
+    return stages.pack_jobs(prep, _store(prep))
+
+
+@task(**data_task())
+@as_messages
+def pack_shards(prep: stages.Preparation, job: stages.PackJob) -> list[ShardInfo]:
+    """Write one range of shards, each uploaded as it is written."""
+    return stages.pack_stage(prep, _store(prep), job)
+
+
+@task(enable_deck=True, **data_task())
+@as_messages
+def commit_dataset(prep: stages.Preparation, packed: list[list[ShardInfo]]) -> DatasetRef:
+    """The manifest and the commit marker: the dataset, whole, under its version."""
+    ref = stages.commit_stage(prep, _store(prep), packed)
     Deck("Dataset", decks.table({"version": ref.version, "uri": f"{ref.store}/{ref.prefix}", **ref.stats}, "Dataset"))
     return ref
 

@@ -2,6 +2,9 @@
 version, and so the same shard bytes, at 1, 2 and 4 partitions, with duplicates, near duplicates,
 reader skips and the ``max_documents`` cut falling across partition boundaries."""
 
+import gzip
+
+import numpy as np
 import pytest
 
 from data_prep.partitions import cut
@@ -93,3 +96,71 @@ def test_the_listing_is_cut_as_configured(tmp_path):
     spans = [(p.first_file, p.end_file) for p in listing.partitions]
     assert len(spans) == 3 and spans[0][0] == 0 and spans[-1][1] == 10
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)) and all(lo < hi for lo, hi in spans)
+
+
+def test_the_flyte_fan_out_makes_the_same_dataset(tmp_path, monkeypatch):
+    """prepare_data, a dynamic workflow of map tasks, run by flytekit's local executor at 3
+    partitions, commits the dataset prepare_dataset makes in one process at 1."""
+    from tasks.data import prepare_data
+
+    monkeypatch.setenv("FLYTE_LOCAL_CACHE_ENABLED", "false")  # run it, never a cached answer
+    corpus, _ = mixed_corpus(tmp_path / "corpus")
+    store = open_store(str(tmp_path / "flyte"))
+    data = tiny_data(sources=[str(corpus)], max_documents=0, partitions=3)
+    ref = prepare_data(store=store.uri, data=data, tokenizer=tiny_tokenizer(), base_model="")
+    local = prepare_dataset(
+        tiny_data(sources=[str(corpus)], max_documents=0), tiny_tokenizer(), open_store(str(tmp_path / "one"))
+    )
+    assert ref.version == local.version
+    assert {key.split("/")[1] for key in store.list("datasets/")} == {ref.version}
+
+
+def test_a_partition_with_nothing_readable_is_counted_not_fatal(tmp_path):
+    rng = np.random.default_rng(0)
+    broken = gzip.compress(rng.bytes(6000))[:3000]  # cut short: not a whole gzip stream
+    docs = {"a_broken.txt.gz": broken, "b_broken.txt.gz": broken}
+    docs |= {f"c{i}.txt": text for i, text in enumerate(distinct_docs(8))}
+    corpus = write_corpus(tmp_path / "corpus", docs)
+    data = tiny_data(sources=[str(corpus)], max_documents=0, partitions=2)
+    assert list_corpus(data).partitions[0].end_file <= 2  # the first partition holds broken files only
+    ref = prepare_dataset(data, tiny_tokenizer(), open_store(str(tmp_path / "s")))
+    assert ref.stats["skipped_bad_gzip"] == 2 and ref.stats["documents_kept"] == 8
+
+
+def test_a_stage_that_failed_runs_again_alone(tmp_path, monkeypatch):
+    """What Flyte's retry of one map task does: the failed partition's stage runs again, alone, and
+    the dataset is the one an undisturbed run makes (a stage's outputs are whole objects, rewritten)."""
+    from data_prep import encode, prepare
+
+    corpus, _ = mixed_corpus(tmp_path / "corpus")
+    data = tiny_data(sources=[str(corpus)], max_documents=0, partitions=3)
+    store = open_store(str(tmp_path / "s"))
+    prep = prepare.plan(store, data, tiny_tokenizer())
+    for index in range(3):
+        prepare.scan_stage(prep, store, index)
+    for shard in range(3):
+        prepare.exact_stage(prep, store, shard)
+    for shard in range(3):
+        prepare.near_stage(prep, store, shard)
+    prepare.resolve_stage(prep, store)
+    prepare.tokenizer_stage(prep, store)
+    real = encode.encode_partition
+    failing = {"left": 1}
+
+    def flaky(data, files, part, *rest):
+        if part.index == 1 and failing["left"]:
+            failing["left"] -= 1
+            real(data, files, part, *rest)  # wrote its outputs, then the pod was lost
+            raise ConnectionError("pod lost")
+        return real(data, files, part, *rest)
+
+    monkeypatch.setattr(prepare, "encode_partition", flaky)
+    prepare.encode_stage(prep, store, 0)
+    with pytest.raises(ConnectionError):
+        prepare.encode_stage(prep, store, 1)
+    prepare.encode_stage(prep, store, 1)  # the retry: this partition alone
+    prepare.encode_stage(prep, store, 2)
+    ref = prepare.commit_stage(prep, store, [prepare.pack_stage(prep, store, job) for job in prepare.pack_jobs(prep, store)])
+    undisturbed = prepare_dataset(data, tiny_tokenizer(), open_store(str(tmp_path / "other")))
+    assert ref.version == undisturbed.version
+    assert not [key for key in store.list("datasets/") if "/work-" in f"/{key}" or key.startswith("datasets/work-")]

@@ -11,11 +11,24 @@ from flyteidl.admin import launch_plan_pb2, task_pb2, workflow_pb2
 from google.protobuf.json_format import MessageToDict
 
 ROOT = Path(__file__).resolve().parent.parent
+# prepare_data's fan-out (a dynamic workflow): map tasks over partitions and key shards, then one of each.
+DATA_STAGES = (
+    "scan_partition",
+    "dedup_exact",
+    "dedup_near",
+    "resolve_documents",
+    "train_tokenizer",
+    "encode_partition",
+    "plan_packing",
+    "pack_shards",
+    "commit_dataset",
+)
 TASKS = {
     "tasks.register.find_base_model",
     "tasks.register.find_gate_holder",
     "tasks.data.fingerprint_corpus",
     "tasks.data.prepare_data",
+    *(f"tasks.data.{name}" for name in DATA_STAGES),
     "tasks.data.validate_data",
     "tasks.train.train_model",
     "tasks.evaluate.evaluate_model",
@@ -70,12 +83,16 @@ def test_train_task_is_a_pytorchjob_with_the_profiles_replicas(gpu_cluster):
 def test_data_tasks_use_the_slim_image_and_their_own_identity(gpu_cluster):
     for name, account in [
         ("tasks.data.prepare_data", "pretrain-data"),
+        *((f"tasks.data.{stage}", "pretrain-data") for stage in DATA_STAGES),
         ("tasks.data.validate_data", "pretrain-data"),
         ("tasks.register.register_model", "pretrain-registry"),
     ]:
         pod = gpu_cluster[name]["template"]["k8sPod"]
         assert "pretrain-data:" in pod["podSpec"]["containers"][0]["image"], name
         assert pod["podSpec"]["serviceAccountName"] == account, name
+    # A failed scan, encode or pack task (a lost pod, a store hiccup) is retried alone.
+    for stage in DATA_STAGES:
+        assert gpu_cluster[f"tasks.data.{stage}"]["template"]["metadata"]["retries"]["retries"] == 2, stage
 
 
 def test_nightly_plan_carries_its_cron_and_priority(gpu_cluster):
