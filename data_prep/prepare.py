@@ -232,7 +232,8 @@ def tokenizer_stage(prep: Preparation, store: Store) -> None:
             texts = sample_texts(prep.data, listing.files, listing.partitions, store, prep.work, pool)
             tokenizer = train_tokenizer(texts, prep.tokenizer)
     store.put_bytes(f"{prep.work}/{TOKENIZER}", tokenizer.to_str().encode())
-    log.info("tokenizer %s", given_from or "trained on the sample")
+    sampled = f"trained on {store.get_json(f'{prep.work}/resolution.json')['sample_bytes']:,} bytes" if not given_from else ""
+    log.info("tokenizer %s", given_from or sampled)
 
 
 def encode_stage(prep: Preparation, store: Store, index: int) -> None:

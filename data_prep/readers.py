@@ -32,15 +32,13 @@ class Skips:
     lines. The prepare step logs one summary at the end of its scan (``console.skip_summary``).
     """
 
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self) -> None:
         self.counts: Counter = Counter()
         self.examples: dict[str, list[str]] = {}
         self.problems: set[str] = set()
         """Reasons that are problem inputs (a broken file), not mere filtering (a duplicate)."""
         self.details: dict[str, str] = {}
         """Per reason, what the first such input said about itself (a Parquet file's columns)."""
-        self.quiet = quiet
-        """A second count of inputs already reported (the encode pass): not to be summarised."""
 
     def add(self, reason: str, name: str, n: int = 1, problem: bool = True, detail: str = "") -> None:
         """Count ``n`` skips; ``problem`` inputs are reported as warnings, filtering as information."""
