@@ -317,14 +317,16 @@ def run_child(args: list[str]) -> tuple[dict, float, float]:
 
 
 # Where prepare's time goes: cumulative cProfile seconds of the function that does each stage
-# (both passes: reading and filters run in each).
+# (reading and filters run in the scan, the tokenizer sample and the encode stages alike).
 STAGES = {
     "scan_pass": ("scan.py", "scan_partition"),
     "encode_pass": ("encode.py", "encode_partition"),
     "reading": ("readers.py", "read_file"),
     "filters": ("filters.py", "filtered_text"),
     "dedup_near_rows": ("dedup.py", "near_row"),
-    "dedup_stages": ("prepare.py", "resolve_and_report"),
+    "dedup_exact": ("dedup_stages.py", "exact_shard"),
+    "dedup_near": ("dedup_stages.py", "near_shard"),
+    "resolve": ("dedup_stages.py", "resolve"),
     "bpe_training": ("tokenizer.py", "train_tokenizer"),
     "encoding": ("encoder.py", "encode_batch"),
     "shards": ("encode.py", "pack_shards"),
