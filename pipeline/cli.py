@@ -523,9 +523,12 @@ _FLYTE_PREFIX = re.compile(r"Error encountered while executing '(?P<task>[^']+)'
 
 
 def _without_flyte_prefix(message: str) -> str:
-    """``task_name: message`` instead of Flyte's two-line preamble."""
-    match = _FLYTE_PREFIX.match(message)
-    return f"{match['task'].rsplit('.', 1)[-1]}: {message[match.end() :]}" if match else message
+    """``task_name: message`` instead of Flyte's two-line preamble, once per level: a task of a
+    dynamic workflow (``prepare_data``'s stages) is named, not the workflow around it."""
+    task = ""
+    while match := _FLYTE_PREFIX.match(message):
+        task, message = match["task"], message[match.end() :]
+    return f"{task.rsplit('.', 1)[-1]}: {message}" if task else message
 
 
 # Flyte's exceptions say their error code first ("USER:RuntimeError: error=…"), nested once per wrapper.

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import TypeVar
 
-from common.errors import UserError, traceback_note, write_traceback
+from common.errors import TRACEBACK_LABEL, UserError, traceback_note, write_traceback
 
 F = TypeVar("F", bound=Callable)
 
@@ -21,6 +21,9 @@ def as_messages(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
+            if e.args and isinstance(e.args[0], str) and TRACEBACK_LABEL in e.args[0]:
+                # Raised by a task this one ran (a dynamic workflow's): it already says where its traceback is.
+                raise e.with_traceback(None) from None
             log = write_traceback(e, fn.__name__)
             if log and e.args and isinstance(e.args[0], str):  # the message travels; Flyte copies exceptions by it
                 e.args = (f"{e.args[0]}\n{traceback_note(log)}", *e.args[1:])
