@@ -132,11 +132,6 @@ def near_row(text: str, shingle_words: int, bands: int, rows: int) -> np.ndarray
     return row
 
 
-def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    """Jaccard similarity estimated from two b-bit sketches (see the module docstring)."""
-    return (int(np.count_nonzero(a == b)) / len(a) - _CHANCE) / (1 - _CHANCE)
-
-
 def repeated(keys: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
     """The documents (sorted ids) whose content key a document with a smaller id also has."""
     order = np.lexsort((doc_ids, keys))
@@ -169,8 +164,8 @@ def band_pairs(keys: np.ndarray, doc_ids: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def similar(sketches_a: np.ndarray, sketches_b: np.ndarray, threshold: float) -> np.ndarray:
-    """Per row pair of b-bit sketches: is the estimated Jaccard similarity ≥ ``threshold``
-    (``estimated_jaccard``, vectorised)? A threshold of 0 calls every pair similar."""
+    """Per row pair of b-bit sketches: is the estimated Jaccard similarity ``Ĵ`` (the module
+    docstring's estimator) ≥ ``threshold``? A threshold of 0 calls every pair similar."""
     if threshold <= 0:
         return np.ones(len(sketches_a), dtype=bool)
     share = np.count_nonzero(sketches_a == sketches_b, axis=1) / sketches_a.shape[1]

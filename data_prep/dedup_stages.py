@@ -40,8 +40,7 @@ def passing_cut(store, work: str, parts: int, max_documents: int) -> int:
         return int(last)
     seen = 0
     for index in range(parts):
-        scan = PartitionScan.load(store, work, index)
-        passing = scan.array("docs")[scan.array("codes") == 0]
+        passing = PartitionScan.load(store, work, index).passing()
         if seen + len(passing) >= max_documents:
             return int(passing[max_documents - seen - 1])
         seen += len(passing)
@@ -51,7 +50,7 @@ def passing_cut(store, work: str, parts: int, max_documents: int) -> int:
 def _passing(scan: PartitionScan, cut: int) -> tuple[np.ndarray, np.ndarray]:
     """The ids of the partition's documents that pass its filters (up to the cut), and a mask of
     them over the per-passing-document arrays."""
-    passing = scan.array("docs")[scan.array("codes") == 0]
+    passing = scan.passing()
     within = passing <= np.uint64(cut)
     return passing[within], within
 

@@ -24,7 +24,7 @@ from common.errors import local_space
 from data_prep.config import DataConfig
 from data_prep.console import PassProgress
 from data_prep.dedup import digest_key
-from data_prep.dedup_stages import DUPLICATE, NEAR_DUPLICATE
+from data_prep.dedup_stages import DUPLICATE, NEAR_DUPLICATE, PAST_CUT
 from data_prep.parallel import WorkerPool
 from data_prep.partitions import Partition, get_array
 from data_prep.readers import EXAMPLES_PER_REASON
@@ -105,8 +105,7 @@ def encode_partition(
     """Encode one partition's kept documents into ``<work>/tokens/<index>/`` and ``<work>/encoded/<index>.json``."""
     scan = PartitionScan.load(store, work, part.index)
     verdicts = get_array(store, f"{work}/verdicts/{part.index}.npy")
-    codes = scan.array("codes")
-    keys = dict(zip(scan.array("docs")[codes == 0].tolist(), scan.array("keys").tolist(), strict=True))
+    keys = dict(zip(scan.passing().tolist(), scan.array("keys").tolist(), strict=True))
     relative = relative_names(files)
     counts: Counter = Counter()
     edits: Counter = Counter()
@@ -127,7 +126,7 @@ def encode_partition(
                 placed = examples.setdefault(DROPPED[verdict], [])
                 if len(placed) < EXAMPLES_PER_REASON:
                     placed.append((docid, doc.source))
-            elif verdict > NEAR_DUPLICATE:  # past the max_documents cut
+            elif verdict == PAST_CUT:
                 return
 
     with tempfile.TemporaryDirectory(prefix="pretrain-encode-") as tmp, local_space(tmp, "a partition's token stream"):

@@ -74,11 +74,6 @@ def doc_id(file_index: int, record: int, name: str) -> int:
     return file_index << RECORD_BITS | record
 
 
-def file_of(doc_ids: np.ndarray) -> np.ndarray:
-    """The listing index of each document's file."""
-    return (doc_ids >> np.uint64(RECORD_BITS)).astype(np.int64)
-
-
 def run_key(*parts: object) -> str:
     """A name for one preparation's work files: a hash of everything that shapes them."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -77,11 +77,6 @@ class Listing:
     ignored: Ignored
     partitions: list[Partition]
 
-    @property
-    def shards(self) -> int:
-        """Key shards of the de-duplication stages: one a partition (each holds a partition's share)."""
-        return len(self.partitions)
-
 
 def list_corpus(data: DataConfig, quiet: bool = False) -> Listing:
     """List the sources and cut the listing (every stage lists again: the same listing, in order)."""

@@ -156,3 +156,7 @@ class PartitionScan:
 
     def array(self, name: str) -> np.ndarray:
         return get_array(self.store, f"{self.prefix}/{name}.npy")
+
+    def passing(self) -> np.ndarray:
+        """The ids of the documents that passed the filters: the rows of ``keys``, ``splits``, ``sizes``, ``near``."""
+        return self.array("docs")[self.array("codes") == 0]
