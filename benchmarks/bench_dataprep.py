@@ -49,7 +49,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from machine_info import machine  # benchmarks/ (the script's folder)
+from machine_info import machine, require  # benchmarks/ (the script's folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE_BYTES = 4 << 20
@@ -448,12 +448,14 @@ def main() -> None:
                 # Keep only the first repeat's outputs: the agreement reads them.
                 if repeat and out.exists():
                     shutil.rmtree(out)
-        assert dataset is not None
+        require(dataset is not None, "our prepare run left no dataset: there is nothing to compare")
         ours = _ours_verdicts(corpus, meta, dataset, args.workers)
         # Our verdicts must be the prepare step's: its counters, rule by rule.
         counted = {k.removeprefix("skipped_"): v for k, v in stats.items() if k.startswith("skipped_quality_") and v}
         recomputed = dict(Counter(r for r in ours.values() if r.startswith("quality_")))
-        assert counted == recomputed, f"prepare counted {counted}, filtered_text gives {recomputed}"
+        require(
+            counted == recomputed, f"our quality verdicts differ: prepare counted {counted}, filtered_text gives {recomputed}"
+        )
         theirs = {name: _excluded_ids(work / "datatrove-0" / "excluded" / name) for name in CLASSES}
         agree = agreement(ours, theirs, meta["kinds"])
         theirs_ws = {name: _excluded_ids(work / "datatrove_ws-0" / "excluded" / name) for name in CLASSES}

@@ -83,7 +83,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # spawn children re-import this file: they need the project too
 
-from machine_info import machine, ratio_keys, spread  # noqa: E402  benchmarks/ (the script's folder)
+from machine_info import BenchmarkCheckError, machine, ratio_keys, spread  # noqa: E402  benchmarks/ (the script's folder)
 
 PRESET = ROOT / "configs" / "gpt-1b.yaml"
 BUCKET = "pretrain-bench"
@@ -293,7 +293,8 @@ def _loader_pass(job: dict, rank: int, ranks: int) -> dict:
             # What the step does with it: micro-batches, inputs and labels (training/step.py).
             for micro in batch.tokens.split(shape.micro_batch_size):
                 inputs, labels = micro[:, :-1].contiguous(), micro[:, 1:].contiguous()
-                assert inputs.dtype == labels.dtype == torch.int64
+                if not inputs.dtype == labels.dtype == torch.int64:  # in the timed loop: no message unless it fails
+                    raise BenchmarkCheckError(f"the loader gave {inputs.dtype} inputs and {labels.dtype} labels, not torch.int64")
             b1 = time.perf_counter()
             wait += batch.wait_s
             collate += b1 - b0 - batch.wait_s

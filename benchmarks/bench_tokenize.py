@@ -27,8 +27,9 @@ on ``mixed``. Per class, each repeat times, in an order that rotates every repea
   token's bytes → its id, merges in id order) and the same GPT-2 pre-tokenizer regex,
   ``encode(text, allowed_special="all")`` per document (special tokens in the text read as HF reads them).
 
-Ids are compared with HF's on every class: ours must be identical (asserted); tiktoken's are
-counted (``tiktoken_identical_docs_<class>``) and the first difference is printed.
+Ids are compared with HF's on every class: ours must be identical (checked: the run stops with the
+first difference otherwise); tiktoken's are counted (``tiktoken_identical_docs_<class>``) and the
+first difference is printed.
 
 Prepare (``prepare_dataset`` end to end: read, clean, filter, exact + near dedup, BPE training,
 encode, pack, shard, commit to a local store) runs on ``--prepare-mb`` MB of ``mixed`` documents in
@@ -77,7 +78,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
-from machine_info import machine, ratio_keys, spread  # benchmarks/ (the script's folder)
+from machine_info import machine, ratio_keys, require, spread  # benchmarks/ (the script's folder)
 
 try:
     import zstandard
@@ -246,6 +247,10 @@ def first_difference(texts: list[str], got: list[list[int]], want: list[list[int
 def encode_runs(classes: dict[str, list[str]], tokenizer, repeats: int) -> tuple[dict, dict]:
     """MB/s per class and peer, per repeat, in a rotating order; ids checked on the first repeat."""
     factories = encoders(tokenizer)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
     speeds = {c: {p: [] for p in PEERS} for c in classes}
     checks: dict = {}
     for name, texts in classes.items():
@@ -260,12 +265,11 @@ def encode_runs(classes: dict[str, list[str]], tokenizer, repeats: int) -> tuple
                 if r == 0:
                     ids[peer] = out
             if r == 0:
-                assert ids["ours"] == ids["hf_fast"], f"our ids differ from HF's on {name}"
+                ours_differ = first_difference(texts, ids["ours"], ids["hf_fast"], decode)
+                require(not ours_differ, f"our ids differ from HF's on {name}: {ours_differ}")
                 same = sum(a == b for a, b in zip(ids["tiktoken"], ids["hf_fast"], strict=True))
                 checks[f"tiktoken_identical_docs_{name}"] = f"{same}/{len(texts)}"
-                checks[f"tiktoken_first_difference_{name}"] = first_difference(
-                    texts, ids["tiktoken"], ids["hf_fast"], lambda t: tokenizer.decode(t, skip_special_tokens=False)
-                )
+                checks[f"tiktoken_first_difference_{name}"] = first_difference(texts, ids["tiktoken"], ids["hf_fast"], decode)
                 checks[f"tokens_{name}"] = sum(map(len, ids["hf_fast"]))
     return speeds, checks
 
@@ -395,7 +399,7 @@ def prepare_runs(texts: list[str], repeats: int, workers: int, tmp: str, profile
             out, rss_sum, rss_max = run_child(["prepare", str(corpus), f"{tmp}/store-{r}-{w}", str(w), "0"])
             runs[w].append(out | {"rss_sum": rss_sum, "rss_max": rss_max, "mb_s": mb / out["seconds"]})
     versions = {out["version"] for w in runs for out in runs[w]}
-    assert len(versions) == 1, "the worker count or the repeat changed the dataset"
+    require(len(versions) == 1, f"the worker count or the repeat changed the dataset: versions {sorted(versions)}")
     result: dict = {"corpus_mb": round(mb, 1)}
     for w, outs in runs.items():
         result[f"prepare_mb_s_{w}"] = round(statistics.median(o["mb_s"] for o in outs), 2)
@@ -427,7 +431,7 @@ def prepare_runs(texts: list[str], repeats: int, workers: int, tmp: str, profile
 
 def child(argv: list[str]) -> None:
     mode, corpus, store, workers, profile = argv
-    assert mode == "prepare"
+    require(mode == "prepare", f"unknown child mode {mode!r}: only 'prepare'")
     print(json.dumps(child_prepare(corpus, store, int(workers), profile == "1")))
 
 
@@ -484,7 +488,7 @@ def run(args: argparse.Namespace) -> tuple[dict, dict[str, list[float]]]:
         ratios[f"{name}_vs_hf_fast"] = [o / h for o, h in zip(speeds[name]["ours"], speeds[name]["hf_fast"], strict=True)]
     ratios["mixed_vs_tiktoken"] = [o / t for o, t in zip(speeds["mixed"]["ours"], speeds["mixed"]["tiktoken"], strict=True)]
     result["ours_encode_mb_s_1"] = result["ours_mb_s_mixed"]
-    result["identical_ids"] = True  # ours == HF on every class: asserted in encode_runs
+    result["identical_ids"] = True  # ours == HF on every class: checked in encode_runs (raises otherwise)
     result |= checks
 
     prepare_texts = interleave([code_texts(10**10), prose_texts(10**10), multilingual_texts(10**10)], int(args.prepare_mb * 1e6))

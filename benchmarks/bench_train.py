@@ -73,7 +73,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from machine_info import machine, ratio_keys  # benchmarks/ (the script's folder)
+from machine_info import machine, ratio_keys, require  # benchmarks/ (the script's folder)
 from torch import nn
 
 from training.config import ModelConfig, ParallelConfig, TrainConfig
@@ -225,7 +225,8 @@ def build_ours(shape: dict[str, int], kernels: str, device: torch.device, tokens
     batch = shape["batch"]
     cfg = TrainConfig(micro_batch_size=batch, global_batch_size=batch, lr=LR, weight_decay=WEIGHT_DECAY, grad_clip=CLIP)
     model = build_gpt(model_config(shape, kernels), shape["vocab"], shape["seq"], tensor_parallel=1, init_seed=cfg.seed)
-    assert next(model.parameters()).device.type == device.type, "megatron built the model on another device"
+    built_on = next(model.parameters()).device.type
+    require(built_on == device.type, f"megatron built the model on {built_on}, not {device.type}")
     local, timer = LocalStep(model, cfg, accumulation=1, sequence_parallel=False), StepTimer(device)
 
     def step() -> tuple[float, float]:
@@ -277,8 +278,7 @@ def build_variants(shape: dict[str, int], device: torch.device, attention: str) 
         steps[name] = plain_step(plain, optimizer, tokens, attention)
         info[name] = {"parameters": parameter_count(plain), "compiled": name == "plain_compiled", "optimizer": kind}
     counts = {name: i["parameters"] for name, i in info.items()}
-    if len(set(counts.values())) != 1:
-        raise AssertionError(f"the variants must have the same parameter count: {counts}")
+    require(len(set(counts.values())) == 1, f"the variants must have the same parameter count: {counts}")
     return steps, info
 
 

@@ -1,4 +1,5 @@
-"""What the benchmarks record about the machine they ran on, and how they summarize repeats."""
+"""What the benchmarks record about the machine they ran on, how they summarize repeats, and the
+check that stands behind a reported value."""
 
 from __future__ import annotations
 
@@ -7,6 +8,17 @@ import platform
 import statistics
 from collections.abc import Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
+
+
+class BenchmarkCheckError(RuntimeError):
+    """A benchmark's result is wrong: nothing of it is timed or reported."""
+
+
+def require(condition: object, message: str) -> None:
+    """Raise ``BenchmarkCheckError(message)`` unless ``condition``: what a benchmark checks before it
+    times or reports a value. Not ``assert``, which ``python -O`` strips."""
+    if not condition:
+        raise BenchmarkCheckError(message)
 
 
 def cpu_model() -> str:

@@ -31,13 +31,28 @@ def prepared(tmp_path, max_documents: int = 0):
     return refs
 
 
+def partition_of(listing, name: str) -> int:
+    """The index of the partition that holds the listed file ``name`` (its name inside the source)."""
+    at = [f.relative for f in listing.files].index(name)
+    return next(p.index for p in listing.partitions if p.first_file <= at < p.end_file)
+
+
 def test_same_version_and_shards_at_1_2_and_4_partitions(tmp_path):
     refs = prepared(tmp_path)
     versions = {parts: ref.version for parts, (_, ref) in refs.items()}
     assert len(set(versions.values())) == 1, versions
     store, ref = refs[4]
     manifest = load_manifest(store, ref)
-    # The duplicates of doc0 and doc1 (dup.txt, near.txt) lie in other partitions than their originals.
+    # The skipped duplicate of doc0 and near-duplicate of doc1 lie in other partitions than their originals
+    # (as the plan cuts the listing): which copy is kept is decided across partitions, not within one.
+    skipped = manifest["sources"]["skipped_examples"]
+    pairs = {"duplicate": ("doc0.txt", *skipped["duplicate"]), "near_duplicate": ("doc1.txt", *skipped["near_duplicate"])}
+    for parts in (2, 4):
+        listing = list_corpus(tiny_data(sources=[str(tmp_path / "corpus")], partitions=parts), quiet=True)
+        assert len(listing.partitions) == parts
+        for kind, (original, copy) in pairs.items():
+            where = {name: partition_of(listing, name) for name in (original, copy)}
+            assert where[original] != where[copy], f"at {parts} partitions the {kind} shares its original's partition: {where}"
     assert ref.stats["skipped_duplicate"] == 1 and ref.stats["skipped_near_duplicate"] == 1
     assert manifest["sources"]["skipped_examples"]["duplicate"] == ["dup.txt"]
     assert manifest["sources"]["skipped_examples"]["near_duplicate"] == ["near.txt"]
