@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fnmatch
 import gzip
 import importlib
 import json
@@ -24,7 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -676,7 +675,7 @@ def qty(value: Any) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# IAM identity policies for S3
+# IAM policies for S3: a checker of what each role grants, and an evaluator of single requests
 
 OBJECT_READ = {"s3:GetObject"}
 OBJECT_WRITE = {"s3:PutObject", "s3:AbortMultipartUpload"}
@@ -687,7 +686,9 @@ S3_ARN = "arn:aws:s3:::"
 
 @dataclass
 class RoleSpec:
-    """What a role may do: S3 locations as ``bucket/prefix/`` (a bucket alone for ListBucket)."""
+    """What a role may do: S3 locations as ``bucket/prefix/``. ``list``: where it may list, either a
+    bucket alone (the whole bucket, no condition needed) or ``bucket/prefix`` (s3:ListBucket limited by
+    an ``s3:prefix`` condition to listings under that prefix)."""
 
     read: set[str] = field(default_factory=set)
     write: set[str] = field(default_factory=set)
@@ -711,12 +712,16 @@ def policy_errors(doc: Any, spec: RoleSpec) -> list[str]:
     allowed |= {a: spec.delete for a in OBJECT_DELETE} | {a: spec.list for a in BUCKET_LIST}
     for i, st in enumerate(statements):
         where = f"Statement[{i}] {st.get('Sid', '')}".strip()
-        extra = set(st) - {"Sid", "Effect", "Action", "Resource"}
+        extra = set(st) - {"Sid", "Effect", "Action", "Resource", "Condition"}
         if extra:
-            errors.append(f"{where}: unexpected {sorted(extra)} (NotAction/NotResource/Condition/Principal hide grants)")
+            errors.append(f"{where}: unexpected {sorted(extra)} (NotAction/NotResource/Principal hide grants)")
         if st.get("Effect") != "Allow":
             errors.append(f"{where}: only Allow statements are expected")
-        for action in _as_list(st.get("Action", [])):
+        actions = _as_list(st.get("Action", []))
+        if "Condition" in st and set(actions) - BUCKET_LIST:
+            # the only condition these roles need is the listing's s3:prefix; elsewhere it hides what is granted
+            errors.append(f"{where}: a Condition may only limit s3:ListBucket, not {sorted(set(actions) - BUCKET_LIST)}")
+        for action in actions:
             if action not in allowed:
                 errors.append(f"{where}: action {action!r} is not an explicit, known S3 action for this store")
                 continue
@@ -729,8 +734,10 @@ def policy_errors(doc: Any, spec: RoleSpec) -> list[str]:
                     errors.append(f"{where}: resource {resource!r} has a wildcard before its end")
                     continue
                 if action in BUCKET_LIST:
-                    if "/" in path or path not in spec.list:
-                        errors.append(f"{where}: {action} on {resource!r}: role may list only {sorted(spec.list)}")
+                    if "/" in path:
+                        errors.append(f"{where}: {action} on {resource!r}, not a bucket: role may list only {sorted(spec.list)}")
+                    else:
+                        errors += _listing_errors(where, path, st.get("Condition"), spec.list)
                     continue
                 if "/" not in path:
                     errors.append(f"{where}: {action} needs object ARNs (bucket/key), got bucket {resource!r}")
@@ -741,15 +748,181 @@ def policy_errors(doc: Any, spec: RoleSpec) -> list[str]:
     return errors
 
 
-def policy_allows(doc: dict, action: str, arn: str) -> bool:
-    """Whether an Allow statement matches (IAM wildcard matching; the checked policies have no conditions)."""
-    for st in doc["Statement"]:
-        if st.get("Effect") == "Allow" and "Condition" not in st:
-            actions = [a.lower() for a in _as_list(st.get("Action", []))]
-            if any(fnmatch.fnmatchcase(action.lower(), a) for a in actions):
-                if any(fnmatch.fnmatchcase(arn, r) for r in _as_list(st.get("Resource", []))):
-                    return True
-    return False
+def _listing_errors(where: str, bucket: str, condition: Any, may_list: set[str]) -> list[str]:
+    """What an s3:ListBucket on ``bucket`` under ``condition`` lists beyond ``may_list``. The one
+    condition form accepted: StringLike or StringEquals on ``s3:prefix``, each value a prefix inside
+    one of the role's (``p/*``: everything under it; ``p``: the folder's own key, which a HEAD of it
+    and a listing of ``p`` without the slash name)."""
+    scope = f"role may list only {sorted(may_list)}"
+    if condition is None:
+        return [] if bucket in may_list else [f"{where}: s3:ListBucket on the whole bucket {bucket!r}: {scope}"]
+    form = f"{where}: s3:ListBucket condition {condition!r} is not one StringLike/StringEquals on s3:prefix"
+    if not isinstance(condition, dict) or len(condition) != 1 or next(iter(condition)) not in ("StringLike", "StringEquals"):
+        return [form]
+    ((operator, keys),) = condition.items()
+    if not isinstance(keys, dict) or [k.lower() for k in keys] != ["s3:prefix"]:
+        return [form]
+    if bucket in may_list:
+        return []  # the whole bucket may be listed: a condition only narrows it
+    prefixes = [p[len(bucket) + 1 :] for p in may_list if p.startswith(f"{bucket}/")]
+    errors = []
+    for value in _as_list(next(iter(keys.values()))):
+        literal = value
+        if operator == "StringLike" and isinstance(value, str):
+            if "?" in value or "*" in value[:-1] or "${" in value:
+                errors.append(f"{where}: s3:prefix {value!r} has a wildcard before its end")
+                continue
+            literal = value.removesuffix("*")
+        inside = isinstance(value, str) and any(
+            literal.startswith(p) or (literal == value and p.endswith("/") and value == p[:-1]) for p in prefixes
+        )
+        if not inside:
+            errors.append(f"{where}: s3:ListBucket on {bucket!r} with s3:prefix {value!r}: {scope}")
+    return errors
+
+
+class PolicyEvaluationError(ValueError):
+    """A policy holds something the evaluator does not model (an operator, condition key, element or
+    value). Raised, never skipped: a skipped Allow could hide a grant, a skipped Deny a refusal."""
+
+
+# The condition operators decided here, with IAM's semantics. Anything else raises: Numeric*, Date*,
+# IpAddress, the negated String forms, ...IfExists, ForAnyValue:/ForAllValues: set operators.
+CONDITION_OPERATORS = ("StringEquals", "StringLike", "Bool", "Null")
+# The condition keys a request here carries (lowercase: IAM compares key names case-insensitively):
+# ListBucket's s3:prefix; PutObject's conditional headers and whether it creates an object.
+S3_CONDITION_KEYS = frozenset({"s3:prefix", "s3:if-match", "s3:if-none-match", "s3:objectcreationoperation"})
+_STATEMENT_ELEMENTS = {"Sid", "Effect", "Principal", "Action", "NotAction", "Resource", "NotResource", "Condition"}
+
+
+def iam_match(pattern: str, value: str, *, ignore_case: bool = False) -> bool:
+    """IAM wildcard matching: ``*`` any run of characters (``/`` included, or none), ``?`` exactly one,
+    anything else literal (unlike fnmatch, ``[...]`` is no character class)."""
+    if not isinstance(pattern, str) or "${" in pattern:
+        raise PolicyEvaluationError(f"{pattern!r}: not a plain pattern (policy variables are not evaluated here)")
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, value, re.DOTALL | (re.IGNORECASE if ignore_case else 0)) is not None
+
+
+def _condition_values(operator: str, key: str, values: Any, where: str) -> list[str]:
+    """The values of one key, as strings (Bool and Null: lowercase ``true``/``false``); raises on others."""
+    listed = _as_list(values)
+    if operator in ("Bool", "Null"):
+        out = [str(v).lower() for v in listed if isinstance(v, (str, bool))]
+        if len(out) != len(listed) or not out or set(out) - {"true", "false"}:
+            raise PolicyEvaluationError(f"{where}: {operator} {key!r} takes true or false, got {values!r}")
+        return out
+    if not listed or not all(isinstance(v, str) and "${" not in v for v in listed):
+        raise PolicyEvaluationError(f"{where}: {operator} {key!r} takes plain strings (no policy variables), got {values!r}")
+    return listed
+
+
+def check_condition(condition: Any, known_keys: frozenset[str] = S3_CONDITION_KEYS, where: str = "Condition") -> None:
+    """Raise PolicyEvaluationError unless ``condition_holds`` decides every operator, key and value of ``condition``."""
+    if not isinstance(condition, dict) or not condition:
+        raise PolicyEvaluationError(f"{where}: a Condition is a non-empty object of operators, got {condition!r}")
+    for operator, keys in condition.items():
+        if operator not in CONDITION_OPERATORS:
+            raise PolicyEvaluationError(
+                f"{where}: condition operator {operator!r} is not one this evaluator decides ({', '.join(CONDITION_OPERATORS)})"
+            )
+        if not isinstance(keys, dict) or not keys:
+            raise PolicyEvaluationError(f"{where}: {operator} must map condition keys to values, got {keys!r}")
+        for key, values in keys.items():
+            if not isinstance(key, str) or key.lower() not in known_keys:
+                carried = ", ".join(sorted(known_keys))
+                raise PolicyEvaluationError(
+                    f"{where}: condition key {key!r} ({operator}) is not one a request here carries: {carried}"
+                )
+            _condition_values(operator, key, values, where)
+
+
+def condition_holds(condition: Any, context: Mapping[str, str], known_keys: frozenset[str] = S3_CONDITION_KEYS) -> bool:
+    """Whether ``condition`` holds for a request whose condition keys are ``context``: every operator,
+    and every key under it, must hold (AND); a key given several values holds if one does (OR). A key
+    missing from ``context`` is one the request does not carry: StringEquals, StringLike and Bool fail
+    on it, Null ``true`` holds. Raises PolicyEvaluationError on anything ``check_condition`` rejects."""
+    check_condition(condition, known_keys)
+    request = {}
+    for key, value in context.items():
+        if not isinstance(value, str):  # a multi-valued key would need ForAnyValue/ForAllValues
+            raise PolicyEvaluationError(f"request context {key!r}: {value!r} is not one string")
+        request[key.lower()] = value
+    for operator, keys in condition.items():
+        for key, values in keys.items():
+            actual = request.get(key.lower())
+            expected = _condition_values(operator, key, values, "Condition")
+            if operator == "Null":
+                holds = any((actual is None) == (v == "true") for v in expected)
+            elif actual is None:
+                holds = False
+            elif operator == "StringEquals":
+                holds = actual in expected
+            elif operator == "StringLike":
+                holds = any(iam_match(v, actual) for v in expected)
+            else:  # Bool
+                holds = actual.lower() in expected
+            if not holds:
+                return False
+    return True
+
+
+def check_policy(doc: Any, known_keys: frozenset[str] = S3_CONDITION_KEYS) -> list[dict]:
+    """The statements of ``doc``, once each was checked to hold only what the evaluator decides (else
+    PolicyEvaluationError): Effect Allow or Deny, Action or NotAction, Resource or NotResource, a
+    Principal of everyone (a bucket policy's ``*``), conditions ``check_condition`` accepts. The whole
+    document is checked on every evaluation, so that a statement no request reached cannot hide anything."""
+    statements = doc.get("Statement") if isinstance(doc, dict) else None
+    if not isinstance(statements, (list, dict)) or not statements:
+        raise PolicyEvaluationError(f"policy: Statement must be a statement or a non-empty list, got {statements!r}")
+    statements = _as_list(statements)
+    for i, st in enumerate(statements):
+        if not isinstance(st, dict):
+            raise PolicyEvaluationError(f"Statement[{i}]: not an object: {st!r}")
+        where = f"Statement[{i}] {st.get('Sid', '')}".strip()
+        unknown = set(st) - _STATEMENT_ELEMENTS
+        if unknown:
+            raise PolicyEvaluationError(f"{where}: elements {sorted(unknown)} are not evaluated here")
+        if st.get("Effect") not in ("Allow", "Deny"):
+            raise PolicyEvaluationError(f"{where}: Effect must be Allow or Deny, got {st.get('Effect')!r}")
+        for positive, negative in (("Action", "NotAction"), ("Resource", "NotResource")):
+            if (positive in st) == (negative in st):
+                raise PolicyEvaluationError(f"{where}: exactly one of {positive} and {negative}")
+            for pattern in _as_list(st.get(positive, st.get(negative))):
+                iam_match(pattern, "")  # raises on a non-string or a policy variable
+        if "Principal" in st and st["Principal"] not in ("*", {"AWS": "*"}):
+            raise PolicyEvaluationError(f"{where}: Principal {st['Principal']!r}: only everyone ('*') is evaluated here")
+        if "Condition" in st:
+            check_condition(st["Condition"], known_keys, where)
+    return statements
+
+
+def matching_statements(doc: dict, action: str, arn: str, context: Mapping[str, str] | None = None) -> list[dict]:
+    """The statements of ``doc`` that apply to ``action`` on ``arn`` for a request carrying the condition
+    keys ``context``: action (case-insensitive) and resource (case-sensitive) match with IAM wildcards,
+    NotAction/NotResource match what they do not name, and the Condition, if any, holds."""
+    out = []
+    for st in check_policy(doc):
+        if "Action" in st:
+            acts = any(iam_match(a, action, ignore_case=True) for a in _as_list(st["Action"]))
+        else:
+            acts = not any(iam_match(a, action, ignore_case=True) for a in _as_list(st["NotAction"]))
+        if "Resource" in st:
+            on = any(iam_match(r, arn) for r in _as_list(st["Resource"]))
+        else:
+            on = not any(iam_match(r, arn) for r in _as_list(st["NotResource"]))
+        if acts and on and ("Condition" not in st or condition_holds(st["Condition"], context or {})):
+            out.append(st)
+    return out
+
+
+def policy_allows(doc: dict, action: str, arn: str, context: Mapping[str, str] | None = None) -> bool:
+    """IAM's decision for one request under one policy: an explicit Deny that applies wins, else an
+    Allow that applies grants, else it is denied. ``context``: the request's condition keys, e.g.
+    ``{"s3:prefix": "store/production/runs/"}`` for a ListObjectsV2 with that Prefix (none: a listing
+    without one). Raises PolicyEvaluationError on a policy it cannot fully evaluate (``check_policy``)."""
+    applying = matching_statements(doc, action, arn, context)
+    return not any(st["Effect"] == "Deny" for st in applying) and any(st["Effect"] == "Allow" for st in applying)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Objects under ``store/<domain>/models/`` can only be created (``If-None-Match: *``), aliases also replaced
 if unchanged (``If-Match``); nothing there can be deleted. The policy is checked three ways: its
-shape; a small evaluator of its Deny statements (the Null and Bool conditions it uses, Resource
-and NotResource wildcards) against requests it must refuse and requests it must let through,
+shape; the evaluator of tests/helpers.py on its Deny statements (the Null and Bool conditions it uses,
+Resource and NotResource wildcards) against requests it must refuse and requests it must let through,
 and against broken copies of it; and against the very requests the registry sends to a real
 S3 server during a registration, a promotion and a multipart copy (recorded from boto3).
 """
@@ -11,13 +11,12 @@ S3 server during a registration, a promotion and a multipart copy (recorded from
 from __future__ import annotations
 
 import copy
-import fnmatch
 import os
 
 import pytest
 
 from registry.registry import promote, register
-from tests.helpers import INFRA, load_json, registry_inputs, report
+from tests.helpers import INFRA, load_json, matching_statements, registry_inputs, report
 
 POLICY = "s3/pretrain-bucket-policy.json"
 STORE = "pretrain/store/"  # the bucket and prefix of the stores
@@ -29,38 +28,11 @@ def _as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
-def _condition_holds(condition: dict, context: dict[str, str]) -> bool:
-    """Every operator of ``condition`` holds for the request ``context`` (condition key → value)."""
-    for operator, keys in condition.items():
-        for key, expected in keys.items():
-            present = key in context
-            if operator == "Null":
-                if present == (str(expected).lower() == "true"):
-                    return False
-            elif operator == "Bool":
-                if not present or context[key].lower() != str(expected).lower():
-                    return False
-            else:
-                raise AssertionError(f"condition operator {operator!r} is not one this checker evaluates")
-    return True
-
-
 def denied(policy: dict, action: str, path: str, context: dict[str, str]) -> list[str]:
-    """The Sids of the Deny statements that refuse ``action`` on ``bucket/key`` with ``context``."""
-    arn = ARN + path
-    out = []
-    for st in policy["Statement"]:
-        if st.get("Effect") != "Deny":
-            continue
-        if not any(fnmatch.fnmatchcase(action.lower(), a.lower()) for a in _as_list(st["Action"])):
-            continue
-        if "Resource" in st:
-            matches = any(fnmatch.fnmatchcase(arn, r) for r in _as_list(st["Resource"]))
-        else:
-            matches = not any(fnmatch.fnmatchcase(arn, r) for r in _as_list(st["NotResource"]))
-        if matches and _condition_holds(st.get("Condition", {}), context):
-            out.append(st.get("Sid", "?"))
-    return out
+    """The Sids of the Deny statements that refuse ``action`` on ``bucket/key`` with ``context``
+    (tests/helpers.py's evaluator: IAM wildcards, Resource/NotResource, the Null and Bool conditions;
+    it raises on any condition it does not evaluate)."""
+    return [st.get("Sid", "?") for st in matching_statements(policy, action, ARN + path, context) if st["Effect"] == "Deny"]
 
 
 def put(if_none_match: bool = False, if_match: bool = False, creation: bool = True) -> dict[str, str]:

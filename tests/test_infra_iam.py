@@ -13,8 +13,10 @@ from tests.helpers import (
     INFRA,
     PRETRAIN_NAMESPACES,
     PROJECT,
+    PolicyEvaluationError,
     RoleSpec,
     flyte_values,
+    iam_match,
     load_json,
     objects,
     policy_allows,
@@ -44,28 +46,26 @@ def flyte_read(domain: str) -> set[str]:
 
 def task_role_spec(role: str, d: str) -> RoleSpec:
     """What a task role of domain ``d`` may do. The store layout is README "Storage": datasets/, runs/,
-    models/; _probe/ is where Store.check() (called by prepare_data) writes and deletes one object."""
+    models/; _probe/ is where Store.check() (called by prepare_data) writes and deletes one object.
+    Each lists exactly where it reads: its code lists and HEADs there (a HEAD of a missing key is a
+    404 only to a caller that may list with that key as s3:prefix), and nowhere else."""
     s = store(d)
-    both = {"pretrain", "pretrain-flyte"}
+    read = {
+        "data": {INCOMING, s + "datasets/", s + "models/", *flyte_read(d)},
+        "train": {s + "datasets/", s + "models/", s + "runs/", *flyte_read(d)},
+        "registry": {s + "runs/", s + "datasets/", s + "models/", *flyte_read(d)},
+        "reader": {s + "datasets/", s + "runs/", s + "models/"},
+    }[role]
     return {
         "data": RoleSpec(
-            read={INCOMING, s + "datasets/", s + "models/", *flyte_read(d)},
+            read=read,
             write={s + "datasets/", s + "_probe/", *flyte_write(d)},
             delete={s + "datasets/", s + "_probe/"},
-            list=both,
+            list=read,
         ),
-        "train": RoleSpec(
-            read={s + "datasets/", s + "models/", s + "runs/", *flyte_read(d)},
-            write={s + "runs/", *flyte_write(d)},
-            delete={s + "runs/"},
-            list=both,
-        ),
-        "registry": RoleSpec(
-            read={s + "runs/", s + "datasets/", s + "models/", *flyte_read(d)},
-            write={s + "models/", *flyte_write(d)},
-            list=both,
-        ),
-        "reader": RoleSpec(read={s + "datasets/", s + "runs/", s + "models/"}, list={"pretrain"}),
+        "train": RoleSpec(read=read, write={s + "runs/", *flyte_write(d)}, delete={s + "runs/"}, list=read),
+        "registry": RoleSpec(read=read, write={s + "models/", *flyte_write(d)}, list=read),
+        "reader": RoleSpec(read=read, list=read),
     }[role]
 
 
@@ -83,7 +83,6 @@ def arn(path: str) -> str:
 # {S} is the domain's store (pretrain/store/<domain>), {D} the domain
 TASK_NEEDS = {
     "data": [
-        ("s3:ListBucket", "pretrain"),  # Store.list/children; HeadObject returns 404, not 403, on a missing key
         ("s3:GetObject", "pretrain/incoming/batch-1/docs.jsonl.gz"),  # fingerprint_corpus, prepare_data
         ("s3:GetObject", "{S}/models/gpt-tiny/aliases/latest.json"),  # find_base_model
         ("s3:GetObject", "{S}/models/gpt-tiny/3/tokenizer.json"),  # prepare_data reuses the tokenizer
@@ -98,7 +97,6 @@ TASK_NEEDS = {
         ("s3:GetObject", "pretrain-flyte/uploads/pretrain/{D}/QWERTY/fast1a2b.tar.gz"),  # fast-registered code
     ],
     "train": [
-        ("s3:ListBucket", "pretrain"),
         ("s3:GetObject", "{S}/datasets/3285529b5983f404/shards/train-000000.tar"),
         ("s3:GetObject", "{S}/models/gpt-tiny/3/card.json"),  # train.init_from
         ("s3:PutObject", "{S}/runs/9f0e/checkpoints/step-0000300/model/__0_0.distcp"),
@@ -108,7 +106,6 @@ TASK_NEEDS = {
         ("s3:PutObject", "pretrain-flyte/metadata/propeller/pretrain-{D}-x/n2/data/0/outputs.pb"),
     ],
     "registry": [
-        ("s3:ListBucket", "pretrain"),
         ("s3:GetObject", "{S}/runs/9f0e/checkpoints/step-0000300/meta.json"),
         ("s3:GetObject", "{S}/datasets/3285529b5983f404/manifest.json"),
         ("s3:PutObject", "{S}/models/gpt-tiny/4/card.json"),
@@ -116,7 +113,6 @@ TASK_NEEDS = {
         ("s3:PutObject", "pretrain-flyte/metadata/propeller/pretrain-{D}-x/n2/data/0/outputs.pb"),
     ],
     "reader": [
-        ("s3:ListBucket", "pretrain"),
         ("s3:GetObject", "{S}/models/gpt-tiny/4/card.json"),
         ("s3:GetObject", "{S}/runs/9f0e/metrics.jsonl"),
         ("s3:GetObject", "{S}/datasets/3285529b5983f404/validation/report.html"),
@@ -176,6 +172,68 @@ NEEDS["flyte-backend"] = FLYTE_BACKEND_NEEDS
 MUST_NOT = {f"{d}/{r}": for_domain(TASK_MUST_NOT[r], d) for d in DOMAINS for r in TASK_ROLES}
 MUST_NOT["flyte-backend"] = FLYTE_BACKEND_MUST_NOT
 
+# Listings (bucket, s3:prefix) that each task role's code sends: the store lists with
+# Prefix=<store prefix>/<folder>/ (S3Store._iter_keys, boto3 list_objects_v2), and a HEAD of a
+# missing key (Store.exists, is_committed) is answered 404, not 403, only to a caller that may list
+# with that key as s3:prefix (403 would abort the task). {S} is the domain's store, {D} the domain.
+FLYTE_LISTS = [  # flytekit (s3fs) HEADs and lists the Flyte paths a task reads
+    ("pretrain-flyte", "metadata/propeller/pretrain-{D}-abc/n1/data/inputs.pb"),
+    ("pretrain-flyte", "pretrain/{D}/data/ab/abc-n1-0/"),  # a FlyteDirectory's download
+    ("pretrain-flyte", "uploads/pretrain/{D}/QWERTY/fast1a2b.tar.gz"),
+]
+TASK_LISTS = {
+    "data": [
+        ("pretrain", "incoming/batch-1/"),  # sources._s3_files: the corpus of data.sources
+        ("pretrain", "{S}/datasets/work-3285529b/"),  # prepare: delete_prefix of the run's work prefix
+        ("pretrain", "{S}/datasets/3285529b5983f404/_COMMITTED"),  # prepare: is_committed, the marker missing
+        ("pretrain", "{S}/models/gpt-tiny/"),  # find_base_model: the versions (registry._versions)
+        ("pretrain", "{S}/models/gpt-tiny/aliases/latest.json"),  # find_gate_holder: an alias not set yet
+        *FLYTE_LISTS,
+    ],
+    "train": [
+        ("pretrain", "{S}/runs/"),  # runs.run_ids
+        ("pretrain", "{S}/runs/9f0e/checkpoints/"),  # contracts.committed_steps (resume)
+        ("pretrain", "{S}/runs/9f0e/lease.json"),  # RunLease: exists, no lease yet
+        ("pretrain", "{S}/datasets/3285529b5983f404/shards/"),
+        ("pretrain", "{S}/models/gpt-tiny/4/hf/"),  # evaluate: the baseline's export
+        *FLYTE_LISTS,
+    ],
+    "registry": [
+        ("pretrain", "{S}/runs/9f0e/checkpoints/step-0000300/"),  # register: the checkpoint's files
+        ("pretrain", "{S}/models/gpt-tiny/"),  # _versions
+        ("pretrain", "{S}/models/gpt-tiny/registrations/ab12.json"),  # _claim_registration: no claim yet
+        ("pretrain", "{S}/datasets/3285529b5983f404/_COMMITTED"),
+        *FLYTE_LISTS,
+    ],
+    "reader": [
+        ("pretrain", "{S}/runs/"),  # pretrain runs list
+        ("pretrain", "{S}/models/"),  # pretrain registry list
+        ("pretrain", "{S}/datasets/3285529b5983f404/validation/"),
+        ("pretrain", "{S}/models"),  # the folder's own key: a HEAD of it, a listing without the slash
+    ],
+}
+# ... and listings each must not send: the whole bucket (no prefix, or ""), the store of every domain
+# or the whole domain, the areas it does not read, a sibling that merely starts like its prefix
+TASK_MUST_NOT_LIST = {
+    "data": [("pretrain", "{S}/runs/"), ("pretrain", "{S}/_probe/"), ("pretrain", "{S}/datasets-old/")],
+    "train": [("pretrain", "incoming/"), ("pretrain", "{S}/_probe/")],
+    "registry": [("pretrain", "incoming/"), ("pretrain", "{S}/_probe/")],
+    "reader": [("pretrain", "incoming/"), ("pretrain", "{S}/_probe/"), ("pretrain-flyte", "pretrain/{D}/")],
+}
+for _listings in TASK_MUST_NOT_LIST.values():
+    _listings += [("pretrain", None), ("pretrain", ""), ("pretrain", "store/"), ("pretrain", "{S}/"), ("pretrain", "{S}")]
+    _listings += [("pretrain", "store/*"), ("pretrain-flyte", None), ("pretrain-flyte", ""), ("pretrain-flyte", "metadata/")]
+
+
+def lists_for_domain(listings: list[tuple[str, str | None]], d: str) -> list[tuple[str, str | None]]:
+    key = store(d).removeprefix("pretrain/").rstrip("/")  # an s3:prefix is a key, without the bucket
+    return [(b, None if p is None else p.format(S=key, D=d)) for b, p in listings]
+
+
+def may_list(policy: dict, bucket: str, prefix: str | None) -> bool:
+    """Whether ``policy`` lets a ListObjectsV2 on ``bucket`` with Prefix=``prefix`` (None: no Prefix) through."""
+    return policy_allows(policy, "s3:ListBucket", arn(bucket), {} if prefix is None else {"s3:prefix": prefix})
+
 
 def test_every_role_has_a_spec_a_policy_and_a_trust_policy():
     def roles_in(folder):
@@ -200,6 +258,23 @@ def test_policy_grants_what_the_roles_tasks_need(role):
     assert not missing, missing
     granted = [(a, o) for a, o in MUST_NOT[role] if policy_allows(policy, a, arn(o))]
     assert not granted, granted
+
+
+@pytest.mark.parametrize("role", TASK_ROLES)
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_each_role_lists_where_its_tasks_list_and_nowhere_else(domain, role):
+    policy = load_json(f"iam/{domain}/{role}.json")
+    refused = [(b, p) for b, p in lists_for_domain(TASK_LISTS[role], domain) if not may_list(policy, b, p)]
+    assert not refused, f"{domain}/{role} may not list {refused}"
+    granted = [(b, p) for b, p in lists_for_domain(TASK_MUST_NOT_LIST[role], domain) if may_list(policy, b, p)]
+    assert not granted, f"{domain}/{role} may list {granted}"
+
+
+def test_flyte_backend_lists_its_whole_bucket_and_nothing_of_the_store():
+    """Flyte's control plane serves every domain: pretrain-flyte unconditionally, never pretrain."""
+    policy = load_json("iam/flyte-backend.json")
+    assert may_list(policy, "pretrain-flyte", None) and may_list(policy, "pretrain-flyte", "metadata/propeller/")
+    assert not any(may_list(policy, "pretrain", p) for p in (None, "", "store/production/", "incoming/"))
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
@@ -304,6 +379,16 @@ def _add(statement: dict) -> dict:
     return policy
 
 
+_OWN = {"StringLike": {"s3:prefix": ["store/production/datasets", "store/production/datasets/*"]}}
+
+
+def _list(condition: dict, bucket: str = "pretrain") -> dict:
+    """The production data policy plus a ListBucket on ``bucket`` under ``condition`` ({}: none)."""
+    return _add(
+        {"Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}", **({"Condition": condition} if condition else {})}
+    )
+
+
 @pytest.mark.parametrize(
     "bad, expected",
     [
@@ -321,6 +406,23 @@ def _add(statement: dict) -> dict:
         (_add({"Action": "s3:DeleteBucket", "Resource": "arn:aws:s3:::pretrain"}), "not an explicit"),
         (_add({"NotAction": "s3:DeleteObject", "Resource": "arn:aws:s3:::pretrain/*"}), "NotAction"),
         (_add({"Action": "s3:GetObject", "Resource": "arn:aws:s3:::pretrain/*", "Condition": {}}), "Condition"),
+        (_list({}), "on the whole bucket 'pretrain': role may list only"),  # the defect: every domain's keys
+        (_list({"StringLike": {"s3:prefix": "store/*"}}), "with s3:prefix 'store/*': role may list only"),
+        (_list({"StringLike": {"s3:prefix": "*"}}), "with s3:prefix '*': role may list only"),
+        (_list({"StringLike": {"s3:prefix": ["store/production/models/*", ""]}}), "with s3:prefix '': role may"),
+        (_list({"StringLike": {"s3:prefix": "store/development/datasets/*"}}), "may list only"),  # another domain
+        (_list({"StringLike": {"s3:prefix": "store/production/datasets*"}}), "may list only"),  # datasets-old/ too
+        (_list({"StringLike": {"s3:prefix": "store/production/runs/*"}}), "may list only"),  # an area it does not read
+        (_list({"StringLike": {"s3:prefix": "store/production/*/x/"}}), "has a wildcard before its end"),
+        (_list({"StringLike": {"s3:prefix": "store/?roduction/datasets/"}}), "has a wildcard before its end"),
+        (_list({"StringEquals": {"s3:prefix": "store/"}}), "with s3:prefix 'store/': role may list only"),
+        (_list({"NumericLessThan": {"s3:max-keys": "10"}}), "is not one StringLike/StringEquals on s3:prefix"),
+        (_list({"StringLike": {"aws:SourceVpc": "vpc-*"}}), "is not one StringLike/StringEquals on s3:prefix"),
+        (_list({"StringLikeIfExists": {"s3:prefix": "store/production/datasets/*"}}), "is not one StringLike"),
+        (
+            _add({"Action": "s3:GetObject", "Resource": "arn:aws:s3:::pretrain/*", "Condition": _OWN}),
+            "may only limit s3:ListBucket",
+        ),
         ({**_data_policy(), "Version": "2008-10-17"}, "Version"),
         ({"Version": "2012-10-17", "Statement": []}, "non-empty"),
     ],
@@ -328,6 +430,17 @@ def _add(statement: dict) -> dict:
 def test_policy_checker_rejects_bad_policies(bad, expected):
     errors = policy_errors(bad, ROLES["production/data"])
     assert any(expected in e for e in errors), errors
+
+
+def test_policy_checker_accepts_the_listing_forms_of_the_roles():
+    """The bare folder (its own key) and ``folder/*``; a literal prefix inside; StringEquals too."""
+    spec = ROLES["production/data"]
+    assert not policy_errors(_list(_OWN), spec)
+    assert not policy_errors(_list({"StringEquals": {"s3:prefix": ["store/production/models/", "incoming/batch-1/"]}}), spec)
+    assert not policy_errors(
+        _list({"StringLike": {"s3:prefix": "metadata/propeller/pretrain-production-*"}}, "pretrain-flyte"), spec
+    )
+    assert policy_errors(_list({"StringLike": {"s3:prefix": "metadata/propeller/*"}}, "pretrain-flyte"), spec)
 
 
 def test_policy_checker_rejects_each_real_policy_under_a_narrower_role():
@@ -347,3 +460,130 @@ def test_trust_checker_rejects_wrong_subjects():
     provider = st["Principal"]["Federated"].partition("oidc-provider/")[2]
     st["Condition"] = {"StringLike": {f"{provider}:sub": "system:serviceaccount:*:*"}}
     assert any("StringLike" in e for e in trust_errors(doc, roles["production/train"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# The evaluator decides the conditions the policies use, and refuses the ones it does not know
+
+BUCKET = "arn:aws:s3:::pretrain"
+
+
+def _listing(condition: dict, effect: str = "Allow") -> dict:
+    return {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": effect, "Action": "s3:ListBucket", "Resource": BUCKET, "Condition": condition}],
+    }
+
+
+def _lists(policy: dict, prefix: str | None = None, **headers: str) -> bool:
+    """A ListBucket on pretrain with Prefix=``prefix`` (None: none); ``headers``: more condition keys (if_match=...)."""
+    context = {f"s3:{k.replace('_', '-')}": v for k, v in headers.items()} | ({} if prefix is None else {"s3:prefix": prefix})
+    return policy_allows(policy, "s3:ListBucket", BUCKET, context)
+
+
+def test_iam_wildcards_are_star_and_question_mark_only():
+    assert iam_match("store/*", "store/") and iam_match("store/*", "store/a/b/c")  # * crosses "/" and matches nothing
+    assert iam_match("store/?/x", "store/a/x")
+    assert not iam_match("store/?/x", "store//x") and not iam_match("store/?/x", "store/ab/x")  # ? is exactly one
+    assert not iam_match("store/[ab]", "store/a") and iam_match("store/[ab]", "store/[ab]")  # no character classes
+    assert not iam_match("Store/*", "store/a") and iam_match("S3:ListBucket", "s3:listbucket", ignore_case=True)
+
+
+def test_conditions_or_their_values_and_their_keys_and_operators():
+    one_of = _listing({"StringLike": {"s3:prefix": ["store/production/runs/*", "store/production/models/*"]}})
+    assert _lists(one_of, "store/production/models/gpt/") and _lists(one_of, "store/production/runs/")  # values: OR
+    assert not _lists(one_of, "store/production/datasets/")
+    assert not _lists(one_of) and not _lists(one_of, "")  # no Prefix: the key is absent; "" matches no pattern here
+    exact = _listing({"StringEquals": {"s3:prefix": "store/production/runs/*"}})  # StringEquals: * is a character
+    assert _lists(exact, "store/production/runs/*") and not _lists(exact, "store/production/runs/x")
+    both_keys = _listing({"StringLike": {"s3:prefix": "store/production/*", "s3:if-match": "?*"}})
+    assert not _lists(both_keys, "store/production/runs/")  # one key of the two holds: keys AND
+    assert _lists(both_keys, "store/production/runs/", if_match='"e1"')
+    both_operators = _listing({"StringLike": {"s3:prefix": "store/production/*"}, "Null": {"s3:if-match": "true"}})
+    assert _lists(both_operators, "store/production/runs/")
+    assert not _lists(both_operators, "store/production/runs/", if_match='"e1"')  # operators AND
+    assert not _lists(both_operators, "store/staging/runs/")
+    assert _lists(_listing({"StringLike": {"S3:Prefix": "x/*"}}), "x/")  # key names are case-insensitive
+
+
+def test_an_explicit_deny_wins_over_an_allow():
+    policy = _listing({"StringLike": {"s3:prefix": "store/*"}})
+    policy["Statement"] += _listing({"StringLike": {"s3:prefix": "store/production/*"}}, effect="Deny")["Statement"]
+    assert _lists(policy, "store/staging/runs/")
+    assert not _lists(policy, "store/production/runs/")
+    real = copy.deepcopy(load_json("iam/production/reader.json"))
+    assert _lists(real, "store/production/runs/")
+    real["Statement"].append({"Effect": "Deny", "Action": "s3:*", "Resource": "*"})
+    assert not _lists(real, "store/production/runs/")
+    assert not policy_allows(real, "s3:GetObject", "arn:aws:s3:::pretrain/store/production/runs/r/metrics.jsonl")
+
+
+@pytest.mark.parametrize(
+    "condition, expected",
+    [
+        ({"NumericLessThan": {"s3:max-keys": "10"}}, "condition operator 'NumericLessThan' is not one this evaluator decides"),
+        ({"StringNotLike": {"s3:prefix": "store/production/*"}}, "'StringNotLike' is not one this evaluator decides"),
+        ({"StringLikeIfExists": {"s3:prefix": "store/*"}}, "'StringLikeIfExists' is not one"),
+        ({"ForAnyValue:StringLike": {"s3:prefix": "store/*"}}, "'ForAnyValue:StringLike' is not one"),
+        ({"IpAddress": {"aws:SourceIp": "10.0.0.0/8"}}, "'IpAddress' is not one"),
+        (
+            {"StringLike": {"aws:SourceVpc": "vpc-1"}},
+            "condition key 'aws:SourceVpc' (StringLike) is not one a request here carries",
+        ),
+        ({"StringEquals": {"s3:delimiter": "/"}}, "condition key 's3:delimiter'"),
+        ({"StringLike": {"s3:prefix": "home/${aws:username}/*"}}, "no policy variables"),
+        ({"StringLike": {"s3:prefix": []}}, "takes plain strings"),
+        ({"StringLike": {"s3:prefix": 3}}, "takes plain strings"),
+        ({"Bool": {"s3:ObjectCreationOperation": "maybe"}}, "takes true or false"),
+        ({"StringLike": {}}, "must map condition keys to values"),
+        ({}, "a Condition is a non-empty object"),
+        ("s3:prefix=store/", "a Condition is a non-empty object"),
+    ],
+)
+def test_the_evaluator_raises_on_a_condition_it_cannot_evaluate(condition, expected):
+    """Whatever the request: a Deny it skipped would read as allowed, an Allow it skipped as denied."""
+    for effect in ("Allow", "Deny"):
+        for context in ({}, {"s3:prefix": "store/production/runs/"}):
+            with pytest.raises(PolicyEvaluationError) as raised:
+                policy_allows(_listing(condition, effect), "s3:ListBucket", BUCKET, context)
+            assert expected in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "statement, expected",
+    [
+        (
+            {
+                "Effect": "Deny",
+                "Action": "s3:ListBucket",
+                "Resource": "arn:aws:s3:::other",
+                "Condition": {"DateLessThan": {"aws:CurrentTime": "2030-01-01"}},
+            },
+            "'DateLessThan'",
+        ),
+        (
+            {"Effect": "Allow", "NotPrincipal": {"AWS": "x"}, "Action": "s3:GetObject", "Resource": "arn:aws:s3:::other/*"},
+            "elements ['NotPrincipal']",
+        ),
+        (
+            {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::1:root"}, "Action": "s3:GetObject", "Resource": "*"},
+            "only everyone",
+        ),
+        (
+            {"Effect": "Allow", "Action": "s3:GetObject", "NotResource": "x", "Resource": "y"},
+            "exactly one of Resource and NotResource",
+        ),
+        (
+            {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::pretrain/${aws:username}/*"},
+            "policy variables",
+        ),
+        ({"Effect": "allow", "Action": "s3:GetObject", "Resource": "*"}, "Effect must be Allow or Deny"),
+    ],
+)
+def test_the_evaluator_raises_on_a_statement_it_cannot_evaluate_even_one_no_request_reaches(statement, expected):
+    """Every statement is checked on every evaluation, also one on another bucket or action."""
+    policy = copy.deepcopy(load_json("iam/production/reader.json"))
+    policy["Statement"].append(statement)
+    with pytest.raises(PolicyEvaluationError) as raised:
+        policy_allows(policy, "s3:GetObject", "arn:aws:s3:::pretrain/store/production/runs/r/metrics.jsonl")
+    assert expected in str(raised.value)

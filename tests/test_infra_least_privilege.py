@@ -17,6 +17,7 @@ from tests.helpers import (
     INFRA,
     PROJECT,
     ROOT,
+    condition_holds,
     flyte_values,
     load_docs,
     load_json,
@@ -103,6 +104,60 @@ def test_each_stage_role_has_exactly_its_own_prefixes_within_its_domain(domain, 
     assert actual == expected
 
 
+# ListBucket: each domain's role lists its own prefixes (an s3:prefix condition), never another
+# domain's, nor the whole bucket
+
+
+def listing_prefixes(d: str) -> dict[str, list[str]]:
+    """s3:prefix values of listings (and of HEADs of missing keys) in each store area and Flyte prefix of ``d``."""
+    out = {f"store/{area}": [f"store/{d}/{area}/", f"store/{d}/{area}/x/", f"store/{d}/{area}/x/part-0"] for area in STORE_AREAS}
+    out["flyte/metadata"] = [
+        f"metadata/propeller/{PROJECT}-{d}-f6a1b2c3/",
+        f"metadata/propeller/{PROJECT}-{d}-f6a1b2c3/n1/data/0/outputs.pb",
+    ]
+    out["flyte/raw"] = [f"{PROJECT}/{d}/", f"{PROJECT}/{d}/data/ab/f6a1b2c3-n1-0/"]
+    out["flyte/code"] = [f"uploads/{PROJECT}/{d}/", f"uploads/{PROJECT}/{d}/QWERTY/fast1a2b.tar.gz"]
+    return out
+
+
+def lists(doc: dict, area: str, prefix: str | None) -> bool:
+    bucket = "pretrain-flyte" if area.startswith("flyte/") else "pretrain"
+    return policy_allows(doc, "s3:ListBucket", arn(bucket), {} if prefix is None else {"s3:prefix": prefix})
+
+
+@pytest.mark.parametrize("role", TASK_ROLES)
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_a_domains_role_lists_exactly_the_prefixes_it_reads_in_its_domain(domain, role):
+    doc = policy(domain, role)
+    reads = {area for area, actions in STAGES[role].items() if GET in actions} | (
+        set() if role == "reader" else set(FLYTE_TASK_ACCESS)
+    )
+    for area, prefixes in listing_prefixes(domain).items():
+        listed = [p for p in prefixes if lists(doc, area, p)]
+        assert listed == (prefixes if area in reads else []), f"{domain}/{role} in {area}: may list {listed}"
+
+
+@pytest.mark.parametrize("role", TASK_ROLES)
+@pytest.mark.parametrize("own, other", CROSS, ids=[f"{a}-on-{b}" for a, b in CROSS])
+def test_a_domains_role_is_denied_listing_another_domains_prefixes(own, other, role):
+    doc = policy(own, role)
+    listed = [(area, p) for area, prefixes in listing_prefixes(other).items() for p in prefixes if lists(doc, area, p)]
+    listed += [("store", p) for p in (f"store/{other}/", f"store/{other}") if lists(doc, "store", p)]
+    assert not listed, f"{own}/{role} may list {other}'s keys: {listed}"
+
+
+@pytest.mark.parametrize("role", TASK_ROLES)
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_no_role_lists_a_whole_bucket_or_the_whole_store(domain, role):
+    """No Prefix (the s3:prefix key absent), Prefix "", and the roots above the domain's folders."""
+    doc = policy(domain, role)
+    whole = [None, "", "*", "s"]
+    roots = {"store": [*whole, "store", "store/", f"store/{domain}", f"store/{domain}/"]}
+    roots["flyte/raw"] = [*whole, "metadata/", "metadata/propeller/", f"{PROJECT}/", "uploads/", f"uploads/{PROJECT}/"]
+    listed = [(area, p) for area, prefixes in roots.items() for p in prefixes if lists(doc, area, p)]
+    assert not listed, f"{domain}/{role} may list {listed}"
+
+
 def test_the_domains_store_is_what_its_executions_use_and_its_roles_can_write():
     for domain in DOMAINS:
         (doc,) = load_docs(f"flyte/project-domain-attributes/{domain}-execution-config.yaml")
@@ -121,23 +176,15 @@ def test_the_domains_store_is_what_its_executions_use_and_its_roles_can_write():
 
 def trust_admits(doc: dict, sub: str, aud: str = "sts.amazonaws.com") -> bool:
     """Whether an AssumeRoleWithWebIdentity from the cluster's OIDC provider with these claims is allowed
-    (Allow statements with StringEquals/StringLike conditions; every condition key must match)."""
+    (Allow statements whose Condition holds for the claims: ``condition_holds``, which raises on an
+    operator or key it does not evaluate)."""
     for st in doc["Statement"]:
         if st.get("Effect") != "Allow" or st.get("Action") != "sts:AssumeRoleWithWebIdentity":
             continue
         provider = st["Principal"]["Federated"].partition("oidc-provider/")[2]
         claims = {f"{provider}:sub": sub, f"{provider}:aud": aud}
-        ok = True
-        for operator, conditions in st.get("Condition", {}).items():
-            for key, values in conditions.items():
-                values = values if isinstance(values, list) else [values]
-                if operator == "StringEquals":
-                    ok &= claims.get(key) in values
-                elif operator == "StringLike":
-                    ok &= any(re.fullmatch(re.escape(v).replace(r"\*", ".*"), claims.get(key, "")) for v in values)
-                else:
-                    ok = False
-        if ok:
+        carried = frozenset(k.lower() for k in claims)  # the web identity's claims; any other key raises
+        if "Condition" not in st or condition_holds(st["Condition"], claims, known_keys=carried):
             return True
     return False
 
