@@ -1,33 +1,83 @@
 """The local S3 server holds its promise: only the S3 port serves data, only with credentials.
 
 `weed mini` runs a master, a volume server, a filer, an S3 gateway and an admin server, each
-with HTTP and gRPC ports, plus unix sockets. Every one the process listens on is found with
-psutil and probed the way an attacker on the machine would: unsigned HTTP reads of objects
-that exist (by filer path, by volume file id read from the volume index on disk), unsigned
-writes and deletes, the master's assign/collection-delete API, and gRPC calls without a
-client certificate. All are refused; afterwards S3 shows the objects unchanged.
+with an HTTP and a gRPC port, plus unix sockets. The listeners are found with psutil and must be
+exactly the ports and sockets weed was told to open; each is then probed the way an attacker on
+the machine would, and every refusal must be the specific one that listener's guard gives:
+
+- S3 (port and unix socket): unsigned reads, writes, deletes -> 403 AccessDenied; the same
+  requests signed with SigV4 and the server's keys -> served (the object's bytes).
+- volume: reads, writes, deletes without a JWT, or with one signed by another key or for another
+  file -> 401 "wrong jwt"; the same requests with a JWT signed by security.toml's keys -> served.
+- master, filer (port and socket), admin: ``-disableHttp`` and ``-admin.ui=false`` remove their
+  data APIs, so even a correctly signed request finds no route (Go's "404 page not found").
+  Control: a reference server, the wrapper's own start with only those two flags dropped, serves
+  the very same requests (assign, lookup, upload, collection delete; filer reads and writes with
+  a filer JWT, 401 without; the admin API's file download and users), so the 404 is the missing
+  route, not a wrong probe. Each port also answers a route it keeps (it is the right listener).
+- gRPC (ports and sockets): plaintext -> closed without a byte; TLS without a client certificate
+  -> "certificate required" alert; a certificate from another CA -> "bad certificate" alert;
+  this server's certificate -> HTTP/2 and the component's own RPC served.
+
+Afterwards S3 shows the planted objects unchanged. No probe counts a connection error as a refusal.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import http.client
+import json
 import os
 import re
 import secrets
 import socket
+import ssl
 import stat
 import struct
+import subprocess
 import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
 
 from storage import s3server
-from storage.s3server import S3Server
+from storage.s3server import GRPC_PORT_OFFSET, S3Server
 
 BUCKET = "secure"
 CALLER_KEY, CALLER_SECRET = "AKCALLERENVIRONMENT", "caller-secret-from-the-environment"
+ATTACKER_JWT_KEY = "known-to-an-attacker"  # put in WEED_JWT_SIGNING_KEY by the fixture; weed must not use it
+
+# What each kind of listener answers a request it refuses: (status, a part of the body).
+S3_DENIED = (403, b"<Code>AccessDenied</Code>")
+WRONG_JWT = (401, b'{"error":"wrong jwt"}')  # weed's JWT guard (volume server, filer)
+NO_ROUTE = (404, b"404 page not found\n")  # Go's router: no handler at all for the path
+ROUTE_REMOVING_FLAGS = ("-disableHttp", "-admin.ui=false")
+GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "admin")  # each has a gRPC port and a gRPC unix socket
+OWN_RPC = {
+    "master": "/master_pb.Seaweed/GetMasterConfiguration",
+    "filer": "/filer_pb.SeaweedFiler/GetFilerConfiguration",
+    "volume": "/volume_server_pb.VolumeServer/VolumeServerStatus",
+}
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+JSON = {"Content-Type": "application/json"}
+
+
+def plant(srv: S3Server) -> dict[str, bytes]:
+    """Objects that exist, with content an unauthorised read must never return."""
+    client = srv._client()
+    objects = {
+        "models/gpt/1/card.json": b'{"secret": "' + secrets.token_hex(16).encode() + b'"}',
+        "models/gpt/1/tokenizer.json": secrets.token_hex(40_000).encode(),
+    }
+    for key, body in objects.items():
+        client.put_object(Bucket=srv.bucket, Key=key, Body=body)
+    return objects
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +87,7 @@ def server(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AWS_ACCESS_KEY_ID", CALLER_KEY)
         mp.setenv("AWS_SECRET_ACCESS_KEY", CALLER_SECRET)
-        mp.setenv("WEED_JWT_SIGNING_KEY", "known-to-an-attacker")  # WEED_ variables override security.toml
+        mp.setenv("WEED_JWT_SIGNING_KEY", ATTACKER_JWT_KEY)  # WEED_ variables override security.toml
         srv = S3Server(data_dir=tmp_path_factory.mktemp("s3-security"), bucket=BUCKET).start()
     try:
         yield srv
@@ -47,15 +97,58 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def planted(server):
-    """Objects that exist, with content an unauthorised read must never return."""
-    client = server._client()
-    objects = {
-        "models/gpt/1/card.json": b'{"secret": "' + secrets.token_hex(16).encode() + b'"}',
-        "models/gpt/1/tokenizer.json": secrets.token_hex(40_000).encode(),
-    }
-    for key, body in objects.items():
-        client.put_object(Bucket=BUCKET, Key=key, Body=body)
-    return objects
+    return plant(server)
+
+
+@pytest.fixture
+def reference(tmp_path):
+    """The positive control for the removed HTTP APIs: the wrapper's own server (same keys, JWT
+    guards, mutual TLS) started without the two flags that remove routes. Its admin API has no
+    password, so it lives on 127.0.0.1 for one test only."""
+    real_popen = subprocess.Popen
+    dropped = []
+
+    def popen(args, **kwargs):
+        dropped.extend(arg for arg in args if arg in ROUTE_REMOVING_FLAGS)
+        return real_popen([arg for arg in args if arg not in ROUTE_REMOVING_FLAGS], **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(s3server.subprocess, "Popen", popen)
+        srv = S3Server(data_dir=tmp_path / "reference", bucket=BUCKET).start()
+    try:
+        assert sorted(dropped) == sorted(ROUTE_REMOVING_FLAGS), dropped  # else the reference is no control
+        yield srv, plant(srv)
+    finally:
+        srv.stop()
+
+
+def weed_flags(srv: S3Server) -> dict[str, str]:
+    """The ``-name=value`` flags of the running weed, read from the process itself."""
+    args = psutil.Process(srv.process.pid).cmdline()
+    assert args[1] == "mini", args
+    return {name: value for name, _, value in (arg.lstrip("-").partition("=") for arg in args[2:])}
+
+
+def known_ports(srv: S3Server) -> dict[str, int]:
+    """Role ("s3", "s3.grpc", "master", ...) -> every TCP port weed was told to open. A flag of 0
+    disables a listener (Iceberg, Lance); the admin's gRPC port is its HTTP port + 10000."""
+    ports = {}
+    for name, value in weed_flags(srv).items():
+        if match := re.fullmatch(r"(\w+)\.port(\.\w+)?", name):
+            if int(value):
+                ports[match.group(1) + (match.group(2) or "")] = int(value)
+    ports.setdefault("admin.grpc", ports["admin"] + GRPC_PORT_OFFSET)
+    return ports
+
+
+def known_sockets(srv: S3Server) -> dict[str, str]:
+    """Role -> unix socket: the two HTTP sockets the wrapper places, and weed's gRPC socket for
+    each gRPC port (always /tmp/seaweedfs-<component>-grpc-<port>.sock)."""
+    flags, ports = weed_flags(srv), known_ports(srv)
+    sockets = {"s3": flags["s3.localSocket"], "filer": flags["filer.localSocket"]}
+    for component in GRPC_COMPONENTS:
+        sockets[f"{component}.grpc"] = f"/tmp/seaweedfs-{component}-grpc-{ports[component + '.grpc']}.sock"
+    return sockets
 
 
 def listeners(pid: int) -> tuple[list[tuple[str, int]], list[str]]:
@@ -66,22 +159,25 @@ def listeners(pid: int) -> tuple[list[tuple[str, int]], list[str]]:
 
 
 def volume_file_ids(data_dir: Path) -> list[str]:
-    """File ids (``vid,keycookie``) of every needle on disk, read from the .idx and .dat files."""
+    """File ids (``vid,keycookie``) of every live needle on disk, read from the .idx and .dat files
+    (an entry with the tombstone size, or offset 0, deletes the key's earlier entries)."""
     fids = []
     for idx in data_dir.rglob("*.idx"):
         match = re.fullmatch(r"(?:.*_)?(\d+)", idx.stem)
         if not match:
             continue
-        raw, dat = idx.read_bytes(), idx.with_suffix(".dat").read_bytes()
+        raw, dat, live = idx.read_bytes(), idx.with_suffix(".dat").read_bytes(), {}
         for i in range(0, len(raw) - 16, 17):  # key u64, offset 4+1 bytes (8000GB build), size u32
             key = struct.unpack(">Q", raw[i : i + 8])[0]
             offset = (struct.unpack(">I", raw[i + 8 : i + 12])[0] + (raw[i + 12] << 32)) * 8
             size = struct.unpack(">I", raw[i + 13 : i + 17])[0]
             if offset == 0 or size in (0, 0xFFFFFFFF):
+                live.pop(key, None)
                 continue
             cookie, needle_key = struct.unpack(">IQ", dat[offset : offset + 12])
             assert needle_key == key
-            fids.append(f"{match.group(1)},{key:x}{cookie:08x}")
+            live[key] = f"{match.group(1)},{key:x}{cookie:08x}"
+        fids += live.values()
     return fids
 
 
@@ -96,17 +192,56 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def http_request(where, method: str, path: str, body: bytes | None = None, headers=None):
-    """(status, body) of a plain unsigned request, or None where nothing speaks HTTP."""
+def request(where: int | str, method: str, path: str, body: bytes | None = None, headers=None) -> tuple[int, bytes]:
+    """(status, body) from a TCP port on 127.0.0.1 or a unix socket. A connection error is raised:
+    it is never taken for a refusal."""
     conn = UnixHTTPConnection(where, 5) if isinstance(where, str) else http.client.HTTPConnection("127.0.0.1", where, timeout=5)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
         return response.status, response.read()
-    except (OSError, http.client.HTTPException):
-        return None  # refused, reset, closed, or not HTTP (a TLS-only gRPC port)
     finally:
         conn.close()
+
+
+def is_refusal(answer: tuple[int, bytes], refusal: tuple[int, bytes]) -> bool:
+    return answer[0] == refusal[0] and refusal[1] in answer[1]
+
+
+def sigv4(srv: S3Server, where: int | str, method: str, path: str, body: bytes = b"") -> dict[str, str]:
+    """Headers that sign this request with the server's S3 credentials (what boto3 sends)."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    host = "localhost" if isinstance(where, str) else f"127.0.0.1:{where}"
+    signed = AWSRequest(method=method, url=f"http://{host}{path}", data=body, headers={"Host": host})
+    S3SigV4Auth(Credentials(srv.access_key, srv.secret_key), "s3", "us-east-1").add_auth(signed)
+    return dict(signed.headers.items())
+
+
+def jwt_keys(srv: S3Server) -> dict[str, str]:
+    """The signing keys weed reads from this server's security.toml."""
+    jwt = tomllib.loads((srv.data_dir / s3server.SECURITY).read_text())["jwt"]
+    return {
+        "volume.write": jwt["signing"]["key"],
+        "volume.read": jwt["signing"]["read"]["key"],
+        "filer.write": jwt["filer_signing"]["key"],
+        "filer.read": jwt["filer_signing"]["read"]["key"],
+    }
+
+
+def bearer(key: str, **claims) -> dict[str, str]:
+    """An ``Authorization`` header with an HS256 JWT as weed's master issues it (the volume server
+    also checks the claim ``fid``; the filer only the signature and expiry)."""
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    header = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    payload = b64(json.dumps({"exp": int(time.time()) + 300, **claims}).encode())
+    signature = b64(hmac.new(key.encode(), f"{header}.{payload}".encode(), hashlib.sha256).digest())
+    return {"Authorization": f"Bearer {header}.{payload}.{signature}"}
 
 
 def multipart(name: str, data: bytes) -> tuple[bytes, dict[str, str]]:
@@ -122,60 +257,250 @@ def multipart(name: str, data: bytes) -> tuple[bytes, dict[str, str]]:
     return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
 
-def test_every_listener_refuses_unsigned_reads_and_writes(server, planted):
+def assert_intact(srv: S3Server, planted: dict[str, bytes]) -> None:
+    client = srv._client()
+    listed = {o["Key"] for o in client.list_objects_v2(Bucket=srv.bucket).get("Contents", [])}
+    assert listed == set(planted)
+    for key, body in planted.items():
+        assert client.get_object(Bucket=srv.bucket, Key=key)["Body"].read() == body
+
+
+def test_listeners_are_exactly_the_ports_and_sockets_weed_was_given(server, planted):
     tcp, unix = listeners(server.process.pid)
+    ports, sockets = known_ports(server), known_sockets(server)
+    assert ports["s3"] == server.port
     assert all(ip == "127.0.0.1" for ip, _ in tcp), tcp
-    ports = [port for _, port in tcp]
-    assert server.port in ports and len(ports) >= 8, ports  # s3, master, volume, filer, admin: HTTP + gRPC
+    # A port weed opens on its own (a new component, a debug or metrics port) fails here, so
+    # nothing goes unprobed by the tests below; a disabled one (flag 0) must not listen.
+    assert sorted(port for _, port in tcp) == sorted(ports.values()), (tcp, ports)
+    assert len(ports) == 10, ports  # s3, master, volume, filer, admin: an HTTP and a gRPC port each
+    assert sorted(unix) == sorted(sockets.values()), (unix, sockets)
+    for path in unix:  # only this user may connect (weed's gRPC sockets sit in the shared /tmp)
+        info = os.stat(path)
+        assert stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077 == 0, path
+
+
+def test_s3_port_and_socket_serve_only_sigv4_signed_requests(server, planted):
+    for where in (server.port, known_sockets(server)["s3"]):
+        for key, body in planted.items():
+            path = f"/{BUCKET}/{key}"
+            assert is_refusal(request(where, "GET", path), S3_DENIED), (where, path)
+            # Control: the same request signed with the server's keys is served.
+            assert request(where, "GET", path, headers=sigv4(server, where, "GET", path)) == (200, body), (where, path)
+        assert is_refusal(request(where, "GET", "/"), S3_DENIED), where  # ListBuckets
+        status, listing = request(where, "GET", "/", headers=sigv4(server, where, "GET", "/"))
+        assert status == 200 and f"<Name>{BUCKET}</Name>".encode() in listing, (where, status, listing[:200])
+
+        path, data = f"/{BUCKET}/probe/{secrets.token_hex(6)}.bin", b"written-" + secrets.token_hex(8).encode()
+        assert is_refusal(request(where, "PUT", path, data), S3_DENIED), (where, path)
+        assert request(where, "GET", path, headers=sigv4(server, where, "GET", path))[0] == 404, "an unsigned PUT wrote"
+        assert request(where, "PUT", path, data, sigv4(server, where, "PUT", path, data))[0] == 200, (where, path)
+        assert is_refusal(request(where, "GET", path), S3_DENIED), (where, path)
+        assert request(where, "GET", path, headers=sigv4(server, where, "GET", path)) == (200, data), (where, path)
+        assert is_refusal(request(where, "DELETE", path), S3_DENIED), (where, path)
+        assert request(where, "DELETE", path, headers=sigv4(server, where, "DELETE", path))[0] == 204, (where, path)
+        assert request(where, "GET", path, headers=sigv4(server, where, "GET", path))[0] == 404, (where, path)
+    assert_intact(server, planted)
+
+
+def test_volume_port_serves_only_requests_with_a_jwt_signed_by_this_server(server, planted):
+    volume, keys = known_ports(server)["volume"], jwt_keys(server)
     fids = volume_file_ids(server.data_dir / "data")
-    assert len(fids) >= 2, fids  # the planted objects' chunks
+    assert len(fids) >= 2, fids  # the planted objects' chunks (and whatever else weed stored)
+    served = []
+    for fid in fids:
+        path = f"/{fid}"
+        assert is_refusal(request(volume, "GET", path), WRONG_JWT), path
+        other = next(f for f in [*fids, "1,1"] if f != fid)
+        for label, token in [
+            ("the WEED_JWT_SIGNING_KEY of weed's caller", bearer(ATTACKER_JWT_KEY, fid=fid)),
+            ("the write key", bearer(keys["volume.write"], fid=fid)),
+            ("the read key, for another file", bearer(keys["volume.read"], fid=other)),
+        ]:
+            assert is_refusal(request(volume, "GET", path, headers=token), WRONG_JWT), (path, label)
+        assert is_refusal(request(volume, "PUT", path, b"PWNED"), WRONG_JWT), path
+        assert is_refusal(request(volume, "DELETE", path), WRONG_JWT), path
+        # Control: the same read with a JWT signed by security.toml's read key is served (unless
+        # weed deleted the needle meanwhile: the chunk of an object another test deleted).
+        status, body = request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))
+        if status == 404 and fid not in volume_file_ids(server.data_dir / "data"):
+            continue
+        assert status == 200, (path, status, body[:100])
+        served.append(body)
+    assert set(planted.values()) <= set(served)
+
+    # Write, read and delete a new file: each refused without a JWT, served with one.
+    path = f"/{fids[0].split(',')[0]},{secrets.randbelow(1 << 40) + 1:x}{secrets.randbelow(1 << 32):08x}"
+    fid, data = path[1:], b"written-" + secrets.token_hex(8).encode()
+    assert is_refusal(request(volume, "PUT", path, data), WRONG_JWT), path
+    assert is_refusal(request(volume, "PUT", path, data, bearer(ATTACKER_JWT_KEY, fid=fid)), WRONG_JWT), path
+    assert request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))[0] == 404, "an unsigned PUT wrote"
+    assert request(volume, "PUT", path, data, bearer(keys["volume.write"], fid=fid))[0] == 201, path
+    assert is_refusal(request(volume, "GET", path), WRONG_JWT), path
+    assert request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid)) == (200, data), path
+    assert is_refusal(request(volume, "DELETE", path), WRONG_JWT), path
+    assert request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid)) == (200, data), "an unsigned DELETE deleted"
+    assert request(volume, "DELETE", path, headers=bearer(keys["volume.write"], fid=fid))[0] == 202, path
+    assert request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))[0] == 404, path
+    assert_intact(server, planted)
+
+
+@dataclass
+class Probe:
+    """A request to a removed HTTP API, and what the reference server (API present) answers."""
+
+    role: str  # "master", "filer" (its port and its unix socket) or "admin"
+    method: str
+    path: str
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    jwt: str | None = None  # the security.toml key a legitimate filer request is signed with
+    status: int = 200  # the reference's answer to the (signed) request
+    shows: bytes = b""  # ... which contains this
+
+
+def removed_api_probes(srv: S3Server, objects: dict[str, bytes]) -> list[Probe]:
+    """Reads first, then writes; the collection delete (it destroys the bucket's data) last."""
+    ports = known_ports(srv)
+    volume_id = volume_file_ids(srv.data_dir / "data")[0].split(",")[0]
+    key, body = next(iter(objects.items()))
+    form, form_headers = multipart("x.bin", b"PWNED-" + secrets.token_hex(8).encode())
+    probes = [Probe("filer", "GET", f"/buckets/{BUCKET}/{k}", jwt="filer.read", shows=b) for k, b in objects.items()]
+    scratch = f"/buckets/{BUCKET}/probe/{secrets.token_hex(6)}.bin"
+    probes += [
+        Probe("filer", "PUT", scratch, b"PWNED", jwt="filer.write", status=201),
+        Probe("filer", "DELETE", scratch, jwt="filer.write", status=204),
+        Probe("master", "GET", f"/dir/lookup?volumeId={volume_id}", shows=f'"url":"127.0.0.1:{ports["volume"]}"'.encode()),
+        Probe("master", "GET", "/dir/assign", shows=b'"fid":'),
+        Probe("master", "POST", "/submit", form, form_headers, status=201, shows=b'"fid":'),
+        Probe("admin", "GET", f"/api/files/download?path=/buckets/{BUCKET}/{key}", shows=body),
+        Probe("admin", "GET", "/api/users", shows=srv.secret_key.encode()),
+        Probe(
+            "admin", "POST", "/api/users", b'{"username": "intruder", "actions": ["Admin"]}', JSON, status=201, shows=b"intruder"
+        ),
+        Probe("master", "GET", f"/col/delete?collection={BUCKET}", status=204),
+    ]
+    return probes
+
+
+def probe_targets(srv: S3Server, role: str) -> list[int | str]:
+    return [known_ports(srv)[role], known_sockets(srv)["filer"]] if role == "filer" else [known_ports(srv)[role]]
+
+
+def test_master_filer_and_admin_http_apis_are_removed(server, planted, reference):
+    # Control: with the APIs present, each probe is served, by a filer only with a JWT.
+    ref, ref_objects = reference
+    ref_keys = jwt_keys(ref)
+    for probe in removed_api_probes(ref, ref_objects):
+        for where in probe_targets(ref, probe.role):
+            if probe.jwt:
+                answer = request(where, probe.method, probe.path, probe.body, probe.headers)
+                assert is_refusal(answer, WRONG_JWT), (where, probe.method, probe.path, answer[0], answer[1][:100])
+            headers = {**probe.headers, **(bearer(ref_keys[probe.jwt]) if probe.jwt else {})}
+            status, body = request(where, probe.method, probe.path, probe.body, headers)
+            assert status == probe.status and probe.shows in body, (where, probe.method, probe.path, status, body[:100])
+
+    # This server: the same requests, signed where a signature exists, find no route at all.
+    keys = jwt_keys(server)
+    for probe in removed_api_probes(server, planted):
+        for where in probe_targets(server, probe.role):
+            for headers in [probe.headers, {**probe.headers, **bearer(keys[probe.jwt])}] if probe.jwt else [probe.headers]:
+                answer = request(where, probe.method, probe.path, probe.body, headers)
+                assert is_refusal(answer, NO_ROUTE), (where, probe.method, probe.path, answer[0], answer[1][:100])
+    # ... while each listener answers what it keeps, so the probes reached the right one.
+    ports = known_ports(server)
+    leader = f'"Leader":"127.0.0.1:{ports["master"]}.{ports["master.grpc"]}"'.encode()
+    status, body = request(ports["master"], "GET", "/cluster/status")
+    assert status == 200 and leader in body, (status, body[:200])
+    assert request(ports["admin"], "GET", "/health") == (200, b'{"health":"ok"}\n')
+    for where in probe_targets(server, "filer"):
+        status, body = request(where, "GET", "/seaweedfsstatic/seaweed50x50.png")
+        assert status == 200 and body.startswith(b"\x89PNG"), (where, status, body[:40])
+    assert_intact(server, planted)
+
+
+def test_every_http_listener_refuses_every_unsigned_probe(server, planted):
+    """Every listener gets every request of its own API and of the others' (a route added to the
+    wrong server is caught too), each answered with that listener's own refusal. The volume server
+    parses the path as a file id before it checks the JWT (anything else: 400), so it gets file ids."""
+    ports, sockets = known_ports(server), known_sockets(server)
+    fids = volume_file_ids(server.data_dir / "data")
     volume_id = fids[0].split(",")[0]
     payload = b"PWNED-" + secrets.token_hex(8).encode()
     form, form_headers = multipart("x.json", payload)
-
-    reads = [f"/buckets/{BUCKET}/{key}" for key in planted] + [f"/{BUCKET}/{key}" for key in planted]
-    reads += [f"/{fid}" for fid in fids] + [f"/dir/lookup?volumeId={volume_id}", "/dir/assign"]
-    writes = [("PUT", f"/buckets/{BUCKET}/models/gpt/1/card.json", payload, {})]
-    writes += [("POST", f"/buckets/{BUCKET}/models/gpt/1/", form, form_headers)]
-    writes += [("PUT", f"/{BUCKET}/models/gpt/1/card.json", payload, {})]
-    writes += [("POST", f"/{fid}", form, form_headers) for fid in fids]
-    writes += [("POST", f"/{volume_id},{secrets.randbelow(1 << 40):x}{secrets.randbelow(1 << 32):08x}", form, form_headers)]
-    writes += [("POST", "/submit", form, form_headers), ("GET", f"/col/delete?collection={BUCKET}", None, {})]
-    writes += [("DELETE", f"/{fid}", None, {}) for fid in fids]
-    writes += [("DELETE", f"/buckets/{BUCKET}/models/gpt/1/card.json", None, {})]
-
-    served = []
-    for where in [*ports, *unix]:
-        for path in reads:
-            result = http_request(where, "GET", path)
-            if result is not None and (result[0] < 400 or any(body in result[1] for body in planted.values())):
-                served.append((where, "GET", path, result[0], result[1][:80]))
-        for method, path, body, headers in writes:
-            result = http_request(where, method, path, body, headers)
-            if result is not None and result[0] < 400:
-                served.append((where, method, path, result[0], result[1][:80]))
-        if where == server.port:  # the S3 port itself: reachable, and refuses the unsigned request
-            assert http_request(where, "GET", reads[len(planted)])[0] == 403
-    assert not served, served
-
-    client = server._client()
-    listed = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])}
-    assert listed == set(planted)
-    for key, body in planted.items():
-        assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == body
+    reads = (
+        [f"/buckets/{BUCKET}/{key}" for key in planted] + [f"/{BUCKET}/{key}" for key in planted] + [f"/{fid}" for fid in fids]
+    )
+    reads += [f"/api/files/download?path=/buckets/{BUCKET}/{key}" for key in planted]
+    reads += [f"/dir/lookup?volumeId={volume_id}", "/dir/assign", "/api/users", f"/{BUCKET}?list-type=2"]
+    data_api = [("GET", path, None, {}) for path in reads]
+    data_api += [("PUT", f"/buckets/{BUCKET}/models/gpt/1/card.json", payload, {})]
+    data_api += [("PUT", f"/{BUCKET}/models/gpt/1/card.json", payload, {})]
+    data_api += [("PUT", f"/{fid}", payload, {}) for fid in fids]
+    data_api += [("GET", f"/col/delete?collection={BUCKET}", None, {})]
+    data_api += [("DELETE", f"/{fid}", None, {}) for fid in fids]
+    data_api += [("DELETE", f"/buckets/{BUCKET}/models/gpt/1/card.json", None, {})]
+    data_api += [("DELETE", f"/{BUCKET}/models/gpt/1/card.json", None, {})]
+    s3_posts = [("POST", f"/{BUCKET}/models/gpt/1/card.json?uploads", b"", {})]
+    s3_posts += [
+        ("POST", f"/{BUCKET}?delete", f"<Delete><Object><Key>{next(iter(planted))}</Key></Object></Delete>".encode(), {})
+    ]
+    forms = [("POST", f"/buckets/{BUCKET}/models/gpt/1/", form, form_headers), ("POST", "/submit", form, form_headers)]
+    forms += [("POST", "/api/users", b'{"username": "intruder", "actions": ["Admin"]}', JSON)]
+    by_fid = [
+        (method, f"/{fid}", body, headers)
+        for fid in fids
+        for method, body, headers in [("GET", None, {}), ("PUT", payload, {}), ("POST", form, form_headers), ("DELETE", None, {})]
+    ]
+    plan = [(where, S3_DENIED, data_api + s3_posts) for where in (ports["s3"], sockets["s3"])]
+    plan += [(ports["volume"], WRONG_JWT, by_fid)]
+    plan += [
+        (where, NO_ROUTE, data_api + s3_posts + forms)
+        for where in (ports["master"], ports["filer"], sockets["filer"], ports["admin"])
+    ]
+    wrong = []
+    for where, refusal, requests in plan:
+        for method, path, body, headers in requests:
+            answer = request(where, method, path, body, headers)
+            if not is_refusal(answer, refusal):
+                wrong.append((where, method, path, answer[0], answer[1][:80]))
+    assert not wrong, "\n".join(map(repr, wrong))
+    assert_intact(server, planted)
     assert set(fids) <= set(volume_file_ids(server.data_dir / "data"))
 
 
-def test_grpc_ports_require_a_client_certificate(server, planted):
+def tls_probe(where: int | str, ca: Path, chain: tuple[Path, Path] | None) -> str:
+    """Connect with TLS (ALPN h2, this server's CA), present ``chain`` if given, and read: the
+    server's first HTTP/2 frame type ("SETTINGS") or the TLS alert it sent (ssl's reason)."""
+    raw = socket.socket(socket.AF_UNIX) if isinstance(where, str) else socket.socket()
+    raw.settimeout(5)
+    raw.connect(where if isinstance(where, str) else ("127.0.0.1", where))
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    context.set_alpn_protocols(["h2"])
+    if chain:
+        context.load_cert_chain(*chain)
+    try:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            assert tls.selected_alpn_protocol() == "h2"
+            frame = tls.recv(9)  # a server speaks first in HTTP/2: its SETTINGS frame
+            return {4: "SETTINGS"}.get(frame[3], repr(frame)) if len(frame) == 9 else repr(frame)
+    except ssl.SSLError as e:
+        return e.reason or repr(e)
+    finally:
+        raw.close()
+
+
+def test_grpc_ports_and_sockets_require_this_servers_client_certificate(server, planted, tmp_path):
     grpc = pytest.importorskip("grpc")
-    tcp, unix = listeners(server.process.pid)
-    targets = [f"127.0.0.1:{port}" for _, port in tcp] + [f"unix:{path}" for path in unix]
-    methods = [
-        "/master_pb.Seaweed/GetMasterConfiguration",
-        "/filer_pb.SeaweedFiler/GetFilerConfiguration",
-        "/volume_server_pb.VolumeServer/VolumeServerStatus",
-    ]
-    ca, cert, key = (path.read_bytes() for path in server.tls_files)
+    ports, sockets = known_ports(server), known_sockets(server)
+    ca, cert, key = server.tls_files
+    foreign = s3server._make_tls(tmp_path / "another-ca")  # a CA and certificate this server never saw
+    targets = {(c, ports[f"{c}.grpc"]) for c in GRPC_COMPONENTS} | {(c, sockets[f"{c}.grpc"]) for c in GRPC_COMPONENTS}
+    ca_pem, cert_pem, key_pem = (path.read_bytes() for path in server.tls_files)
+    mutual = grpc.ssl_channel_credentials(root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem)
+    no_cert = grpc.ssl_channel_credentials(root_certificates=ca_pem)
+    options = [("grpc.ssl_target_name_override", "localhost")]  # a unix socket has no host name to check
 
     def call(channel, method):
         try:
@@ -184,20 +509,28 @@ def test_grpc_ports_require_a_client_certificate(server, planted):
         except grpc.RpcError as e:
             return e.code().name
 
-    answered = set()
-    for target in targets:
-        with grpc.insecure_channel(target) as plain:
-            assert {call(plain, m) for m in methods} == {"UNAVAILABLE"}, target
-        if target.startswith("unix:"):
-            continue
-        with grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=ca)) as no_cert:
-            assert {call(no_cert, m) for m in methods} == {"UNAVAILABLE"}, target
-        # Control: with this server's client certificate the same calls are served, so the
-        # refusals above are the missing certificate, not a probe that cannot reach gRPC.
-        creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-        with grpc.secure_channel(target, creds) as mutual:
-            answered |= {m for m in methods if call(mutual, m) == "OK"}
-    assert answered == set(methods)
+    for component, where in sorted(targets, key=str):
+        with socket.socket(socket.AF_UNIX) if isinstance(where, str) else socket.socket() as plain:
+            plain.settimeout(5)
+            plain.connect(where if isinstance(where, str) else ("127.0.0.1", where))
+            plain.sendall(H2_PREFACE)  # plaintext HTTP/2 (h2c): closed without a byte
+            assert plain.recv(64) == b"", (component, where)
+        assert tls_probe(where, ca, None) == "TLSV13_ALERT_CERTIFICATE_REQUIRED", (component, where)
+        assert tls_probe(where, ca, (foreign[1], foreign[2])) == "SSLV3_ALERT_BAD_CERTIFICATE", (component, where)
+        assert tls_probe(where, ca, (cert, key)) == "SETTINGS", (component, where)  # control: this server's certificate
+
+        target = f"unix:{where}" if isinstance(where, str) else f"127.0.0.1:{where}"
+        methods = list(OWN_RPC.values())
+        with grpc.insecure_channel(target) as channel:
+            assert {call(channel, m) for m in methods} == {"UNAVAILABLE"}, (component, where)
+        with grpc.secure_channel(target, no_cert, options) as channel:
+            assert {call(channel, m) for m in methods} == {"UNAVAILABLE"}, (component, where)
+        # Control: with this server's client certificate the component's own RPC is served; the
+        # S3 and admin servers have none of these services, and say so (UNIMPLEMENTED) over mTLS.
+        with grpc.secure_channel(target, mutual, options) as channel:
+            answers = {m: call(channel, m) for m in methods}
+        expected = {m: "OK" if OWN_RPC.get(component) == m else "UNIMPLEMENTED" for m in methods}
+        assert answers == expected, (component, where)
 
 
 def test_s3_port_serves_only_signed_requests(server, planted, monkeypatch):
