@@ -13,6 +13,9 @@ this module redirects exactly those calls to the CPU:
 - tensors created with a hard-coded ``device="cuda"`` in the pipeline schedules, the
   optimizer, gradient clipping and ``utils.local_multi_tensor_l2_norm`` → created on the CPU
   (those modules see a ``torch`` whose factory functions map a CUDA device to the CPU);
+- the dist-checkpoint writers' results queue, a ``Manager`` megatron starts with ``spawn`` (safe
+  beside CUDA; 2–3 s of a fresh interpreter in every rank process that saves) → a ``fork``
+  ``Manager``, as megatron's own writer processes are forked;
 - the optimizers' dtype checks ``param.type() == "torch.cuda.FloatTensor"`` (mixed-precision
   and distributed optimizer construction, ``clip_grad_by_total_norm_fp32``) → accepted for
   CPU tensors, but only inside ``cuda_type_names()``, which the trainer wraps around
@@ -72,8 +75,20 @@ def apply() -> bool:
 
     for module in (schedules, optimizer, clip_grads, megatron_utils):
         module.torch = TorchOnCpu()
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if hasattr(filesystem_async, "_get_write_results_queue"):
+        filesystem_async._get_write_results_queue = _forked_results_queue
     _applied = True
     return True
+
+
+@functools.cache
+def _forked_results_queue():
+    import multiprocessing
+
+    return multiprocessing.get_context("fork").Manager().Queue()
 
 
 # Tensor factories megatron calls with a literal device="cuda".

@@ -1,0 +1,21 @@
+"""What a rank started by ``training.launch`` needs before its first step, loaded once in the
+launcher's fork server rather than in every rank: torch and megatron-core (3–8 s of imports), and
+the import-graph caches of ``common.codeversion`` that ``training.train.run_id`` reads (2–4 s:
+the parse of each module of the closure and the installed distributions' metadata).
+
+Only what does not depend on the environment a caller sets later: no module of ours that reads
+settings at import. The parse cache is keyed by each file's bytes, so an edited file is parsed again.
+"""
+
+import megatron.core  # noqa: F401
+import megatron.core.dist_checkpointing  # noqa: F401
+import megatron.core.distributed  # noqa: F401
+import megatron.core.models.gpt  # noqa: F401
+import megatron.core.optimizer  # noqa: F401
+import megatron.core.pipeline_parallel  # noqa: F401
+import numpy  # noqa: F401
+import torch  # noqa: F401
+
+from common.codeversion import code_version
+
+code_version("training.train")
