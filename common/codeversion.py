@@ -178,11 +178,17 @@ def library_versions(third_party: frozenset[str] | set[str]) -> dict[str, str]:
 
 def data_files(path: Path) -> list[Path]:
     """The files under the folders that the module at ``path`` names in ``__data__``, sorted."""
-    for node in ast.parse(path.read_bytes()).body:
+    folders = _data_folders(path.read_bytes())
+    return sorted(f for folder in folders for f in (path.parent / folder).rglob("*") if f.is_file())
+
+
+@cache
+def _data_folders(source: bytes) -> tuple[str, ...]:
+    """The folders a module's ``__data__`` names. Cached on the source bytes, as ``_imports``."""
+    for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__data__" for t in node.targets):
-            folders = ast.literal_eval(node.value)
-            return sorted(f for folder in folders for f in (path.parent / folder).rglob("*") if f.is_file())
-    return []
+            return tuple(ast.literal_eval(node.value))
+    return ()
 
 
 def code_version(module: str, root: Path = PROJECT_ROOT) -> str:
