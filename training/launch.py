@@ -7,11 +7,12 @@ Flyte's ``Elastic`` plays this part inside the workflow; both go through
 
 Ranks start from a fork server that has loaded what every rank needs once (``forkserver``,
 ``training.rank_preload``): a spawned rank spends 5–12 s importing torch and megatron-core and
-walking the code's import graph, every launch. A forked rank is a fresh process all
-the same (its own pid, exit and signals, as the launcher expects); what it would inherit from the
-server instead of this process, the environment, the working folder and ``tempfile``'s folder, is
-set from this process at the start of the rank, before the function and its arguments are unpickled
-there, so that what they import sees the environment it would see in a spawned rank (``_as_launched``).
+walking the code's import graph, every launch. A forked rank is a fresh process all the same (its
+own pid, exit and signals, as the launcher expects). What it would inherit from the server instead
+of the launching process is set from that process when the rank starts, before the function and
+its arguments are unpickled there (so what they import sees what a spawned rank would see): its
+standard output and error (the launcher's own file descriptors, passed to the rank), the environment, the working folder and
+``tempfile``'s folder (``_as_launched``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -48,20 +50,28 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=max_restarts,
-        monitor_interval=0.5,
+        monitor_interval=0.1,  # a failed rank is seen before the peers that fail because of it exit too
         start_method="forkserver",
     )
     try:
-        return elastic_launch(config, _as_launched)(dict(os.environ), os.getcwd(), pickle.dumps((fn, args)))[0]
+        call = pickle.dumps((fn, args))
+        streams = (_Inherited(1), _Inherited(2))
+        return elastic_launch(config, _as_launched)(streams, dict(os.environ), os.getcwd(), call)[0]
     except ChildFailedError as e:
         failed = job_failure(e)
         # The same report with the right rank first: nothing to chain, except under a rank's user error (the report).
         raise failed from failed.__cause__
 
 
-def _as_launched(env: dict[str, str], cwd: str, call: bytes) -> Any:
-    """``fn(*args)`` (pickled in ``call``) in this rank, with the launching process's environment and working
-    folder, as a spawned rank would have them, plus what the launcher set for this rank (RANK, MASTER_PORT, ...)."""
+def _as_launched(streams: tuple[int, int], env: dict[str, str], cwd: str, call: bytes) -> Any:
+    """``fn(*args)`` (pickled in ``call``) in this rank, with the launching process's standard output and
+    error (``streams``, as ``_Inherited`` hands them over), environment and working folder, as a spawned
+    rank would have them, plus what the launcher set for this rank (RANK, MASTER_PORT, ...)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for inherited, fd in zip(streams, (1, 2), strict=True):
+        os.dup2(inherited, fd)
+        os.close(inherited)
     for_rank = {key: value for key, value in os.environ.items() if _SERVER_ENV.get(key) != value}
     os.environ.clear()
     os.environ.update(env)
@@ -70,3 +80,21 @@ def _as_launched(env: dict[str, str], cwd: str, call: bytes) -> Any:
     tempfile.tempdir = None  # found again from TMPDIR, as it now is
     fn, args = pickle.loads(call)
     return fn(*args)
+
+
+class _Inherited:
+    """A file descriptor of the launching process, given to the rank itself: pickled for the fork server,
+    it travels with the rank's start (``multiprocessing.reduction.DupFd``), so the rank writes to the very
+    file description the launcher has (its offset too: a log file is appended to, not overwritten)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return _received, (reduction.DupFd(self.fd),)
+
+
+def _received(dup: Any) -> int:
+    return dup.detach()
