@@ -3,7 +3,10 @@ Shared helpers (settings, corpora, run helpers) are in tests/helpers.py."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +65,128 @@ def mlflow_tracking_uri(tmp_path_factory) -> str:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", uri)
         yield uri
+
+
+# ----------------------------------------------------------------------------------------------
+# Time and skips, guarded (see docs/testing.md): a test's own time over LONG_S needs a reason; on CI
+# a skip needs a line in SKIPS_ALLOWED.
+
+LONG_S = 60.0
+"""A test whose own time (its setup less shared fixtures, plus its call) passes this needs
+``@pytest.mark.long("why")``; a shared fixture that builds for longer needs ``@long_fixture("why")``."""
+SKIPS_ALLOWED = Path(__file__).with_name("skips_allowed.txt")
+
+_shared_setup: dict[str, float] = {}  # test id -> seconds its setup spent building shared fixtures
+_long_fixtures: list[str] = []  # shared fixtures over LONG_S without a reason
+_current = [""]  # the test being set up (a shared fixture's request names its own scope's node)
+_started = [time.monotonic()]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _started[0] = time.monotonic()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _current[0] = item.nodeid
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "long(reason): the test's own time passes 60 s; the reason says why in one line")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    started = time.perf_counter()
+    yield
+    if fixturedef.scope == "function":
+        return
+    elapsed = time.perf_counter() - started
+    _shared_setup[_current[0]] = _shared_setup.get(_current[0], 0.0) + elapsed
+    if elapsed > LONG_S and not getattr(fixturedef.func, "long_reason", ""):
+        _long_fixtures.append(f"{fixturedef.argname} ({fixturedef.scope}) built in {elapsed:.0f} s")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.when == "setup":
+        item.stash[_SETUP_S] = report.duration - _shared_setup.get(item.nodeid, 0.0)
+    if report.when != "call" or not report.passed:
+        return
+    own = item.stash.get(_SETUP_S, 0.0) + report.duration
+    marker = item.get_closest_marker("long")
+    if own > LONG_S and not (marker and marker.args and str(marker.args[0]).strip()):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} took {own:.0f} s of its own (setup less shared fixtures, plus call), over the {LONG_S:.0f} s "
+            'a test may take unexplained: make it cheaper, or mark it @pytest.mark.long("why, in one line")'
+        )
+
+
+_SETUP_S = pytest.StashKey[float]()
+
+
+def long_fixture(reason: str):
+    """Marks a shared fixture allowed to build for longer than LONG_S, saying why."""
+
+    def mark(fn):
+        fn.long_reason = reason
+        return fn
+
+    return mark
+
+
+def allowed_skips() -> list[tuple[str, str]]:
+    """(test id pattern, reason) per line of SKIPS_ALLOWED: ``pattern | reason``; # starts a comment."""
+    rows = []
+    for line in SKIPS_ALLOWED.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            pattern, _, reason = (part.strip() for part in line.partition("|"))
+            rows.append((pattern, reason))
+    return rows
+
+
+def _skips(terminalreporter) -> list[tuple[str, str]]:
+    found = []
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        found.append((report.nodeid, reason.removeprefix("Skipped: ")))
+    return found
+
+
+_PROBLEMS = pytest.StashKey[list[str]]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Runs before the terminal summary is written: a guard that fails sets the exit status."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skips = _skips(reporter) if reporter else []
+    problems = [f"shared fixture {line}, over {LONG_S:.0f} s with no @long_fixture reason" for line in _long_fixtures]
+    if os.environ.get("CI"):
+        allowed = allowed_skips()
+        problems += [
+            f"{nodeid} was skipped on CI ({reason}) and {SKIPS_ALLOWED.name} does not allow it: the check did not run"
+            for nodeid, reason in skips
+            if not any(fnmatch.fnmatchcase(nodeid, pattern) for pattern, _ in allowed)
+        ]
+    session.config.stash[_PROBLEMS] = problems
+    if problems and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    skips = _skips(terminalreporter)
+    if skips:
+        terminalreporter.section("skipped tests and why")
+        for nodeid, reason in skips:
+            terminalreporter.line(f"{nodeid}: {reason}")
+    problems = config.stash.get(_PROBLEMS, [])
+    if problems:
+        terminalreporter.section("suite guards failed")
+        for line in problems:
+            terminalreporter.line(line, red=True)
+    elapsed = time.monotonic() - _started[0]
+    terminalreporter.line(f"suite wall time {elapsed:.0f} s (budget: 900 s for the whole suite on the 2-core machine)")
