@@ -1,12 +1,15 @@
 """Identical executions (issue 18 item 2): the same registration replayed or made twice at once
 gives one version, also after a registration SIGKILLed before its commit; two identical
 ``pretrain run`` started at the same moment on one store both finish, with one version and every
-checkpoint complete, whether they share flytekit's local cache or not."""
+checkpoint complete, whether they share flytekit's local cache or not, one of them having waited for
+the other's lease on the run (the holder is stopped until it does: the overlap is made, not hoped for)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,8 +21,9 @@ import pytest
 from common.contracts import CARD_MARKDOWN, checkpoint_prefix, committed_steps, model_prefix
 from registry.registry import list_models, read_card, register
 from storage import open_store
-from tests.helpers import BIN, ROOT, distinct_corpus, registry_inputs, report, write_config
+from tests.helpers import BIN, ROOT, distinct_corpus, kill_group, registry_inputs, report, write_config
 from training.checkpoint import fetch
+from training.lease import STALE_S
 
 CONFIG = {"evaluation": {"batch_size": 4, "max_batches": 2}, "registry": {"model_name": "gpt"}}
 
@@ -81,11 +85,33 @@ def test_a_registration_killed_before_its_commit_is_completed_by_the_rerun(store
 # ----------------------------------------------------------------------------------------------
 # Two identical `pretrain run` at the same moment
 
+STEPS = 100
+"""Long enough that the holder cannot finish training before the test stops it (the test looks for the lease
+every POLL_S; the holder then has 100 steps and 2 checkpoints to go, ~0.1 s a step) nor in the short spells it
+runs between pauses; cheap all the same (the waiter trains none: it resumes from the holder's final checkpoint)."""
+POLL_S = 0.05
+PAUSE_S = 20.0
+"""Longest the holder stays stopped past its last heartbeat: well under lease.STALE_S (60 s: the waiter
+would take the lease over, and the holder, resumed, would lose it and fail), and two pauses under
+parallel.collective_timeout_s (60 s: a collective a rank entered just before a pause must still finish)."""
+RESUMED_S = 1.0
+"""How long the holder runs between two pauses once it refreshed its lease: its ranks catch up with each other."""
+OVERLAP_DEADLINE_S = 600.0
+"""How long the other run may take to reach the lease (its data tasks and launch, on a loaded machine)."""
+WAITING = "is being trained by"
+"""training.lease's line when an identical execution holds the lease."""
+
 
 def start(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    # Its own process group (session): the ranks, forked inside it, are stopped, resumed or killed with it.
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [str(BIN / "pretrain"), "run", "--config", str(config)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            [str(BIN / "pretrain"), "run", "--config", str(config)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
@@ -93,16 +119,95 @@ def waiting_lines(log: Path) -> list[str]:
     return [line for line in log.read_text(errors="replace").splitlines() if "identical execution" in line or "took over" in line]
 
 
+def lease_record(store_root: Path) -> dict | None:
+    """The lease record (``runs/<id>/lease.json``) of the local store at ``store_root``; None while there is none."""
+    for path in store_root.glob("runs/*/lease.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):  # released between the glob and the read (writes are renames: never torn)
+            continue
+        if isinstance(record, dict) and isinstance(record.get("pid"), int):
+            return record
+    return None
+
+
+def lease_holder(store_root: Path, procs: list[subprocess.Popen]) -> tuple[int, dict] | None:
+    """Which run holds the lease, and its record: the run whose process group has the holder (rank 0, forked
+    inside it). None while there is no lease, or its holder is gone (it released it, or is releasing it)."""
+    record = lease_record(store_root)
+    if record is None:
+        return None
+    try:
+        group = os.getpgid(record["pid"])
+    except ProcessLookupError:
+        return None
+    runs = [i for i, proc in enumerate(procs) if proc.pid == group]
+    assert runs, f"the lease's holder, pid {record['pid']}, is in process group {group}, not one of the runs'"
+    return runs[0], record
+
+
+def make_one_wait(store_root: Path, procs: list[subprocess.Popen], logs: list[Path]) -> tuple[int, dict]:
+    """Force the overlap instead of hoping for it: as soon as one run holds the lease, stop its whole process
+    group (SIGSTOP) until the other run's log says it is waiting for that lease. A pause ends at most PAUSE_S
+    past the holder's heartbeat; the holder is then resumed until it refreshes the lease (due at once:
+    refresh_s passed while it was stopped) and stopped again, so a slow waiter is waited for without the
+    lease going stale. Returns the holder's index and the lease record it wrote."""
+    deadline = time.monotonic() + OVERLAP_DEADLINE_S
+    while (found := lease_holder(store_root, procs)) is None:
+        codes = [proc.poll() for proc in procs]
+        assert None in codes, f"both runs exited ({codes}) and neither was seen holding the lease"
+        assert time.monotonic() < deadline, f"no run held the lease within {OVERLAP_DEADLINE_S:.0f} s"
+        time.sleep(POLL_S)
+    holder, record = found
+    other, group = 1 - holder, procs[holder].pid
+
+    def waiting() -> bool:
+        if WAITING in logs[other].read_text(errors="replace"):  # a line still being written is enough
+            return True
+        code = procs[other].poll()
+        assert code is None, (
+            f"run-{other} exited ({code}) without waiting for the lease run-{holder} holds ({record}); its log ends: "
+            + logs[other].read_text(errors="replace")[-1500:]
+        )
+        return False
+
+    held = record
+    try:
+        while True:
+            os.killpg(group, signal.SIGSTOP)
+            while time.time() < held["heartbeat"] + PAUSE_S:
+                if waiting():
+                    return holder, record
+                time.sleep(0.2)
+            os.killpg(group, signal.SIGCONT)  # to refresh its heartbeat: the lease must not go stale
+            while (now := lease_record(store_root)) == held:
+                assert time.time() < held["heartbeat"] + STALE_S - 10, f"run-{holder} did not refresh its lease {held}"
+                time.sleep(POLL_S)
+            assert now is not None and now["token"] == record["token"], (
+                f"run-{holder} no longer holds the lease ({now}) and run-{other} never waited for it"
+            )
+            time.sleep(RESUMED_S)
+            if waiting():
+                return holder, record
+            assert time.monotonic() < deadline, f"run-{other} did not reach the lease within {OVERLAP_DEADLINE_S:.0f} s"
+            held = now
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # gone already: nothing left stopped
+            os.killpg(group, signal.SIGCONT)  # never leave it stopped, whatever failed
+
+
 @pytest.mark.slow
+@pytest.mark.long("two whole `pretrain run`s (data, training, evaluation, registration) at once, one held until the other waits")
 @pytest.mark.parametrize("homes", ["shared-home", "separate-homes"])
-def test_two_identical_runs_at_once_both_finish_with_one_version(tmp_path, homes):
-    store_uri = str(tmp_path / "store")
+def test_two_identical_runs_at_once_both_finish_with_one_version(tmp_path: Path, homes: str) -> None:
+    store_root = tmp_path / "store"
+    store_uri = str(store_root)
     corpus = distinct_corpus(tmp_path / "corpus", n=30, words_per_doc=120)
     config = write_config(
         tmp_path / "tiny.yaml",
         store_uri,
         data={"sources": [str(corpus)], "max_documents": 0},
-        train={"steps": 6, "checkpoint_every": 3, "keep_checkpoints": 3},
+        train={"steps": STEPS, "checkpoint_every": STEPS // 2, "keep_checkpoints": 3},
     )
     envs = []
     for i in range(2):
@@ -112,17 +217,24 @@ def test_two_identical_runs_at_once_both_finish_with_one_version(tmp_path, homes
     started = time.monotonic()
     procs = [start(config, env, log) for env, log in zip(envs, logs, strict=True)]
     try:
+        holder, lease = make_one_wait(store_root, procs, logs)
+        waited = time.monotonic() - started
         codes = [p.wait(timeout=1500) for p in procs]
-    finally:
+    except BaseException:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            kill_group(p)  # SIGKILL ends stopped processes too: nothing is left behind
+        raise
     elapsed = time.monotonic() - started
     texts = [log.read_text(errors="replace") for log in logs]
     assert codes == [0, 0], "\n\n".join(t[-4000:] for t in texts)
     printed = [json.loads(t.strip().splitlines()[-1]) for t in texts]
-    assert printed[0] == printed[1] and printed[0]["version"] == 1, printed
+    assert printed[0] == printed[1] and printed[0]["version"] == 1, printed  # the waiter registered the holder's version
+
+    waiter = 1 - holder
+    waits = [waiting_lines(log) for log in logs]
+    assert waits[holder] == [], waits  # the holder never waited nor took over
+    assert len(waits[waiter]) == 1 and WAITING in waits[waiter][0], waits  # it waited, once, and took nothing over
+    assert f"pid {lease['pid']} on host {lease['host']}" in waits[waiter][0], (lease, waits)  # for the holder's lease
 
     listed = subprocess.run(
         [str(BIN / "pretrain"), "registry", "list", "--json", "--store", store_uri],
@@ -137,13 +249,15 @@ def test_two_identical_runs_at_once_both_finish_with_one_version(tmp_path, homes
 
     store = open_store(store_uri)
     (run,) = [f"runs/{name}" for name in store.children("runs")]  # both trained the same run
-    assert committed_steps(store, run) == [3, 6]
-    for step in (3, 6):  # every file committed is there, with the digest recorded at the save
+    assert lease["run"] == run
+    assert committed_steps(store, run) == [STEPS // 2, STEPS]
+    for step in (STEPS // 2, STEPS):  # every file committed is there, with the digest recorded at the save
         fetch(store, checkpoint_prefix(run, step), tmp_path / "fetched" / str(step))
     assert not store.exists(f"{run}/lease.json")  # released by whoever held it last
     metrics = [json.loads(line) for line in store.get_bytes(f"{run}/metrics.jsonl").decode().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(1, 7))  # one run's steps, not two interleaved
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))  # one run's steps, not two interleaved
     card = store.get_json("models/gpt-e2e/1/card.json")
-    assert card["lineage"]["checkpoint"] == store.url(checkpoint_prefix(run, 6))
-    waits = [waiting_lines(log) for log in logs]
-    print(f"[{homes}] both finished in {elapsed:.0f} s; lines about the lease: {waits}")
+    assert card["lineage"]["checkpoint"] == store.url(checkpoint_prefix(run, STEPS))
+    print(
+        f"[{homes}] run-{waiter} waited for run-{holder} after {waited:.0f} s; both finished in {elapsed:.0f} s: {waits[waiter]}"
+    )
