@@ -1154,12 +1154,13 @@ class Stall:
     phase: str
 
 
-# Started by a rank before it stops itself: it SIGKILLs that rank once its peers have exited, as the
-# launcher's SIGTERM cannot end a stopped process (the launcher would wait 30 s more, then SIGKILL it).
+# Started by a rank before it stops itself: it SIGKILLs that rank once its peers (the fork server's
+# other children: training.launch) have exited, as the launcher's SIGTERM cannot end a stopped process
+# (the launcher would wait 30 s more, then SIGKILL it).
 _RELEASE = (
     "import signal, sys, psutil\n"
     "me = psutil.Process(int(sys.argv[1]))\n"
-    "peers = [p for p in me.parent().children() if p.pid != me.pid and 'spawn_main' in ' '.join(p.cmdline())]\n"
+    "peers = [p for p in me.parent().children() if p.pid != me.pid and 'forkserver' in ' '.join(p.cmdline())]\n"
     "psutil.wait_procs(peers, timeout=float(sys.argv[2]))\n"
     "me.send_signal(signal.SIGKILL)\n"
 )
@@ -1722,3 +1723,47 @@ def final_weights(ref, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
         return {name: p.detach().clone() for name, p in model.named_parameters()}
     finally:
         shutdown_distributed()
+
+
+# ----------------------------------------------------------------------------------------------
+# Which cached tasks an edit reruns: derived by tests/test_cache_keys.py from the cache keys, observed
+# from real executions by tests/test_workflow_e2e.py.
+
+ALL_TASKS = {"prepare", "validate", "train", "evaluate", "register"}
+
+# file edited -> (keys that change, tasks that rerun). Why the wide rows are wide:
+# pipeline/config.py imports data_prep.validation (for ValidationConfig), which imports
+# data_prep.prepare, so every task that reaches pipeline.config (all of them, through
+# tasks.placement -> pipeline.cluster) depends on all of data_prep; and storage and
+# common.contracts are imported by every stage.
+CACHE_KEY_TABLE = {
+    "kernels/rmsnorm.py": ({"train", "evaluate", "run id"}, {"train", "evaluate", "register"}),
+    "data_prep/clean.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
+    "training/step.py": ({"train", "run id"}, {"train", "evaluate", "register"}),
+    "storage/store.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
+    "registry/registry.py": ({"register"}, {"register"}),
+    "common/contracts.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
+    "pipeline/cli.py": (set(), set()),
+    "tasks/decks.py": ({"prepare", "validate", "train", "evaluate"}, {"prepare", "validate", "train", "evaluate"}),
+    # A data file of training.lm_eval_suite (its __data__): the evaluation only, not every task that checks settings.
+    "training/lm_eval_tasks/heldout_cloze.yaml": ({"evaluate"}, {"evaluate"}),
+}
+
+
+def long_fixture(reason: str):
+    """Marks a shared fixture allowed to build for longer than tests/conftest.py's LONG_S, saying why."""
+
+    def mark(fn):
+        fn.long_reason = reason
+        return fn
+
+    return mark
+
+
+def rank_processes(launcher_pid: int) -> list:
+    """The ranks of a ``training.launch`` job run by the process ``launcher_pid``: the children of its fork
+    server (a rank's own children, such as megatron's checkpoint writers, are not ranks)."""
+    import psutil
+
+    servers = [c for c in psutil.Process(launcher_pid).children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
+    return [rank for server in servers for rank in server.children()]

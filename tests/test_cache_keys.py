@@ -22,6 +22,8 @@ import pytest
 
 from common import codeversion
 from common.codeversion import FIRST_PARTY, PROJECT_ROOT, closure, code_version
+from tests.helpers import ALL_TASKS as ALL
+from tests.helpers import CACHE_KEY_TABLE as EXPECTED
 
 TASK_MODULES = {
     "prepare": "tasks.data",
@@ -31,25 +33,6 @@ TASK_MODULES = {
     "register": "tasks.register",
 }
 RUN_ID_MODULE = "training.train"  # run_id hashes code_version("training.train")
-ALL = set(TASK_MODULES)
-
-# file edited -> (keys that change, tasks that rerun). Why the wide rows are wide:
-# pipeline/config.py imports data_prep.validation (for ValidationConfig), which imports
-# data_prep.prepare, so every task that reaches pipeline.config (all of them, through
-# tasks.placement -> pipeline.cluster) depends on all of data_prep; and storage and
-# common.contracts are imported by every stage.
-EXPECTED = {
-    "kernels/rmsnorm.py": ({"train", "evaluate", "run id"}, {"train", "evaluate", "register"}),
-    "data_prep/clean.py": (ALL | {"run id"}, ALL),
-    "training/step.py": ({"train", "run id"}, {"train", "evaluate", "register"}),
-    "storage/store.py": (ALL | {"run id"}, ALL),
-    "registry/registry.py": ({"register"}, {"register"}),
-    "common/contracts.py": (ALL | {"run id"}, ALL),
-    "pipeline/cli.py": (set(), set()),
-    "tasks/decks.py": ({"prepare", "validate", "train", "evaluate"}, {"prepare", "validate", "train", "evaluate"}),
-    # A data file of training.lm_eval_suite (its __data__): the evaluation only, not every task that checks settings.
-    "training/lm_eval_tasks/heldout_cloze.yaml": ({"evaluate"}, {"evaluate"}),
-}
 ORDER = [*TASK_MODULES, "run id"]
 
 
@@ -75,6 +58,7 @@ def reruns(changed: set[str]) -> set[str]:
     return tasks
 
 
+@pytest.mark.slow
 def test_each_edit_changes_exactly_the_expected_versions(tree, tmp_path):
     baseline = keys(tree)
     assert keys(shutil.copytree(tree, tmp_path / "elsewhere")) == baseline, "keys must not depend on where the tree is"
@@ -121,6 +105,7 @@ def test_closures_keep_their_layers():
         print(f"{module}: {len(found.modules)} modules; libraries {sorted(codeversion.library_versions(found.third_party))}")
 
 
+@pytest.mark.slow
 def test_library_versions_are_part_of_the_key(monkeypatch):
     before = {module: code_version(module) for module in ("tasks.data", "tasks.train", "tasks.register")}
     installed = codeversion.distribution_version

@@ -5,8 +5,8 @@ the user's to fix prints its first line and the log's path; a rank its watchdog 
 job's log, not at an error file that is never written.
 
 Real parts throughout: the ranks' own records (``training.failures``), a real watchdog exiting, Flyte's
-local execution of the ``Elastic`` task with two gloo ranks, and ``pretrain run`` into a real tmpfs
-that fills up during a checkpoint save.
+local execution of the ``Elastic`` task with two gloo ranks. ``pretrain run`` into a real tmpfs that fills
+up during a checkpoint save is in tests/test_store_full.py.
 """
 
 from __future__ import annotations
@@ -27,23 +27,13 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from common.errors import UserError, user_error_in, write_traceback
 from data_prep.sources import DataError
 from pipeline.cli import _without_flyte_prefix, headline
-from storage import open_store
-from storage.store import COMMIT_MARKER
 from tasks.elastic import FirstFailureElastic
 from tests.helpers import (
-    BIN,
     RANK_DATA_PROBLEM,
     ROOT,
-    distinct_corpus,
     elastic_task,
     elastic_train_with_data_problem,
-    fill_once_present,
     fresh_copy,
-    resize_tmpfs,
-    run,
-    temp_leftovers,
-    tmpfs,
-    write_config,
 )
 from training.failures import FILE_NAME, Failure, JobFailed, RankUserError, job_failure, record_failure
 from training.watchdog import EXIT_STUCK
@@ -107,6 +97,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_rank_its_watchdog_ended_points_at_the_jobs_log_not_an_error_file(tmp_path):
     error_file = tmp_path / "attempt_0" / "0" / "error.json"
     error_file.parent.mkdir(parents=True)
@@ -134,6 +125,7 @@ def test_a_rank_its_watchdog_ended_points_at_the_jobs_log_not_an_error_file(tmp_
 # -- through Flyte's local execution of the Elastic task: two real ranks ---------------------------
 
 
+@pytest.mark.slow
 def test_a_ranks_user_error_leaves_a_flyte_elastic_task_as_one_user_error_line(tiny_dataset, tmp_path, monkeypatch):
     monkeypatch.setenv("PRETRAIN_LOG_DIR", str(tmp_path / "logs"))
     elastic = elastic_task(elastic_train_with_data_problem, FirstFailureElastic(nproc_per_node=2))
@@ -174,64 +166,3 @@ def test_a_failure_that_is_not_the_users_is_its_first_line_and_the_log_holds_the
         broken(x=1)
     assert headline(caught.value) == "fails_with_a_report: RuntimeError: the pipeline broke here"
     assert "over many lines" in write_traceback(caught.value, "run").read_text()
-
-
-# -- `pretrain run` into a store that fills up during a checkpoint save ---------------------------
-
-LEAVE = 256 * 1024
-"""Bytes left free once validation is committed: room for what training writes before its first
-checkpoint (the run's lease, metrics, step times: tens of KB), not for the checkpoint (~1.8 MB for the
-tiny model, checked below against the checkpoint the second run commits)."""
-
-
-@pytest.mark.slow
-def test_pretrain_run_into_a_store_that_fills_during_a_checkpoint_save_is_one_line_then_completes(tmp_path):
-    from registry.registry import list_models
-
-    corpus = distinct_corpus(tmp_path / "corpus")
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
-    for name in ("PRETRAIN_STORE", "PRETRAIN_LOG_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME"):
-        env.pop(name, None)
-    with tmpfs(tmp_path / "disk", "16m") as disk:
-        store_dir = disk / "store"
-        config = write_config(tmp_path / "tiny.yaml", str(store_dir), data={"sources": [str(corpus)]})
-        command = [str(BIN / "pretrain"), "run", "--config", str(config)]
-
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            # The dataset and its validation report take what they take; then only LEAVE bytes stay free.
-            fill_once_present(proc, f"datasets/*/validation/{COMMIT_MARKER}", store_dir, disk, LEAVE)
-            _, stderr = proc.communicate(timeout=900)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 2, stderr[-4000:]
-        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1], stderr[-4000:]
-        line = errors[0]
-        print(line)  # what the user saw (pytest -s)
-        pattern = (
-            r"error: train_model: rank (\d) failed first, during checkpoint save at step 6: StoreFullError: "
-            rf"store {re.escape(str(store_dir))} is full \(no space left on device\) while writing "
-            r"(runs/[0-9a-f]+/checkpoints/step-0000006/\S+): free space there or point store: .* nothing partial was "
-            r"committed \(full traceback: (\S+)\)"
-        )
-        match = re.fullmatch(pattern, line)
-        assert match, line
-        assert "Traceback" not in line and "=====" not in line and len(line) < 1000
-        log = Path(match[3]).read_text()  # the whole report: the rank's own traceback, torch's report
-        assert "training/checkpoint.py" in log and "Root Cause (first observed failure)" in log
-        assert not [p for p in (store_dir / "runs").rglob(COMMIT_MARKER)]  # nothing of the run looks complete
-        assert temp_leftovers(store_dir) == []
-
-        resize_tmpfs(disk, "64m")  # an operator grows the volume: the same command completes
-        done = run(command, env)
-        assert done.returncode == 0, done.stderr[-3000:]
-        store = open_store(str(store_dir))
-        checkpoint = match[2].split("/checkpoints/")[0] + "/checkpoints/step-0000006"
-        assert store.is_committed(checkpoint)
-        weight = sum(p.stat().st_size for p in (store_dir / checkpoint).rglob("*") if p.is_file())
-        assert weight > 4 * LEAVE, weight  # the space left could never hold the checkpoint
-        assert [(m["name"], m["version"]) for m in list_models(store)] == [("gpt-e2e", 1)]
-        assert temp_leftovers(store_dir) == []

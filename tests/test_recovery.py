@@ -15,7 +15,7 @@ import pytest
 
 from storage import open_store
 from storage.s3server import S3Server
-from tests.helpers import ROOT, fresh_copy, kill_group, start_training, tiny_model
+from tests.helpers import ROOT, fresh_copy, kill_group, rank_processes, start_training, tiny_model
 from training import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
@@ -89,8 +89,8 @@ TIMEOUT_S = 20
 
 
 def a_rank_process(job: subprocess.Popen) -> psutil.Process:
-    """One of the launcher's worker processes (spawned workers set RANK only after exec, so which one is unknown)."""
-    workers = [c for c in psutil.Process(job.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    """One of the launcher's ranks (a rank sets RANK only once it runs, so which one is unknown)."""
+    workers = rank_processes(job.pid)
     assert len(workers) == 2, workers
     return max(workers, key=lambda p: p.create_time())
 
@@ -130,6 +130,7 @@ def test_a_dead_or_stuck_rank_fails_the_job_with_a_clear_error(tiny_dataset, tmp
         assert re.search(r"exitcode\s*:\s*-9 \(pid: \d+\)\s*\(SIGKILL\)", text), text[-3000:]
 
 
+@pytest.mark.slow
 def test_watchdog_ends_a_rank_stuck_outside_collectives(tmp_path):
     code = (
         "import time\n"

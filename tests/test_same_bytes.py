@@ -8,6 +8,8 @@ under about three minutes: ``data.max_documents`` 120, ``train.steps`` 12 with
 ``train.checkpoint_every`` 6 (two checkpoints, the second final), ``evaluation.max_batches`` 2
 and ``evaluation.lm_eval_tasks`` [] (lm-eval is ~30 s per run; tests/test_lm_eval*.py). The
 store is given by ``$PRETRAIN_STORE`` (the config's ``store: ""``), so the config holds nothing else.
+The two runs go side by side: they share nothing, and the same computation beside another must
+not change a byte either.
 
 Compared: the dataset version and every file of the dataset (manifest, tokenizer, shards);
 every tensor of both checkpoints (model weights and the AdamW moments ``exp_avg`` /
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,7 @@ import yaml
 
 from common.contracts import CARD, committed_steps
 from storage import open_store
-from tests.helpers import BIN, run, run_metrics
+from tests.helpers import BIN, ROOT, run_metrics
 from training.snapshot import checkpoint_tensors, comparable_metrics, differences
 
 pytestmark = pytest.mark.slow
@@ -40,21 +43,40 @@ OVERRIDES = {
 }
 
 
-def demo_run(root: Path, config: Path):
-    """``pretrain run`` of the demo config into a fresh store and a fresh flytekit cache under ``root``."""
-    env = {**os.environ, "HOME": str(root / "home"), "PRETRAIN_STORE": str(root / "store"), "PYTHONUNBUFFERED": "1"}
-    result = run([str(BIN / "pretrain"), "run", "--config", str(config)], env, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    registered = json.loads(result.stdout.strip().splitlines()[-1])
-    store = open_store(str(root / "store"))
-    entry = registered["uri"].removeprefix(f"{store.uri.rstrip('/')}/")
-    return store, store.get_json(f"{entry}/{CARD}")
+def demo_runs(roots: list[Path], config: Path) -> list[tuple]:
+    """``pretrain run`` of the demo config into a fresh store and a fresh flytekit cache under each root,
+    all at once (the runs share nothing, and doing the same computation side by side must not change a
+    byte either): each run's (store, card)."""
+    procs = []
+    for root in roots:
+        env = {**os.environ, "HOME": str(root / "home"), "PRETRAIN_STORE": str(root / "store"), "PYTHONUNBUFFERED": "1"}
+        root.mkdir(parents=True)
+        with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
+            command = [str(BIN / "pretrain"), "run", "--config", str(config)]
+            procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err))
+    try:
+        codes = [proc.wait(timeout=900) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results = []
+    for root, code in zip(roots, codes, strict=True):
+        output = (root / "stdout").read_text(errors="replace")
+        assert code == 0, output[-3000:] + (root / "stderr").read_text(errors="replace")[-3000:]
+        registered = json.loads(output.strip().splitlines()[-1])
+        store = open_store(str(root / "store"))
+        entry = registered["uri"].removeprefix(f"{store.uri.rstrip('/')}/")
+        results.append((store, store.get_json(f"{entry}/{CARD}")))
+    return results
 
 
+@pytest.mark.long("two whole demo pipelines (stdlib corpus, TP 2), side by side")
 def test_two_runs_of_the_demo_give_the_same_bytes(tmp_path):
     config = tmp_path / "demo-short.yaml"
     config.write_text(yaml.safe_dump(OVERRIDES))
-    (store_a, card_a), (store_b, card_b) = demo_run(tmp_path / "a", config), demo_run(tmp_path / "b", config)
+    (store_a, card_a), (store_b, card_b) = demo_runs([tmp_path / "a", tmp_path / "b"], config)
 
     # The dataset: the same version (a hash of the manifest), and the same bytes in every file.
     version = card_a["lineage"]["dataset_version"]

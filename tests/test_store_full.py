@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from storage import open_store
 from storage.store import COMMIT_MARKER, S3Store, StoreFullError
 from tests.helpers import (
     BIN,
+    ROOT,
     distinct_corpus,
+    fill_once_present,
     fill_up,
     resize_tmpfs,
     run,
@@ -107,6 +110,7 @@ def test_a_download_into_a_full_folder_names_the_folder(small_disk, tmp_path):
     assert temp_leftovers(small_disk) == [] and not (small_disk / "dl" / "weights.bin").exists()
 
 
+@pytest.mark.slow
 def test_full_local_staging_says_which_folder_and_to_set_tmpdir(small_disk, tmp_path, monkeypatch):
     """prepare_dataset writes a partition's token stream in the temporary folder before uploading
     it: that folder filling up is one NoSpaceError (as ``pretrain run`` prints it) that points at
@@ -156,16 +160,28 @@ def test_s3_answers_that_mean_no_space_name_the_store_and_key(code, status):
         )
 
 
+LEAVE = 256 * 1024
+"""Bytes left free once validation is committed: room for what training writes before its first
+checkpoint (the run's lease, metrics, step times: tens of KB), not for the checkpoint (~1.8 MB for the
+tiny model, checked below against the checkpoint the last run commits)."""
+
+
 @pytest.mark.slow
-def test_pretrain_run_into_a_3mb_store_fails_in_one_line_then_completes_once_grown(tmp_path):
-    """As reported: a 3 MB store fills up while validation copies its report (Great Expectations'
-    Data Docs: ~4 MB). One line names the store and the key, exit status 2, the validation not
-    committed (the dataset, which fitted, is); grown to 64 MB, the same command completes."""
+@pytest.mark.long("three pipelines on one store: full at validation, full at the first save, then complete")
+def test_pretrain_run_into_a_store_that_fills_fails_in_one_line_each_time_then_completes_once_grown(tmp_path):
+    """As reported, twice on one store (each failure is one line naming the store and the key, exit
+    status 2, nothing after the last committed stage looks complete), then the same command completes:
+
+    1. a 3 MB store fills up while validation copies its report (Great Expectations' Data Docs: ~4 MB);
+       the dataset, which fitted, is committed, the validation is not;
+    2. grown to 16 MB, the same command validates; then the disk is filled to LEAVE bytes and the first
+       checkpoint save fails on a rank: the job's one line names that rank, the key and the full
+       traceback log, which holds the rank's own traceback and torch's report;
+    3. grown to 64 MB, the same command completes: one version, committed, from the dataset of step 1."""
     from registry.registry import list_models
 
     corpus = distinct_corpus(tmp_path / "corpus")
-    home = tmp_path / "home"
-    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     for name in ("PRETRAIN_STORE", "PRETRAIN_LOG_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME"):
         env.pop(name, None)
     with tmpfs(tmp_path / "disk", "3m") as disk:
@@ -173,31 +189,70 @@ def test_pretrain_run_into_a_3mb_store_fails_in_one_line_then_completes_once_gro
         config = write_config(tmp_path / "tiny.yaml", str(store_dir), data={"sources": [str(corpus)]})
         command = [str(BIN / "pretrain"), "run", "--config", str(config)]
 
+        # 1. Full during validation.
         failed = run(command, env)
         assert failed.returncode == 2, failed.stderr[-3000:]
-        errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and errors[0] == failed.stderr.strip().splitlines()[-1], failed.stderr[-3000:]
+        line = one_error_line(failed.stderr)
         assert "Traceback" not in failed.stderr and "OSError" not in failed.stderr
         pattern = (
             rf"error: validate_data: store {re.escape(str(store_dir))} is full \(no space left on device\) "
             r"while writing datasets/([0-9a-f]+)/validation/\S+: free space there or point store: "
         )
-        print(errors[0])  # what the user saw (pytest -s)
-        match = re.match(pattern, errors[0])
-        assert match, errors[0]
+        match = re.match(pattern, line)
+        assert match, line
         version = match[1]
         markers = sorted(p.relative_to(store_dir).as_posix() for p in store_dir.rglob(COMMIT_MARKER))
         assert markers == [f"datasets/{version}/{COMMIT_MARKER}"]  # the dataset fitted; nothing after it looks complete
         assert temp_leftovers(store_dir) == []
 
+        # 2. Full during the first checkpoint save.
+        resize_tmpfs(disk, "16m")
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # The validation report takes what it takes; then only LEAVE bytes stay free.
+            fill_once_present(proc, f"datasets/*/validation/{COMMIT_MARKER}", store_dir, disk, LEAVE)
+            _, stderr = proc.communicate(timeout=900)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 2, stderr[-4000:]
+        line = one_error_line(stderr)
+        pattern = (
+            r"error: train_model: rank (\d) failed first, during checkpoint save at step 6: StoreFullError: "
+            rf"store {re.escape(str(store_dir))} is full \(no space left on device\) while writing "
+            r"(runs/[0-9a-f]+/checkpoints/step-0000006/\S+): free space there or point store: .* nothing partial was "
+            r"committed \(full traceback: (\S+)\)"
+        )
+        match = re.fullmatch(pattern, line)
+        assert match, line
+        assert "Traceback" not in line and "=====" not in line and len(line) < 1000
+        log = Path(match[3]).read_text()  # the whole report: the rank's own traceback, torch's report
+        assert "training/checkpoint.py" in log and "Root Cause (first observed failure)" in log
+        assert not list((store_dir / "runs").rglob(COMMIT_MARKER))  # nothing of the run looks complete
+        assert temp_leftovers(store_dir) == []
+
+        # 3. Grown: the same command completes.
         resize_tmpfs(disk, "64m")
         done = run(command, env)
         assert done.returncode == 0, done.stderr[-3000:]
         store = open_store(str(store_dir))
         assert store.is_committed(f"datasets/{version}/validation")
+        checkpoint = match[2].split("/checkpoints/")[0] + "/checkpoints/step-0000006"
+        assert store.is_committed(checkpoint)
+        weight = sum(p.stat().st_size for p in (store_dir / checkpoint).rglob("*") if p.is_file())
+        assert weight > 4 * LEAVE, weight  # the space left could never hold the checkpoint
         assert [(m["name"], m["version"]) for m in list_models(store)] == [("gpt-e2e", 1)]  # one version, committed
         assert store.get_json("models/gpt-e2e/1/card.json")["lineage"]["dataset_version"] == version
         assert temp_leftovers(store_dir) == []
+
+
+def one_error_line(stderr: str) -> str:
+    """The one ``error:`` line of a failed ``pretrain run``, its last line (printed for pytest -s)."""
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1], stderr[-4000:]
+    print(errors[0])
+    return errors[0]
 
 
 def _big_file(folder: Path, size: int) -> Path:

@@ -1,13 +1,28 @@
-"""The whole workflow under `pyflyte run` (real Flyte local execution, Elastic with two
-ranks) against the real S3 server, then again to show every step served from cache.
+"""The whole workflow under `pyflyte run` (real Flyte local execution, Elastic with two ranks) against
+the real S3 server, then again and again in one flytekit cache (one private HOME), each run changing
+one thing, to see which steps it reruns.
 
-What a run did is read from what it left behind: the store (the run's metrics.jsonl, committed
-checkpoints, the registry entry) and flytekit's local cache, not from its console output. The
-bad-input tests check the one line a user sees: that message is the product there.
+One cold run serves every scenario that needs a trained, registered model (a cold pipeline costs a
+minute on two cores): the tests below run in file order on its store and cache, each asserting what
+its run did. Which steps a run executed is read from flytekit's local cache (a miss adds the task's
+new key), what it did from the store (metrics.jsonl, committed checkpoints, registry entries), not
+from console output:
+
+- unchanged → every step a hit, the store unchanged;
+- the same corpus under another path → every step a hit;
+- code edits (a copy of the source tree with a comment appended to a file, run from that copy) →
+  exactly the steps ``tests/test_cache_keys.py``'s table says rerun, observed from real executions;
+- training config changed → train, evaluate, register rerun;
+- tokenizer changed → everything from prepare;
+- continued pretraining → the registered model's weights and tokenizer are reused.
+
+The bad-input tests check the one line a user sees: that message is the product there.
 """
 
 import json
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,49 +33,85 @@ from storage import open_store
 from tests.helpers import (
     BIN,
     CACHED_TASKS,
+    ROOT,
     cache_outcomes,
+    distinct_corpus,
     local_cache_entries,
     run,
     run_metrics,
     training_run_of,
     write_config,
 )
+from tests.helpers import CACHE_KEY_TABLE as EXPECTED
 
 pytestmark = pytest.mark.slow
 # Where the pipeline writes: datasets (with their validation reports), training runs, registry entries.
 PIPELINE_PREFIXES = ("datasets/", "runs/", "models/")
+LM_EVAL = {"lm_eval_tasks": ["heldout_cloze", "heldout_continuation"], "lm_eval_examples": 16}
+NAME = "gpt-e2e"
 
 
-@pytest.fixture
-def flyte_env(s3_env, tmp_path):
-    # A private HOME: flytekit's local cache lives in ~/.flyte.
-    return {**os.environ, **s3_env, "HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+class Pipeline:
+    """``pyflyte run`` of the tiny preset on one S3 store and one flytekit cache; each call returns
+    every cached task's outcome ('hit' or 'miss'), in CACHED_TASKS order."""
+
+    def __init__(self, root: Path, s3_server) -> None:
+        self.root = root
+        self.home = root / "home"  # a private HOME: flytekit's local cache lives in ~/.flyte
+        self.env = {**os.environ, **s3_server.env(), "HOME": str(self.home), "PYTHONUNBUFFERED": "1"}
+        self.store_uri = f"s3://{s3_server.bucket}/e2e"
+        self.corpus = distinct_corpus(root / "corpus")
+        self.runs = 0
+
+    def config(self, corpus: Path | None = None, **sections) -> Path:
+        self.runs += 1
+        evaluation = {**LM_EVAL, **sections.pop("evaluation", {})}
+        data = {"sources": [str(corpus or self.corpus)], "max_documents": 0}
+        return write_config(self.root / f"run-{self.runs}.yaml", self.store_uri, data=data, evaluation=evaluation, **sections)
+
+    def __call__(self, config: Path, tree: Path = ROOT) -> list[str]:
+        env = self.env if tree == ROOT else {**self.env, "PYTHONPATH": str(tree)}  # the copy's modules, in every rank too
+        command = [str(BIN / "pyflyte"), "run", "workflows/pretrain.py", "pretrain", "--config", str(config)]
+        before = local_cache_entries(self.home)
+        result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        outcomes = cache_outcomes(before, local_cache_entries(self.home))
+        return [outcomes[task] for task in CACHED_TASKS]
+
+    def registry(self) -> list[dict]:
+        listed = run([str(BIN / "pretrain"), "registry", "list", "--json", "--store", self.store_uri], self.env)
+        assert listed.returncode == 0, listed.stderr
+        return json.loads(listed.stdout)
+
+    def card(self, version: int) -> dict:
+        return open_store(self.store_uri).get_json(f"models/{NAME}/{version}/card.json")
 
 
-def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_path):
-    store_uri = f"s3://{s3_server.bucket}/e2e"
-    lm_eval = {"lm_eval_tasks": ["heldout_cloze", "heldout_continuation"], "lm_eval_examples": 16}
-    config = write_config(tmp_path / "tiny.yaml", store_uri, evaluation=lm_eval)
-    command = [str(BIN / "pyflyte"), "run", "workflows/pretrain.py", "pretrain", "--config", str(config)]
+@pytest.fixture(scope="module")
+def pipeline(s3_server, tmp_path_factory) -> Pipeline:
+    with pytest.MonkeyPatch.context() as patch:  # the tests read the store too
+        for key, value in s3_server.env().items():
+            patch.setenv(key, value)
+        yield Pipeline(tmp_path_factory.mktemp("workflow"), s3_server)
 
-    home = tmp_path / "home"
 
+def latest(pipeline: Pipeline) -> int:
+    return max(row["version"] for row in pipeline.registry())
+
+
+@pytest.mark.long("the cold run every later scenario of this module reuses: prepare, validate, train, lm-eval, register")
+def test_pipeline_end_to_end_on_s3(pipeline, tmp_path):
     started = time.monotonic()
-    first = run(command, flyte_env)
-    cold = time.monotonic() - started
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    cached = local_cache_entries(home)
-    assert cache_outcomes({}, cached) == dict.fromkeys(CACHED_TASKS, "miss")
+    assert pipeline(pipeline.config()) == ["miss"] * 5
+    print(f"cold run {time.monotonic() - started:.1f}s")
 
-    listed = run([str(BIN / "pretrain"), "registry", "list", "--json", "--store", store_uri], flyte_env)
-    assert listed.returncode == 0, listed.stderr
-    (entry,) = json.loads(listed.stdout)
-    assert entry["name"] == "gpt-e2e" and entry["version"] == 1
+    (entry,) = pipeline.registry()
+    assert entry["name"] == NAME and entry["version"] == 1
     assert entry["aliases"] == ["latest", "production"]  # the first model passes the quality gate
     assert {"val_loss", "perplexity", "final_train_loss"} <= set(entry["metrics"])
 
-    store = open_store(store_uri)
-    card = store.get_json("models/gpt-e2e/1/card.json")
+    store = open_store(pipeline.store_uri)
+    card = pipeline.card(1)
     # The run the entry came from: 12 steps in its metrics.jsonl, checkpoints committed at 6 and 12.
     training_run = training_run_of(store, card)
     metrics = run_metrics(store, training_run)
@@ -70,9 +121,9 @@ def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_pat
     assert card["lineage"]["checkpoint"] == store.url(checkpoint_prefix(training_run, 12))
     lineage = card["lineage"]
     assert lineage["dataset_version"] == entry["dataset"] and lineage["flyte_execution_id"]
-    assert lineage["dataset_manifest"].startswith(store_uri) and len(lineage["tokenizer_sha256"]) == 64
+    assert lineage["dataset_manifest"].startswith(pipeline.store_uri) and len(lineage["tokenizer_sha256"]) == 64
     assert card["config"]["train"]["steps"] == 12 and card["code"]["commit"]
-    store.download_dir("models/gpt-e2e/1", tmp_path / "downloaded")
+    store.download_dir(f"models/{NAME}/1", tmp_path / "downloaded")
     assert (tmp_path / "downloaded" / "checkpoint" / "model" / ".metadata").stat().st_size > 0
     assert (tmp_path / "downloaded" / "tokenizer.json").stat().st_size > 0
     assert store.get_json(f"datasets/{entry['dataset']}/validation/result.json")["success"]
@@ -91,17 +142,101 @@ def test_pipeline_end_to_end_on_s3_then_from_cache(s3_server, flyte_env, tmp_pat
         assert "acc_stderr,none" in evaluation["lm_eval_results"]["candidate"][task]["results"]
     print(f"lm-eval on the card ({evaluation['lm_eval_results']['seconds']} s):", json.dumps(lm_eval))
 
+
+def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
+    store = open_store(pipeline.store_uri)
     written = {prefix: store.list(prefix) for prefix in PIPELINE_PREFIXES}
+    metrics = run_metrics(store, training_run_of(store, pipeline.card(1)))
     started = time.monotonic()
-    second = run(command, flyte_env)
-    warm = time.monotonic() - started
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert cache_outcomes(cached, local_cache_entries(home)) == dict.fromkeys(CACHED_TASKS, "hit")
+    assert pipeline(pipeline.config()) == ["hit"] * 5
+    print(f"cached rerun {time.monotonic() - started:.1f}s")
     # Nothing prepared, trained or registered again: the store holds exactly what it held.
     assert {prefix: store.list(prefix) for prefix in PIPELINE_PREFIXES} == written
-    assert run_metrics(store, training_run) == metrics
-    assert [r["version"] for r in json.loads(run(listed.args, flyte_env).stdout)] == [1]
-    print(f"cold run {cold:.1f}s, cached rerun {warm:.1f}s")
+    assert run_metrics(store, training_run_of(store, pipeline.card(1))) == metrics
+    assert [r["version"] for r in pipeline.registry()] == [1]
+
+
+def test_the_same_corpus_under_another_path_is_a_hit(pipeline):
+    moved = shutil.copytree(pipeline.corpus, pipeline.root / "elsewhere" / "corpus")
+    assert pipeline(pipeline.config(corpus=moved)) == ["hit"] * 5
+
+
+def source_tree(dest: Path, edits: list[str]) -> Path:
+    """A copy of the repository's tracked files with a comment appended to each file of ``edits``."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    for name in edits:
+        with open(dest / name, "a") as f:
+            f.write("\n# an edit\n")
+    return dest
+
+
+EDITS = {"cli+registry": ["pipeline/cli.py", "registry/registry.py"], "step": ["training/step.py"]}
+STEPS = ("prepare", "validate", "train", "evaluate", "register")  # CACHED_TASKS, as test_cache_keys names them
+
+
+@pytest.mark.parametrize("edits", list(EDITS.values()), ids=list(EDITS))
+def test_a_code_edit_reruns_what_the_cache_key_table_says(pipeline, tmp_path, edits):
+    """The reruns column of test_cache_keys.EXPECTED, observed: the same config run from an edited copy."""
+    expected = set().union(*(EXPECTED[name][1] for name in edits))
+    before = latest(pipeline)
+    # Where the table says evaluate reruns, lm-eval (~20 s) is turned off too: it reruns either way, and
+    # every other step's outcome is still the edit's alone (evaluate's settings are no input of theirs).
+    config = pipeline.config(**({"evaluation": {"lm_eval_tasks": []}} if "evaluate" in expected else {}))
+    outcomes = pipeline(config, tree=source_tree(tmp_path / "tree", edits))
+    reran = {step for step, outcome in zip(STEPS, outcomes, strict=True) if outcome == "miss"}
+    assert reran == expected, (edits, outcomes)
+    # A comment changes no number: a register rerun of the same evaluation replays its registration.
+    assert latest(pipeline) == (before + 1 if "train" in expected else before)
+
+
+def test_a_training_change_reruns_train_evaluate_register(pipeline):
+    # lm-eval off as well: evaluate reruns anyway, on the new checkpoint.
+    config = pipeline.config(train={"lr": 0.001}, evaluation={"lm_eval_tasks": []})
+    assert pipeline(config) == ["hit", "hit", "miss", "miss", "miss"]
+
+
+def test_a_tokenizer_change_reruns_everything(pipeline):
+    config = pipeline.config(tokenizer={"vocab_size": 320}, evaluation={"lm_eval_tasks": []})
+    assert pipeline(config) == ["miss"] * 5
+
+
+def test_continued_pretraining_starts_from_the_registered_model(pipeline):
+    store = open_store(pipeline.store_uri)
+    base = latest(pipeline)
+    base_card = pipeline.card(base)
+    holder = store.get_json(f"models/{NAME}/aliases/production.json")["version"]
+
+    more = distinct_corpus(pipeline.root / "new-data")
+    (more / "extra.txt").write_text("Fresh documents arrived overnight. " * 40)
+    config = pipeline.config(corpus=more, train={"init_from": f"{NAME}:latest"}, evaluation={"lm_eval_tasks": []})
+    prepare, _, train, _, _ = pipeline(config)
+    assert prepare == "miss" and train == "miss"
+
+    card = pipeline.card(base + 1)
+    assert card["lineage"]["base_model"] == f"models/{NAME}/{base}"
+    assert card["lineage"]["tokenizer_sha256"] == base_card["lineage"]["tokenizer_sha256"]  # vocabulary kept
+    assert card["lineage"]["dataset_version"] != base_card["lineage"]["dataset_version"]
+    # A run of its own, trained from step 1 (not a resumed one)...
+    training_run = training_run_of(store, card)
+    assert training_run != training_run_of(store, base_card)
+    metrics = run_metrics(store, training_run)
+    assert [m["step"] for m in metrics] == list(range(1, 13)) and metrics[0]["loss"] == card["metrics"]["first_train_loss"]
+    # ...starting from trained weights: the first loss is already far below a fresh model's.
+    assert card["metrics"]["first_train_loss"] < base_card["metrics"]["first_train_loss"] - 0.3
+
+    # The quality gate: the first model took `production` (test_pipeline_end_to_end_on_s3); this one
+    # was scored against the holder on the same validation rows, and the alias moved only if it was not worse.
+    gate = card["gate"]
+    assert gate["baseline"] == f"models/{NAME}/{holder}" and gate["baseline_bits_per_byte"] > 0
+    assert gate["promoted"] == (gate["candidate_bits_per_byte"] <= gate["baseline_bits_per_byte"] + gate["tolerance"])
+    now = store.get_json(f"models/{NAME}/aliases/production.json")["version"]
+    assert now == (base + 1 if gate["promoted"] else holder)
+    first = pipeline.card(1)["gate"]
+    assert first["promoted"] and first["baseline"] == ""
 
 
 def hf_validation_loss(store, dataset_version: str, hf_dir: Path) -> float:
@@ -120,6 +255,16 @@ def hf_validation_loss(store, dataset_version: str, hf_dir: Path) -> float:
     with torch.no_grad():
         logits = model(tokens[:, :-1]).logits
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item()
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: the one line a user sees
+
+
+@pytest.fixture
+def flyte_env(s3_env, tmp_path):
+    # A private HOME: flytekit's local cache lives in ~/.flyte.
+    return {**os.environ, **s3_env, "HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
 
 
 def test_missing_corpus_fails_before_writing(s3_server, flyte_env, tmp_path):
