@@ -23,11 +23,14 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two xdist workers, one module per worker at a time (a module's shared fixtures are built once): docs/testing.md.
+XDIST := -n 2 --dist loadscope
+
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 bench: venv
 	$(BIN)/python -m pip install -q -c requirements.lock -e ".[dev,bench]"

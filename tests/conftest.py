@@ -71,9 +71,14 @@ def mlflow_tracking_uri(tmp_path_factory) -> str:
 # Time and skips, guarded (see docs/testing.md): a test's own time over LONG_S needs a reason; on CI
 # a skip needs a line in SKIPS_ALLOWED.
 
+def long_s() -> float:
+    return LONG_S * int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
 LONG_S = 60.0
 """A test whose own time (its setup less shared fixtures, plus its call) passes this needs
-``@pytest.mark.long("why")``; a shared fixture that builds for longer needs ``@long_fixture("why")``."""
+``@pytest.mark.long("why")``; a shared fixture that builds for longer needs ``@long_fixture("why")``.
+A minute of the whole machine: two minutes of wall time where two xdist workers share its two cores."""
 SKIPS_ALLOWED = Path(__file__).with_name("skips_allowed.txt")
 
 _shared_setup: dict[str, float] = {}  # test id -> seconds its setup spent building shared fixtures
@@ -103,8 +108,8 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
         return
     elapsed = time.perf_counter() - started
     _shared_setup[_current[0]] = _shared_setup.get(_current[0], 0.0) + elapsed
-    if elapsed > LONG_S and not getattr(fixturedef.func, "long_reason", ""):
-        _long_fixtures.append(f"{fixturedef.argname} ({fixturedef.scope}) built in {elapsed:.0f} s")
+    if elapsed > long_s() and not getattr(fixturedef.func, "long_reason", ""):
+        _long_fixtures.append(f"shared fixture {fixturedef.argname} ({fixturedef.scope}) built in {elapsed:.0f} s")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -113,29 +118,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report: pytest.TestReport = outcome.get_result()
     if report.when == "setup":
         item.stash[_SETUP_S] = report.duration - _shared_setup.get(item.nodeid, 0.0)
+        if _long_fixtures and report.passed:  # reported on the test that built it (on its xdist worker)
+            report.outcome = "failed"
+            report.longrepr = (
+                f"{'; '.join(_long_fixtures)}, over the {long_s():.0f} s a shared fixture may take unexplained: make it "
+                'cheaper, or decorate it with @long_fixture("why, in one line") (tests/helpers.py)'
+            )
+            _long_fixtures.clear()
     if report.when != "call" or not report.passed:
         return
     own = item.stash.get(_SETUP_S, 0.0) + report.duration
     marker = item.get_closest_marker("long")
-    if own > LONG_S and not (marker and marker.args and str(marker.args[0]).strip()):
+    if own > long_s() and not (marker and marker.args and str(marker.args[0]).strip()):
         report.outcome = "failed"
         report.longrepr = (
-            f"{item.nodeid} took {own:.0f} s of its own (setup less shared fixtures, plus call), over the {LONG_S:.0f} s "
+            f"{item.nodeid} took {own:.0f} s of its own (setup less shared fixtures, plus call), over the {long_s():.0f} s "
             'a test may take unexplained: make it cheaper, or mark it @pytest.mark.long("why, in one line")'
         )
 
 
 _SETUP_S = pytest.StashKey[float]()
-
-
-def long_fixture(reason: str):
-    """Marks a shared fixture allowed to build for longer than LONG_S, saying why."""
-
-    def mark(fn):
-        fn.long_reason = reason
-        return fn
-
-    return mark
 
 
 def allowed_skips() -> list[tuple[str, str]]:
@@ -164,7 +166,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Runs before the terminal summary is written: a guard that fails sets the exit status."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skips = _skips(reporter) if reporter else []
-    problems = [f"shared fixture {line}, over {LONG_S:.0f} s with no @long_fixture reason" for line in _long_fixtures]
+    problems = []
     if os.environ.get("CI"):
         allowed = allowed_skips()
         problems += [
@@ -190,3 +192,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             terminalreporter.line(line, red=True)
     elapsed = time.monotonic() - _started[0]
     terminalreporter.line(f"suite wall time {elapsed:.0f} s (budget: 900 s for the whole suite on the 2-core machine)")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow modules first, each in its own order: with ``-n 2`` (make test) a worker starts on the
+    longest work while the other takes the many short tests, instead of one long module left for last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -43,6 +43,7 @@ def holder(store):
     return store
 
 
+@pytest.mark.slow
 def test_the_gate_compares_with_the_holder_the_evaluation_saw(holder):
     store = holder
     ref = gated(store, candidate(2.0))
@@ -144,6 +145,7 @@ def test_racing_registrations_leave_the_best_on_production(holder):
     assert resolve(store, "gpt") == ("gpt", 1 + len(losses))
 
 
+@pytest.mark.slow
 def test_alias_writes_lose_no_update(store):
     """Many promotions at once through the registry's own conditional move: each increments a
     counter it reads in ``decide``; none is lost."""

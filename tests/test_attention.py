@@ -28,6 +28,7 @@ def attention_pair(heads: int, groups: int, hidden: int = 64):
     return [cls(config, **kwargs) for cls in (DotProductAttention, SDPAttention)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads,groups", [(4, 4), (4, 2)], ids=["multi-head", "grouped-query"])
 def test_sdpa_matches_megatron_attention(megatron_world, heads, groups):
     seq, batch, dim = 12, 3, 16

@@ -83,6 +83,7 @@ def malicious_metadata(path: Path, marker: Path) -> bytes:
     return pickle.dumps(metadata)
 
 
+@pytest.mark.slow
 def test_a_committed_checkpoint_lists_every_file_and_loads(ckpt):
     digests = recorded(folder(ckpt))
     assert digests["format"] == checkpoint.DIGESTS_FORMAT

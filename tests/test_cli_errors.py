@@ -9,12 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PRETRAIN = Path(sys.executable).parent / "pretrain"
 
 
+@pytest.mark.slow
 def test_an_error_inside_a_task_is_one_line_with_its_traceback_logged(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()

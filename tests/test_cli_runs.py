@@ -58,6 +58,7 @@ def run_id(ref) -> str:
     return ref.run.removeprefix("runs/")
 
 
+@pytest.mark.slow
 def test_list_shows_the_run_with_its_steps_loss_and_layout(profiled_run, capsys):
     store = open_store(profiled_run.store)
     metrics = run_metrics(store, profiled_run.run)

@@ -7,12 +7,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from storage import open_store
 from storage.s3server import free_port
 
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow
 def test_store_up_prints_a_working_environment(tmp_path, monkeypatch):
     port = free_port()
     proc = subprocess.Popen(

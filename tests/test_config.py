@@ -345,6 +345,7 @@ def test_json_and_hashes_of_enum_fields_are_the_plain_strings():
     assert plain["model"] == dataclasses.asdict(config.model)  # a card's model section compares equal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_travels_through_flyte(preset):
     from flytekit import FlyteContextManager

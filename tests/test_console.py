@@ -144,6 +144,7 @@ def test_progress_moves_while_one_big_file_is_read(tmp_path, caplog):
     assert progress.bytes_done == files[0].size
 
 
+@pytest.mark.slow
 def test_training_prints_a_step_line_every_log_every_steps(tiny_dataset, tmp_path, capfd):
     cfg = TrainConfig(steps=12, log_every=5, micro_batch_size=4, global_batch_size=4, warmup_steps=2, checkpoint_every=12)
     launch(train, 1, fresh_copy(tiny_dataset, tmp_path / "store"), tiny_model(), ParallelConfig(tensor_parallel=1), cfg)

@@ -156,6 +156,7 @@ def test_continuing_a_model_of_another_shape_stops_before_the_data_stage(tmp_pat
 
 
 # -- the scenario: a pipeline_parallel=2 run, then the same settings at DP=2 ------
+@pytest.mark.slow
 def test_resuming_another_layouts_run_says_so_and_the_card_names_the_layouts_that_trained(tiny_dataset, tmp_path, capfd):
     from training import checkpoint
     from training.config import ModelConfig, ParallelConfig, TrainConfig

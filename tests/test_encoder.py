@@ -44,6 +44,7 @@ def tokenizer(corpus):
     return train_tokenizer(corpus[:40], TokenizerConfig(vocab_size=1024))
 
 
+@pytest.mark.slow
 def test_fast_encoder_gives_hf_ids(tokenizer, corpus):
     fast = FastBPE(tokenizer)
     for text in corpus:
@@ -52,6 +53,7 @@ def test_fast_encoder_gives_hf_ids(tokenizer, corpus):
     assert [a.tolist() for a in fast.encode_batch(EDGE_CASES)] == [e.ids for e in tokenizer.encode_batch(EDGE_CASES)]
 
 
+@pytest.mark.slow
 def test_parallel_encoding_keeps_order_and_ids(tokenizer, corpus):
     expected = [e.ids for e in tokenizer.encode_batch(corpus)]
     for workers in (1, 2):

@@ -119,6 +119,7 @@ def assert_names_the_first_failure(error: JobFailed) -> None:
     assert error.get_first_failure()[0] == (FAIL_RANK if FAIL_RANK in error.failures else min(error.failures))
 
 
+@pytest.mark.slow
 def test_launch_names_the_rank_that_failed_first(tiny_dataset, tmp_path):
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     with pytest.raises(JobFailed) as caught:
@@ -137,6 +138,7 @@ def job_failed_in(error: BaseException) -> JobFailed | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_flyte_elastic_task_names_the_rank_that_failed_first(tiny_dataset, tmp_path):
     # The training task runs under the same task class as this one.
     assert type(train_model.task_config) is FirstFailureElastic and isinstance(train_model, FirstFailureElasticTask)

@@ -229,6 +229,7 @@ def test_staging_folders_of_gone_processes(tmp_path):
     assert sorted(p.name for p in (root / "0123456789ab").iterdir()) == ["elsewhere", "live", "young"]
 
 
+@pytest.mark.slow
 def test_the_cli_dry_run_lists_and_apply_removes(tmp_path):
     store = open_store(str(tmp_path / "store"))
     checkpoint(store, "runs/r", 1, keep=1)

@@ -108,6 +108,7 @@ def test_no_store_no_heartbeats(monkeypatch):
     assert read_heartbeats(2) == {}
 
 
+@pytest.mark.slow
 def test_a_store_that_is_gone_costs_one_connection_timeout_then_nothing(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))  # nothing listens there
@@ -146,6 +147,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_watchdog_of_a_rank_waiting_for_a_peer_behind_it_waits_longer_and_names_the_peer():
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-c", _WAITING], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -183,6 +185,7 @@ def run_stalled(tmp_path, dataset, parallel: ParallelConfig, stall: Stall) -> tu
     return code, (tmp_path / "train.log").read_text(errors="replace"), time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_and_the_others_store_their_stacks_and_collective_records(tiny_dataset, tmp_path):
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     # Rank 0 waits one collective timeout for the stopped rank 1; no watchdog (stall_timeout_s=0).
@@ -222,6 +225,7 @@ def test_a_stopped_rank_is_named_and_the_others_store_their_stacks_and_collectiv
     assert last["input_sizes"] == [[]] and last["collective_seq_id"] == 5, last
 
 
+@pytest.mark.slow
 def test_a_rank_hung_outside_collectives_is_ended_by_its_watchdog_with_its_stacks_stored(tiny_dataset, tmp_path):
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     # Rank 1 hangs reading step 3's batch; rank 0 waits in the step's first collective (a long

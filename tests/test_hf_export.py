@@ -31,6 +31,7 @@ def tp1():
     ],
     ids=["gqa-tied", "mha-untied"],
 )
+@pytest.mark.slow
 def test_transformers_loads_the_export_and_matches_our_logits(tp1, tmp_path, shape):
     cfg = ModelConfig(**shape, kernels="torch")
     tokenizer = train_tokenizer(TEXTS, tiny_tokenizer())

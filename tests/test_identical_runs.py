@@ -46,6 +46,7 @@ def test_a_replayed_registration_gives_the_same_version(store):
     assert {row["version"]: row["aliases"] for row in list_models(store)} == {1: [], 2: ["latest"]}
 
 
+@pytest.mark.slow
 def test_identical_registrations_at_once_give_one_version(store):
     registry_inputs(store)
     with ThreadPoolExecutor(4) as pool:
@@ -57,6 +58,7 @@ def test_identical_registrations_at_once_give_one_version(store):
     assert f"Registered {card.registered_at}" in markdown  # the card and its page from the same writer
 
 
+@pytest.mark.slow
 def test_a_registration_killed_before_its_commit_is_completed_by_the_rerun(store, tmp_path):
     weights = os.urandom(200_000)
     registry_inputs(store, weights)

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 BLOCK_TORCH = """
 import importlib.abc, sys
 class NoTorch(importlib.abc.MetaPathFinder):
@@ -15,6 +17,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_data_and_register_tasks_import_without_torch():
     result = subprocess.run([sys.executable, "-c", BLOCK_TORCH], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]

@@ -340,6 +340,7 @@ def test_service_accounts_exist_per_role_in_every_pretrain_namespace():
         assert sa["automountServiceAccountToken"] is False
 
 
+@pytest.mark.slow
 def test_every_task_runs_as_a_service_account_that_exists_in_every_pretrain_namespace():
     from tests.helpers import registration_facts
 

@@ -320,6 +320,7 @@ def liger_results(tmp_path_factory) -> dict:
     return torch.load(out, weights_only=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_liger(name: str, liger_results: dict) -> None:
     ours, _, args, scale, ours_expected, liger_expected = CASES[name]

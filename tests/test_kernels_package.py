@@ -51,6 +51,7 @@ def test_benchmark_without_cuda() -> None:
     assert recorded is not None and recorded == version("liger-kernel"), last["machine"]["versions"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter fallback is for machines without CUDA")
 def test_interpreter_after_an_earlier_compiled_mode_import() -> None:
     """Another module (say the model) imported triton and the kernels before a kernel test set

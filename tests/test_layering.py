@@ -55,6 +55,7 @@ def imports_without(blocked: list[str], targets: list[str]) -> subprocess.Comple
     ],
     ids=["libraries-without-flyte", "data-tasks-without-torch", "cli-without-torch", "common-is-a-leaf"],
 )
+@pytest.mark.slow
 def test_layer_imports_without(blocked: list[str], targets: list[str]) -> None:
     result = imports_without(blocked, targets)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -109,6 +109,7 @@ def hand_loglikelihood(model, tokenizer, context: str, continuation: str, max_le
     return scored.gather(1, target[:, None]).sum().item(), bool((scored.argmax(-1) == target).all())
 
 
+@pytest.mark.slow
 def test_lm_eval_on_a_tiny_export_matches_a_hand_computation_offline(heldout, tmp_path, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM

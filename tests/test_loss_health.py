@@ -298,6 +298,7 @@ def stopped(tiny_dataset, tmp_path_factory):
     return dataset, caught.value
 
 
+@pytest.mark.slow
 def test_stop_fails_the_job_naming_the_step_and_the_shards_and_commits_nothing_from_that_step(stopped):
     dataset, error = stopped
     origin = bad_origin(dataset)
@@ -326,6 +327,7 @@ def skipped(stopped):
     return launch(train_with_bad_loss, 2, BAD_STEP, None, dataset, MODEL, DP2, cfg)
 
 
+@pytest.mark.slow
 def test_skip_resumes_the_stopped_run_drops_the_bad_step_and_leaves_weights_untouched(stopped, skipped, tmp_path):
     dataset, _ = stopped
     store = open_store(dataset.store)
@@ -335,6 +337,7 @@ def test_skip_resumes_the_stopped_run_drops_the_bad_step_and_leaves_weights_unto
     assert_skipped_step_left_the_state_untouched(store, skipped.run, tmp_path, "LocalStep, DP=2")
 
 
+@pytest.mark.slow
 def test_a_resume_after_the_skipped_step_keeps_the_health_record(stopped, skipped, tmp_path):
     dataset, _ = stopped
     copy = fresh_copy(dataset, tmp_path / "store")
@@ -350,6 +353,7 @@ def test_a_resume_after_the_skipped_step_keeps_the_health_record(stopped, skippe
     assert [m["loss"] for m in again][BAD_STEP:] == pytest.approx([m["loss"] for m in first][BAD_STEP:], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_distributed_optimizer_skips_without_an_optimizer_step_when_one_rank_sees_nan(tiny_dataset, tmp_path):
     # Megatron's optimizer applies NaN gradients as they are (no grad scaler in fp32): only the accept hook stops it.
     # The NaN is on rank 1 alone: the data-parallel mean tells rank 0, and both refuse the same step.

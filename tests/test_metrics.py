@@ -44,6 +44,7 @@ def test_mfu_against_the_data_sheet_peak():
     assert mfu(8 * 400e12, 989e12, 8) == pytest.approx(400 / 989)
 
 
+@pytest.mark.slow
 def test_training_writes_metrics_jsonl_and_tensorboard(tiny_dataset, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -75,6 +76,7 @@ def test_training_writes_metrics_jsonl_and_tensorboard(tiny_dataset, tmp_path):
     assert deck.count("<svg") == 5 and "model FLOPs utilisation" in deck and "measured" in deck
 
 
+@pytest.mark.slow
 def test_bench_train_runs(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_train.py"), "--size", "tiny", "--steps", "2", "--device", "cpu"],

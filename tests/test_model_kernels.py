@@ -6,6 +6,8 @@ Runs in a fresh interpreter: TRITON_INTERPRET must be set before the kernels are
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = r"""
 import os
 os.environ["TRITON_INTERPRET"] = "1"
@@ -42,6 +44,7 @@ print("ok", loss, ref_loss, launches)
 """
 
 
+@pytest.mark.slow
 def test_gpt_with_triton_kernels_matches_reference_path():
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]

@@ -84,6 +84,7 @@ def rates(verdicts: list[str], originals: list[int], exact: list[float]) -> dict
     }
 
 
+@pytest.mark.slow
 def test_verification_drops_the_similar_and_keeps_the_merely_proposed():
     texts, originals, exact = planted_set()
     unverified, _ = judged(texts, threshold=0.0)

@@ -37,6 +37,7 @@ def partition_of(listing, name: str) -> int:
     return next(p.index for p in listing.partitions if p.first_file <= at < p.end_file)
 
 
+@pytest.mark.slow
 def test_same_version_and_shards_at_1_2_and_4_partitions(tmp_path):
     refs = prepared(tmp_path)
     versions = {parts: ref.version for parts, (_, ref) in refs.items()}
@@ -64,6 +65,7 @@ def test_same_version_and_shards_at_1_2_and_4_partitions(tmp_path):
         assert {key.split("/")[1] for key in target.list("datasets/")} == {ref.version}
 
 
+@pytest.mark.slow
 def test_the_max_documents_cut_is_global(tmp_path):
     refs = prepared(tmp_path, max_documents=20)
     assert len({ref.version for _, ref in refs.values()}) == 1
@@ -73,6 +75,7 @@ def test_the_max_documents_cut_is_global(tmp_path):
     assert ref.stats["documents_kept"] == 20 and ref.stats["documents_read"] == 22
 
 
+@pytest.mark.slow
 def test_on_s3_the_version_is_the_local_one(tmp_path, s3_store):
     corpus, _ = mixed_corpus(tmp_path / "corpus")
     data = tiny_data(sources=[str(corpus)], max_documents=0, partitions=3)
@@ -113,6 +116,7 @@ def test_the_listing_is_cut_as_configured(tmp_path):
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)) and all(lo < hi for lo, hi in spans)
 
 
+@pytest.mark.slow
 def test_the_flyte_fan_out_makes_the_same_dataset(tmp_path, monkeypatch):
     """prepare_data, a dynamic workflow of map tasks, run by flytekit's local executor at 3
     partitions, commits the dataset prepare_dataset makes in one process at 1."""
@@ -142,6 +146,7 @@ def test_a_partition_with_nothing_readable_is_counted_not_fatal(tmp_path):
     assert ref.stats["skipped_bad_gzip"] == 2 and ref.stats["documents_kept"] == 8
 
 
+@pytest.mark.slow
 def test_a_stage_that_failed_runs_again_alone(tmp_path, monkeypatch):
     """What Flyte's retry of one map task does: the failed partition's stage runs again, alone, and
     the dataset is the one an undisturbed run makes (a stage's outputs are whole objects, rewritten)."""

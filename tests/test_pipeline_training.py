@@ -42,6 +42,7 @@ def distopt_run(tiny_dataset, tmp_path_factory):
     return launch(train, 2, fresh_copy(tiny_dataset, tmp_path_factory.mktemp("dp2-distopt")), MODEL, parallel, STEPS)
 
 
+@pytest.mark.slow
 def test_pipeline_parallel_matches_single_rank_curve(single_rank, pipeline_run):
     curve = losses(pipeline_run)
     assert len(curve) == STEPS.steps and curve[-1] < curve[0] - 0.3, curve
@@ -58,6 +59,7 @@ def test_evaluation_loads_pipeline_checkpoint_at_one_stage(single_rank, pipeline
     assert report.val_loss == pytest.approx(evaluate(single_rank, MODEL, cfg).val_loss, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_distributed_optimizer_matches_single_rank_curve(single_rank, distopt_run):
     assert losses(distopt_run) == pytest.approx(losses(single_rank), abs=TOLERANCE)
     assert checkpoint.committed_steps(open_store(distopt_run.store), distopt_run.run) == [5, 10]
@@ -71,6 +73,7 @@ def test_distributed_optimizer_matches_single_rank_curve(single_rank, distopt_ru
     ],
     ids=["pipeline-parallel-2", "distributed-optimizer"],
 )
+@pytest.mark.slow
 def test_megatron_optimizer_resumes_exactly(tiny_dataset, tmp_path, request, run, parallel):
     # Weights, AdamW moments and step count (megatron's sharded optimizer state) all come back.
     done = request.getfixturevalue(run)
@@ -85,6 +88,7 @@ def test_megatron_optimizer_resumes_exactly(tiny_dataset, tmp_path, request, run
     assert losses(ref) == pytest.approx(losses(done), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_distributed_optimizer_checkpoint_resumes_weights_at_another_layout(tiny_dataset, distopt_run, tmp_path):
     # One process without the distributed optimizer: the weights reshard, the optimizer starts afresh.
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")

@@ -31,6 +31,7 @@ def trace_events(data: bytes) -> list[dict]:
     return trace["traceEvents"]
 
 
+@pytest.mark.slow
 def test_a_profiled_window_stores_one_trace_per_rank(tiny_dataset, tmp_path):
     ref = launch(train, 2, fresh_copy(tiny_dataset, tmp_path / "store"), tiny_model(), ParallelConfig(tensor_parallel=1), STEPS)
     store = open_store(ref.store)

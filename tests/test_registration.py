@@ -60,6 +60,7 @@ def gpu_cluster(tmp_path_factory):
     return package(tmp_path_factory.mktemp("gpu"), "gpu-2x8.yaml")
 
 
+@pytest.mark.slow
 def test_every_task_workflow_and_launch_plan_is_packaged(gpu_cluster):
     assert TASKS <= set(gpu_cluster)
     assert "workflows.pretrain.pretrain" in gpu_cluster
@@ -134,6 +135,7 @@ def test_inputs_carry_descriptions_for_the_launch_form(gpu_cluster):
     assert "description" in schema["properties"]["data"]["properties"]["sources"]
 
 
+@pytest.mark.slow
 def test_local_profile_keeps_training_in_one_pod(tmp_path):
     template = package(tmp_path, "local.yaml")["tasks.train.train_model"]["template"]
     assert template["type"] == "python-task"  # nnodes=1: the ranks run inside a single pod

@@ -13,6 +13,7 @@ from storage.s3server import S3Server
 from tests.helpers import registry_inputs, report
 
 
+@pytest.mark.slow
 def test_concurrent_registrations_get_distinct_versions(s3_store):
     registry_inputs(s3_store)
     stores = [open_store(s3_store.uri) for _ in range(4)]  # one client each, as separate workers would have
@@ -70,6 +71,7 @@ def test_no_credentials_in_metadata_or_logs(s3_store, s3_env, capfd, caplog):
         assert secret.encode() not in stored and secret not in logged
 
 
+@pytest.mark.slow
 def test_server_stopped_mid_registration_leaves_no_visible_entry(tmp_path, monkeypatch):
     server = S3Server(data_dir=tmp_path / "s3", bucket="midway").start()
     try:

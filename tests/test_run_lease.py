@@ -23,6 +23,7 @@ def lease(store, lines: list[str] | None = None, **overrides) -> RunLease:
     return RunLease(store, RUN, **{**FAST, **overrides}, log=sink.append)
 
 
+@pytest.mark.slow
 def test_one_holder_and_the_waiter_gets_it_on_release(store):
     steady = dict(stale_s=30)  # a loaded machine may delay a refresh by seconds: no false takeover here
     first, lines = lease(store, **steady), []

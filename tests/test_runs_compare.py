@@ -66,6 +66,7 @@ def section(lines: list[str], header: str, end: str) -> list[str]:
     return lines[first + 1 : last]
 
 
+@pytest.mark.slow
 def test_compare_prints_the_lr_difference_the_figures_and_writes_the_loss_png(two_runs, tmp_path, monkeypatch, capsys):
     store, (a, b) = two_runs
     monkeypatch.chdir(tmp_path)

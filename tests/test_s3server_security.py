@@ -387,6 +387,7 @@ def probe_targets(srv: S3Server, role: str) -> list[int | str]:
     return [known_ports(srv)[role], known_sockets(srv)["filer"]] if role == "filer" else [known_ports(srv)[role]]
 
 
+@pytest.mark.slow
 def test_master_filer_and_admin_http_apis_are_removed(server, planted, reference):
     # Control: with the APIs present, each probe is served, by a filer only with a JWT.
     ref, ref_objects = reference
@@ -604,6 +605,7 @@ def test_private_files_are_never_readable_by_others(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["s3-identities.json"]
 
 
+@pytest.mark.slow
 def test_weed_ports_are_never_a_grpc_offset_apart():
     # weed refuses a port that is another component's HTTP port + 10000 ("reserved for gRPC
     # calculation"); a restart of the test server once failed so.

@@ -11,6 +11,7 @@ from tasks.settings import check_settings
 from workflows.pretrain import pretrain
 
 
+@pytest.mark.slow
 def test_every_task_of_the_data_stage_waits_for_the_settings_check() -> None:
     nodes = {n.id: n for n in pretrain.nodes}
     names = {n.id: n.flyte_entity.name for n in pretrain.nodes}

@@ -66,6 +66,7 @@ def refusal(expected: str, actual: str) -> str:
     )
 
 
+@pytest.mark.slow
 def test_a_tampered_shard_is_refused_by_the_loader_and_load_split(dataset, tmp_path):
     store, ref = dataset
     assert len(load_split(ref, "train")[0]) > 0  # the pristine copy reads
@@ -99,6 +100,7 @@ def test_a_rewritten_manifest_does_not_vouch_for_a_tampered_shard(dataset, tmp_p
         load_split(ref, "train")
 
 
+@pytest.mark.slow
 def test_a_tampered_shard_fails_validation_naming_it(tiny_dataset, tmp_path):
     ref = fresh_copy(tiny_dataset, tmp_path / "store")
     store = open_store(ref.store)

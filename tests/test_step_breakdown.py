@@ -52,6 +52,7 @@ def check_breakdown(records: list[dict]) -> None:
         assert (r[phase_key("checkpoint")] > 0) == saved, r
 
 
+@pytest.mark.slow
 def test_data_parallel_steps_break_down_into_measured_phases(dp2_run):
     store = open_store(dp2_run.store)
     records = run_metrics(store, dp2_run.run)
@@ -103,6 +104,7 @@ def test_tensorboard_shows_the_breakdown_of_every_step(dp2_run, tmp_path):
     assert [e.step for e in scalars.Scalars("train/slowest_ratio")] == [2, 4, 6]
 
 
+@pytest.mark.slow
 def test_megatron_finalize_grads_wait_counts_as_collective(tiny_dataset, tmp_path):
     """megatron's DDP with the distributed optimizer reduces the gradients in finalize_model_grads,
     inside its schedule. Rank 1 reads each batch DELAY_S late, so rank 0 waits for it in that first

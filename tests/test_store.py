@@ -92,6 +92,7 @@ def test_commit_makes_everything_under_the_prefix_durable_before_the_marker(tmp_
     assert not [p for p in root.rglob(".tmp-*")]
 
 
+@pytest.mark.slow
 def test_the_marker_is_created_once_under_concurrent_commits(store):
     store.put_bytes("d/data", b"x")
     results: list[object] = []

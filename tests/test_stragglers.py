@@ -38,6 +38,7 @@ STEPS = TrainConfig(
 WARNING = re.compile(r"^WARNING: rank (\d+) has been the slowest for (\d+) straggler windows in a row.*$", re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_a_slowed_rank_is_named_and_warned_about(tiny_dataset, tmp_path, capfd):
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     ref = launch(train_with_slow_rank, 2, 1, DELAY_S, dataset, tiny_model(), ParallelConfig(tensor_parallel=1), STEPS)
@@ -59,6 +60,7 @@ def test_a_slowed_rank_is_named_and_warned_about(tiny_dataset, tmp_path, capfd):
     assert re.search(r"^step +4/6 .*\| slowest rank 1 \(\d+\.\d\d× the others\)", log.out, re.MULTILINE), log.out[-3000:]
 
 
+@pytest.mark.slow
 def test_an_even_run_does_not_warn(tiny_dataset, tmp_path, capfd):
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     ref = launch(train_with_slow_rank, 2, -1, 0.0, dataset, tiny_model(), ParallelConfig(tensor_parallel=1), STEPS)

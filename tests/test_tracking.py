@@ -151,6 +151,7 @@ def test_ui_refuses_a_remote_server_and_names_it(monkeypatch, capsys):
     assert err.startswith("error: ") and "open https://mlflow.example.org in a browser" in err
 
 
+@pytest.mark.slow
 def test_ui_serves_the_tracking_database_and_stops_with_its_workers(mlflow_tracking_uri, tmp_path):
     mlflow = client(mlflow_tracking_uri)
     name = f"ui-{uuid.uuid4().hex[:8]}"

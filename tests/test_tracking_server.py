@@ -97,6 +97,7 @@ def check_run_and_registry(server: MlflowServer, run_id: str, store, card: dict)
     return f"gpt-e2e MLflow version {production['version']} (ours {version_tags['pretrain.version']}) aliases {pairs}"
 
 
+@pytest.mark.long("a whole pipeline of 80 steps around a real MLflow server stopped and restarted")
 def test_pipeline_in_a_real_mlflow_server_down_mid_training_then_back(server, tmp_path):
     steps = 80
     store_uri = str(tmp_path / "store")

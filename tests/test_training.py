@@ -48,6 +48,7 @@ def tp2_weights(tp2_run):
     return final_weights(tp2_run, MODEL)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_training_learns_and_commits(tp2_run, tp2_facts):
     curve = losses(tp2_run)
     assert len(curve) == STEPS.steps
@@ -142,6 +143,7 @@ def check_built_layout(name: str, facts: list[dict]) -> None:
         assert optimizer_share == [1.0] * nproc, optimizer_share
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, tp2_weights, tmp_path, name):
     """Same initial weights and global batches whatever the layout: only float noise may differ
@@ -175,6 +177,7 @@ def test_recompute_setting_is_checked():
         build_gpt(MODEL, 128, 16, tensor_parallel=1, recompute="everything")
 
 
+@pytest.mark.slow
 def test_rerun_with_same_inputs_resumes_from_latest_checkpoint(tiny_dataset, tp2_run, tmp_path):
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     store = open_store(dataset.store)
@@ -185,6 +188,7 @@ def test_rerun_with_same_inputs_resumes_from_latest_checkpoint(tiny_dataset, tp2
     assert losses(ref) == pytest.approx(losses(tp2_run), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_evaluation_loads_tp2_checkpoint_at_tp1(tp2_run):
     report = evaluate(tp2_run, MODEL, EvalConfig(max_batches=2, batch_size=4, sample_tokens=4, prompt="def "))
     assert math.isfinite(report.val_loss) and report.val_loss < math.log(384)

@@ -36,6 +36,7 @@ def failure_of(store, ref, config=None) -> str:
     return message
 
 
+@pytest.mark.slow
 def test_good_dataset_passes_and_everything_is_recorded(dataset):
     store, ref = dataset
     check_dataset(store, ref, ValidationConfig())
@@ -126,6 +127,7 @@ def test_threshold_from_config(dataset):
     assert "documents: expect_table_row_count_to_be_between failed (observed 60; expected min_value=100000" in message
 
 
+@pytest.mark.slow
 def test_a_quality_rule_that_drops_too_much_is_named_with_its_settings(tmp_path):
     docs = {f"d{i}.txt": text for i, text in enumerate(distinct_docs(12))}
     # Mostly one repeated line (repetition rule rep_dup_line_chars, on by default at 0.5).

@@ -53,6 +53,7 @@ def _hang_ignoring_sigterm(x: int) -> int:
     return x
 
 
+@pytest.mark.slow
 def test_a_failure_stops_even_a_worker_that_ignores_sigterm():
     import time
 
