@@ -23,8 +23,9 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Two xdist workers, one module per worker at a time (a module's shared fixtures are built once): docs/testing.md.
-XDIST := -n 2 --dist loadscope
+# Two xdist workers, one module per worker at a time (a module's shared fixtures are built once), the longest
+# modules first (tests/conftest.py orders them; xdist would reorder by test count): docs/testing.md.
+XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 
 test: lint
 	$(BIN)/python -m pytest $(XDIST)

@@ -71,6 +71,7 @@ def mlflow_tracking_uri(tmp_path_factory) -> str:
 # Time and skips, guarded (see docs/testing.md): a test's own time over LONG_S needs a reason; on CI
 # a skip needs a line in SKIPS_ALLOWED.
 
+
 def long_s() -> float:
     return LONG_S * int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
@@ -194,7 +195,29 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.line(f"suite wall time {elapsed:.0f} s (budget: 900 s for the whole suite on the 2-core machine)")
 
 
+# The longest modules, longest first (measured under make test, docs/testing.md): each runs whole on one
+# xdist worker (--dist loadscope), so one started last would finish alone while the other worker idles.
+LONGEST_FIRST = (
+    "test_workflow_e2e.py",
+    "test_identical_runs.py",
+    "test_recovery.py",
+    "test_store_full.py",
+    "test_tracking_server.py",
+    "test_same_bytes.py",
+    "test_gc.py",
+    "test_hang_diagnostics.py",
+    "test_training.py",
+)
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slow modules first, each in its own order: with ``-n 2`` (make test) a worker starts on the
-    longest work while the other takes the many short tests, instead of one long module left for last."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The longest modules first, then those with slow tests, each whole and in its own order: with ``-n 2``
+    (make test, ``--no-loadscope-reorder``) a worker starts on the longest work while the other takes the
+    many short tests, instead of one long module left for last."""
+    slow = {item.module for item in items if item.get_closest_marker("slow") is not None}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        return (LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST), item.module not in slow)
+
+    items.sort(key=rank)

@@ -167,7 +167,12 @@ def losses(ref) -> list[float]:
 
 
 # Runs launch() in a child process, so that a test can SIGKILL the whole job (agent and ranks).
-_CHILD = "import pickle, sys\nfrom training.launch import launch\nlaunch(*pickle.load(open(sys.argv[1], 'rb')))\n"
+# A process that launches once gains nothing from a fork server: its ranks are spawned, children of it,
+# so that the launcher sees a killed or stuck rank's exit first hand, as these tests check.
+_CHILD = (
+    "import pickle, sys\nfrom training.launch import launch\n"
+    "launch(*pickle.load(open(sys.argv[1], 'rb')), start_method='spawn')\n"
+)
 
 
 def start_training(tmp_path: Path, nproc: int, *args, env: dict | None = None, log_name: str = "train.log") -> subprocess.Popen:
@@ -1154,13 +1159,12 @@ class Stall:
     phase: str
 
 
-# Started by a rank before it stops itself: it SIGKILLs that rank once its peers (the fork server's
-# other children: training.launch) have exited, as the launcher's SIGTERM cannot end a stopped process
-# (the launcher would wait 30 s more, then SIGKILL it).
+# Started by a rank before it stops itself: it SIGKILLs that rank once its peers have exited, as the
+# launcher's SIGTERM cannot end a stopped process (the launcher would wait 30 s more, then SIGKILL it).
 _RELEASE = (
     "import signal, sys, psutil\n"
     "me = psutil.Process(int(sys.argv[1]))\n"
-    "peers = [p for p in me.parent().children() if p.pid != me.pid and 'forkserver' in ' '.join(p.cmdline())]\n"
+    "peers = [p for p in me.parent().children() if p.pid != me.pid and 'spawn_main' in ' '.join(p.cmdline())]\n"
     "psutil.wait_procs(peers, timeout=float(sys.argv[2]))\n"
     "me.send_signal(signal.SIGKILL)\n"
 )
@@ -1761,9 +1765,8 @@ def long_fixture(reason: str):
 
 
 def rank_processes(launcher_pid: int) -> list:
-    """The ranks of a ``training.launch`` job run by the process ``launcher_pid``: the children of its fork
-    server (a rank's own children, such as megatron's checkpoint writers, are not ranks)."""
+    """The ranks of a job that ``start_launch`` started (``launch(..., start_method="spawn")``): the
+    launcher's spawned children (not its resource tracker, nor a rank's own children)."""
     import psutil
 
-    servers = [c for c in psutil.Process(launcher_pid).children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
-    return [rank for server in servers for rank in server.children()]
+    return [c for c in psutil.Process(launcher_pid).children() if "spawn_main" in " ".join(c.cmdline())]

@@ -1,8 +1,8 @@
 """Identical executions (issue 18 item 2): the same registration replayed or made twice at once
-gives one version, also after a registration SIGKILLed before its commit; two identical
-``pretrain run`` started at the same moment on one store both finish, with one version and every
-checkpoint complete, whether they share flytekit's local cache or not, one of them having waited for
-the other's lease on the run (the holder is stopped until it does: the overlap is made, not hoped for)."""
+gives one version, also after a registration SIGKILLed before its commit; three identical
+``pretrain run`` started at the same moment on one store all finish, with one version and every
+checkpoint complete, two of them sharing flytekit's local cache and one not, the others having waited
+for one's lease on the run (the holder is stopped until they do: the overlap is made, not hoped for)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_a_registration_killed_before_its_commit_is_completed_by_the_rerun(store
 
 
 # ----------------------------------------------------------------------------------------------
-# Two identical `pretrain run` at the same moment
+# Three identical `pretrain run` at the same moment
 
 STEPS = 100
 """Long enough that the holder cannot finish training before the test stops it (the test looks for the lease
@@ -148,22 +148,22 @@ def lease_holder(store_root: Path, procs: list[subprocess.Popen]) -> tuple[int, 
     return runs[0], record
 
 
-def make_one_wait(store_root: Path, procs: list[subprocess.Popen], logs: list[Path]) -> tuple[int, dict]:
+def make_the_others_wait(store_root: Path, procs: list[subprocess.Popen], logs: list[Path]) -> tuple[int, dict]:
     """Force the overlap instead of hoping for it: as soon as one run holds the lease, stop its whole process
-    group (SIGSTOP) until the other run's log says it is waiting for that lease. A pause ends at most PAUSE_S
+    group (SIGSTOP) until every other run's log says it is waiting for that lease. A pause ends at most PAUSE_S
     past the holder's heartbeat; the holder is then resumed until it refreshes the lease (due at once:
     refresh_s passed while it was stopped) and stopped again, so a slow waiter is waited for without the
     lease going stale. Returns the holder's index and the lease record it wrote."""
     deadline = time.monotonic() + OVERLAP_DEADLINE_S
     while (found := lease_holder(store_root, procs)) is None:
         codes = [proc.poll() for proc in procs]
-        assert None in codes, f"both runs exited ({codes}) and neither was seen holding the lease"
+        assert None in codes, f"every run exited ({codes}) and none was seen holding the lease"
         assert time.monotonic() < deadline, f"no run held the lease within {OVERLAP_DEADLINE_S:.0f} s"
         time.sleep(POLL_S)
     holder, record = found
-    other, group = 1 - holder, procs[holder].pid
+    others, group = [i for i in range(len(procs)) if i != holder], procs[holder].pid
 
-    def waiting() -> bool:
+    def waits(other: int) -> bool:
         if WAITING in logs[other].read_text(errors="replace"):  # a line still being written is enough
             return True
         code = procs[other].poll()
@@ -172,6 +172,9 @@ def make_one_wait(store_root: Path, procs: list[subprocess.Popen], logs: list[Pa
             + logs[other].read_text(errors="replace")[-1500:]
         )
         return False
+
+    def waiting() -> bool:
+        return all([waits(other) for other in others])  # each checked: one that exited without waiting fails
 
     held = record
     try:
@@ -186,12 +189,12 @@ def make_one_wait(store_root: Path, procs: list[subprocess.Popen], logs: list[Pa
                 assert time.time() < held["heartbeat"] + STALE_S - 10, f"run-{holder} did not refresh its lease {held}"
                 time.sleep(POLL_S)
             assert now is not None and now["token"] == record["token"], (
-                f"run-{holder} no longer holds the lease ({now}) and run-{other} never waited for it"
+                f"run-{holder} no longer holds the lease ({now}) and runs {others} never all waited for it"
             )
             time.sleep(RESUMED_S)
             if waiting():
                 return holder, record
-            assert time.monotonic() < deadline, f"run-{other} did not reach the lease within {OVERLAP_DEADLINE_S:.0f} s"
+            assert time.monotonic() < deadline, f"runs {others} did not all reach the lease within {OVERLAP_DEADLINE_S:.0f} s"
             held = now
     finally:
         with contextlib.suppress(ProcessLookupError):  # gone already: nothing left stopped
@@ -199,9 +202,10 @@ def make_one_wait(store_root: Path, procs: list[subprocess.Popen], logs: list[Pa
 
 
 @pytest.mark.slow
-@pytest.mark.long("two whole `pretrain run`s (data, training, evaluation, registration) at once, one held until the other waits")
-@pytest.mark.parametrize("homes", ["shared-home", "separate-homes"])
-def test_two_identical_runs_at_once_both_finish_with_one_version(tmp_path: Path, homes: str) -> None:
+@pytest.mark.long("three whole `pretrain run`s (data, training, evaluation, registration) at once, one held till the others wait")
+def test_three_identical_runs_at_once_all_finish_with_one_version(tmp_path: Path) -> None:
+    """Runs 0 and 1 share a HOME (flytekit's local cache, ~/.flyte), run 2 has its own: whichever holds
+    the lease, the others wait for it, one of them beside it in the same cache and one in another."""
     store_root = tmp_path / "store"
     store_uri = str(store_root)
     corpus = distinct_corpus(tmp_path / "corpus", n=30, words_per_doc=120)
@@ -211,15 +215,13 @@ def test_two_identical_runs_at_once_both_finish_with_one_version(tmp_path: Path,
         data={"sources": [str(corpus)], "max_documents": 0},
         train={"steps": STEPS, "checkpoint_every": STEPS // 2, "keep_checkpoints": 3},
     )
-    envs = []
-    for i in range(2):
-        home = tmp_path / ("home" if homes == "shared-home" else f"home-{i}")  # ~/.flyte holds the local cache
-        envs.append({**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"})
-    logs = [tmp_path / f"run-{i}.log" for i in range(2)]
+    homes = [tmp_path / "home-shared", tmp_path / "home-shared", tmp_path / "home-own"]  # ~/.flyte holds the local cache
+    envs = [{**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"} for home in homes]
+    logs = [tmp_path / f"run-{i}.log" for i in range(len(envs))]
     started = time.monotonic()
     procs = [start(config, env, log) for env, log in zip(envs, logs, strict=True)]
     try:
-        holder, lease = make_one_wait(store_root, procs, logs)
+        holder, lease = make_the_others_wait(store_root, procs, logs)
         waited = time.monotonic() - started
         codes = [p.wait(timeout=1500) for p in procs]
     except BaseException:
@@ -228,15 +230,16 @@ def test_two_identical_runs_at_once_both_finish_with_one_version(tmp_path: Path,
         raise
     elapsed = time.monotonic() - started
     texts = [log.read_text(errors="replace") for log in logs]
-    assert codes == [0, 0], "\n\n".join(t[-4000:] for t in texts)
+    assert codes == [0, 0, 0], "\n\n".join(t[-4000:] for t in texts)
     printed = [json.loads(t.strip().splitlines()[-1]) for t in texts]
-    assert printed[0] == printed[1] and printed[0]["version"] == 1, printed  # the waiter registered the holder's version
+    assert all(p == printed[0] for p in printed) and printed[0]["version"] == 1, printed  # the waiters registered its version
 
-    waiter = 1 - holder
+    waiters = [i for i in range(len(procs)) if i != holder]
     waits = [waiting_lines(log) for log in logs]
     assert waits[holder] == [], waits  # the holder never waited nor took over
-    assert len(waits[waiter]) == 1 and WAITING in waits[waiter][0], waits  # it waited, once, and took nothing over
-    assert f"pid {lease['pid']} on host {lease['host']}" in waits[waiter][0], (lease, waits)  # for the holder's lease
+    for waiter in waiters:  # each waited, once, and took nothing over, for the holder's lease
+        assert len(waits[waiter]) == 1 and WAITING in waits[waiter][0], waits
+        assert f"pid {lease['pid']} on host {lease['host']}" in waits[waiter][0], (lease, waits)
 
     listed = subprocess.run(
         [str(BIN / "pretrain"), "registry", "list", "--json", "--store", store_uri],
@@ -260,6 +263,4 @@ def test_two_identical_runs_at_once_both_finish_with_one_version(tmp_path: Path,
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))  # one run's steps, not two interleaved
     card = store.get_json("models/gpt-e2e/1/card.json")
     assert card["lineage"]["checkpoint"] == store.url(checkpoint_prefix(run, STEPS))
-    print(
-        f"[{homes}] run-{waiter} waited for run-{holder} after {waited:.0f} s; both finished in {elapsed:.0f} s: {waits[waiter]}"
-    )
+    print(f"runs {waiters} waited for run-{holder} after {waited:.0f} s; all finished in {elapsed:.0f} s: {waits}")

@@ -199,11 +199,6 @@ def test_a_training_change_reruns_train_evaluate_register(pipeline):
     assert pipeline(config) == ["hit", "hit", "miss", "miss", "miss"]
 
 
-def test_a_tokenizer_change_reruns_everything(pipeline):
-    config = pipeline.config(tokenizer={"vocab_size": 320}, evaluation={"lm_eval_tasks": []})
-    assert pipeline(config) == ["miss"] * 5
-
-
 def test_continued_pretraining_starts_from_the_registered_model(pipeline):
     store = open_store(pipeline.store_uri)
     base = latest(pipeline)
@@ -237,6 +232,11 @@ def test_continued_pretraining_starts_from_the_registered_model(pipeline):
     assert now == (base + 1 if gate["promoted"] else holder)
     first = pipeline.card(1)["gate"]
     assert first["promoted"] and first["baseline"] == ""
+
+
+def test_a_tokenizer_change_reruns_everything(pipeline):
+    config = pipeline.config(tokenizer={"vocab_size": 320}, evaluation={"lm_eval_tasks": []})
+    assert pipeline(config) == ["miss"] * 5
 
 
 def hf_validation_loss(store, dataset_version: str, hf_dir: Path) -> float:
