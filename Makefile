@@ -23,9 +23,10 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Two xdist workers, one module per worker at a time (a module's shared fixtures are built once), the longest
+# Three xdist workers on the two cores (the tests wait a quarter of the time: timeouts, pauses, servers
+# starting), one module per worker at a time (a module's shared fixtures are built once), the longest
 # modules first (tests/conftest.py orders them; xdist would reorder by test count): docs/testing.md.
-XDIST := -n 2 --dist loadscope --no-loadscope-reorder
+XDIST := -n 3 --dist loadscope --no-loadscope-reorder
 
 test: lint
 	$(BIN)/python -m pytest $(XDIST)

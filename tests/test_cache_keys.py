@@ -10,6 +10,11 @@ version is the same. A comment changes no bytes that prepare writes, and the Dat
 content-addressed, so a data edit adds nothing downstream beyond its own versions. (An edit
 that changes behaviour may change more outputs, and with them more inputs downstream.)
 
+The table is ``tests/helpers.CACHE_KEY_TABLE``. Its ``reruns`` column is a model of Flyte's cache;
+``tests/test_workflow_e2e.py::test_a_code_edit_reruns_what_the_cache_key_table_says`` checks it
+against real local executions, run from an edited copy of the tree, for three of its rows
+(``pipeline/cli.py`` and ``registry/registry.py`` together, ``training/step.py``).
+
 Run with ``-s`` to see the table.
 """
 
