@@ -15,7 +15,8 @@ this module redirects exactly those calls to the CPU:
   (those modules see a ``torch`` whose factory functions map a CUDA device to the CPU);
 - the dist-checkpoint writers' results queue, a ``Manager`` megatron starts with ``spawn`` (safe
   beside CUDA; 2–3 s of a fresh interpreter in every rank process that saves) → a ``fork``
-  ``Manager``, as megatron's own writer processes are forked;
+  ``Manager``, as megatron's own writer processes are forked, that first closes the rank's sockets
+  it inherited (a killed rank's peers must see its connections close);
 - the optimizers' dtype checks ``param.type() == "torch.cuda.FloatTensor"`` (mixed-precision
   and distributed optimizer construction, ``clip_grad_by_total_norm_fp32``) → accepted for
   CPU tensors, but only inside ``cuda_type_names()``, which the trainer wraps around
@@ -32,6 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
+import os
+import stat
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,9 +90,21 @@ def apply() -> bool:
 
 @functools.cache
 def _forked_results_queue():
-    import multiprocessing
+    from multiprocessing.managers import SyncManager
 
-    return multiprocessing.get_context("fork").Manager().Queue()
+    manager = SyncManager(ctx=multiprocessing.get_context("fork"))
+    manager.start(initializer=_close_inherited_sockets)
+    return manager.Queue()
+
+
+def _close_inherited_sockets() -> None:
+    """In the forked manager, before it listens: the rank's sockets (its gloo connections, the c10d store)
+    stay the rank's. A copy held here would keep a killed rank's connections open, and its peers would
+    wait out a collective timeout instead of seeing the connection close."""
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, gone already
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                os.close(int(name))
 
 
 # Tensor factories megatron calls with a literal device="cuda".
