@@ -97,10 +97,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _current[0] = item.nodeid
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "long(reason): the test's own time passes 60 s; the reason says why in one line")
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
     started = time.perf_counter()

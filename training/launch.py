@@ -11,8 +11,8 @@ walking the code's import graph, every launch. A forked rank is a fresh process 
 own pid, exit and signals, as the launcher expects). What it would inherit from the server instead
 of the launching process is set from that process when the rank starts, before the function and
 its arguments are unpickled there (so what they import sees what a spawned rank would see): its
-standard output and error (the launcher's own file descriptors, passed to the rank), the environment, the working folder and
-``tempfile``'s folder (``_as_launched``).
+standard output and error (the launcher's own file descriptors, passed to the rank), the
+environment, the working folder and ``tempfile``'s folder (``_as_launched``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     was a ``UserError``, a ``RankUserError`` (a UserError and a JobFailed) whose message is that one line."""
     if start_method not in ("forkserver", "spawn"):
         raise ValueError(f"start_method must be 'forkserver' or 'spawn', not {start_method!r}")
-    multiprocessing.set_forkserver_preload(["training.rank_preload"])  # read when the server starts: the first launch
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -62,6 +61,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     try:
         if start_method == "spawn":
             return elastic_launch(config, fn)(*args)[0]
+        multiprocessing.set_forkserver_preload(["training.rank_preload"])  # read when the server starts: the first launch
         call = pickle.dumps((fn, args))
         streams = (_Inherited(1), _Inherited(2))
         return elastic_launch(config, _as_launched)(streams, dict(os.environ), os.getcwd(), call)[0]
