@@ -265,8 +265,21 @@ def assert_intact(srv: S3Server, planted: dict[str, bytes]) -> None:
         assert client.get_object(Bucket=srv.bucket, Key=key)["Body"].read() == body
 
 
+def listeners_once_started(srv: S3Server, timeout: float = 60.0) -> tuple[list[tuple[str, int]], list[str]]:
+    """The listeners once every port and socket weed was given is open. Weed opens some late
+    (the admin's gRPC port, under load, seconds after S3 serves): reading too early would miss
+    one. Extra listeners are returned as found, for the caller to refuse."""
+    want_ports, want_sockets = set(known_ports(srv).values()), set(known_sockets(srv).values())
+    deadline = time.monotonic() + timeout
+    while True:
+        tcp, unix = listeners(srv.process.pid)
+        if want_ports <= {port for _, port in tcp} and want_sockets <= set(unix) or time.monotonic() > deadline:
+            return tcp, unix
+        time.sleep(0.2)
+
+
 def test_listeners_are_exactly_the_ports_and_sockets_weed_was_given(server, planted):
-    tcp, unix = listeners(server.process.pid)
+    tcp, unix = listeners_once_started(server)
     ports, sockets = known_ports(server), known_sockets(server)
     assert ports["s3"] == server.port
     assert all(ip == "127.0.0.1" for ip, _ in tcp), tcp
