@@ -12,7 +12,7 @@ own pid, exit and signals, as the launcher expects). What it would inherit from 
 of the launching process is set from that process when the rank starts, before the function and
 its arguments are unpickled there (so what they import sees what a spawned rank would see): its
 standard output and error (the launcher's own file descriptors, passed to the rank), the
-environment, the working folder and ``tempfile``'s folder (``_as_launched``).
+environment, the working folder and ``tempfile``'s folder (``from_fork_server``).
 """
 
 from __future__ import annotations
@@ -61,17 +61,24 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     try:
         if start_method == "spawn":
             return elastic_launch(config, fn)(*args)[0]
-        multiprocessing.set_forkserver_preload(["training.rank_preload"])  # read when the server starts: the first launch
-        call = pickle.dumps((fn, args))
-        streams = (_Inherited(1), _Inherited(2))
-        return elastic_launch(config, _as_launched)(streams, dict(os.environ), os.getcwd(), call)[0]
+        return elastic_launch(config, from_fork_server)(*fork_server_args(fn, *args))[0]
     except ChildFailedError as e:
         failed = job_failure(e)
         # The same report with the right rank first: nothing to chain, except under a rank's user error (the report).
         raise failed from failed.__cause__
 
 
-def _as_launched(streams: tuple[int, int], env: dict[str, str], cwd: str, call: bytes) -> Any:
+def fork_server_args(fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
+    """The arguments with which ``from_fork_server``, started by torch's elastic agent with
+    ``start_method="forkserver"``, runs ``fn(*args)`` in each rank as a spawned rank would run it.
+
+    The first call in a process names what the fork server loads (``training.rank_preload``); it
+    starts with the first launch and serves every later one."""
+    multiprocessing.set_forkserver_preload(["training.rank_preload"])
+    return (_Inherited(1), _Inherited(2)), dict(os.environ), os.getcwd(), pickle.dumps((fn, args))
+
+
+def from_fork_server(streams: tuple[int, int], env: dict[str, str], cwd: str, call: bytes) -> Any:
     """``fn(*args)`` (pickled in ``call``) in this rank, with the launching process's standard output and
     error (``streams``, as ``_Inherited`` hands them over), environment and working folder, as a spawned
     rank would have them, plus what the launcher set for this rank (RANK, MASTER_PORT, ...)."""

@@ -7,15 +7,20 @@ Only what does not depend on the environment a caller sets later: no module of o
 settings at import. The parse cache is keyed by each file's bytes, so an edited file is parsed again.
 """
 
-import megatron.core  # noqa: F401
-import megatron.core.dist_checkpointing  # noqa: F401
-import megatron.core.distributed  # noqa: F401
-import megatron.core.models.gpt  # noqa: F401
-import megatron.core.optimizer  # noqa: F401
-import megatron.core.pipeline_parallel  # noqa: F401
-import numpy  # noqa: F401
-import torch  # noqa: F401
+import warnings
 
-from common.codeversion import code_version
+# As train_model does in each rank: megatron warns at import that Apex and Transformer Engine are absent.
+warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
+
+import megatron.core  # noqa: F401, E402
+import megatron.core.dist_checkpointing  # noqa: F401, E402
+import megatron.core.distributed  # noqa: F401, E402
+import megatron.core.models.gpt  # noqa: F401, E402
+import megatron.core.optimizer  # noqa: F401, E402
+import megatron.core.pipeline_parallel  # noqa: F401, E402
+import numpy  # noqa: F401, E402
+import torch  # noqa: F401, E402
+
+from common.codeversion import code_version  # noqa: E402
 
 code_version("training.train")
