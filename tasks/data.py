@@ -135,7 +135,7 @@ def pack_shards(prep: stages.Preparation, job: stages.PackJob) -> list[ShardInfo
     return stages.pack_stage(prep, _store(prep), job)
 
 
-@task(enable_deck=True, **data_task())
+@task(enable_deck=True, deck_fields=decks.FIELDS, **data_task())
 @as_messages
 def commit_dataset(prep: stages.Preparation, packed: list[list[ShardInfo]]) -> DatasetRef:
     """The manifest and the commit marker: the dataset, whole, under its version."""
@@ -144,7 +144,7 @@ def commit_dataset(prep: stages.Preparation, packed: list[list[ShardInfo]]) -> D
     return ref
 
 
-@task(cache=Cache(version=VERSION, serialize=True), enable_deck=True, **data_task())
+@task(cache=Cache(version=VERSION, serialize=True), enable_deck=True, deck_fields=decks.FIELDS, **data_task())
 @as_messages
 def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetRef:
     """Great Expectations gate: raises, listing every failed expectation, before training starts."""

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from html import escape
 
+from flytekit.deck import DeckField
+
 from pipeline import charts
 from storage import Store
 from training import runs as training_runs
+
+# flytekit's default Decks less "Dependencies", which runs `pip list` and `pip freeze` after each task
+# (1–2 s and 4 s of CPU each, for five tasks a run); each task's cache key already names the versions of
+# the libraries it imports (common.codeversion).
+FIELDS = (DeckField.SOURCE_CODE, DeckField.TIMELINE, DeckField.INPUT, DeckField.OUTPUT)
 
 STYLE = (
     "<style>body{font-family:sans-serif} table{border-collapse:collapse}"

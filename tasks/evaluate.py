@@ -23,6 +23,7 @@ VERSION = cache_version(__name__)
     # its own first run registered (and so register a twin version).
     cache=Cache(version=VERSION, serialize=True, ignored_inputs=("baseline",)),
     enable_deck=True,
+    deck_fields=decks.FIELDS,
     **evaluate_task(),
 )
 @as_messages

@@ -14,6 +14,7 @@ from common.contracts import ModelRef, TrackingRef
 from pipeline.config import PipelineConfig
 from registry.registry import code_revision, read_card
 from storage import Store, open_store
+from tasks.decks import FIELDS as DECK_FIELDS
 from tasks.placement import registry_task
 from tasks.register import flyte_execution_id
 from tasks.user_errors import as_messages
@@ -67,7 +68,7 @@ def _comparison_deck(store: Store, model: ModelRef) -> None:
     Deck("Comparison", decks.run_comparison(store, [card.lineage.training_run, before.lineage.training_run], labels))
 
 
-@task(enable_deck=True, **registry_task())
+@task(enable_deck=True, deck_fields=DECK_FIELDS, **registry_task())
 @as_messages
 def track_run(tracking: TrackingRef, model: ModelRef, config: PipelineConfig) -> None:
     """Make the execution's MLflow run whole from the store (every step record, the evaluation

@@ -31,6 +31,7 @@ VERSION = cache_version(__name__)
     # The MLflow run is this execution's view, not an input of training: a rerun hits the cache.
     cache=Cache(version=VERSION, serialize=True, ignored_inputs=("tracking", "tracking_cfg")),
     enable_deck=True,
+    deck_fields=decks.FIELDS,
     **train_task(),
 )
 @as_messages
