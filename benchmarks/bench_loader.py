@@ -153,11 +153,10 @@ def _documents(rng: np.random.Generator, vocab: int, first_id: int) -> Iterator[
 
 def write_dataset(store, mb: float, shape: Shape, cfg, staging: Path) -> tuple[object, dict]:
     """Commit a dataset of about ``mb`` MB of train shards to ``store``; returns its DatasetRef and facts."""
-    from common.contracts import DOC_STATS, MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
+    from common.contracts import DOC_STATS, EOD_TOKEN, MANIFEST, SPECIAL_TOKENS, TOKENIZER, DatasetRef, dataset_prefix
     from data_prep import manifest as manifests
     from data_prep.prepare import _split_entry
     from data_prep.shards import ShardWriter, token_dtype
-    from data_prep.tokenizer import EOD_TOKEN, SPECIAL_TOKENS
 
     t0 = time.perf_counter()
     data = dataclasses.replace(cfg.data, samples_per_shard=shape.samples_per_shard)  # --quick shrinks shards
@@ -335,7 +334,7 @@ def _raw_get(job: dict, rank: int, ranks: int) -> dict:
     """Every train shard GET once, in manifest order, by one fresh client: what S3 gives this access pattern."""
     import torch.distributed as dist
 
-    from data_prep.prepare import load_manifest
+    from data_prep.manifest import load_manifest
     from storage import open_store
 
     ref = job["ref"]

@@ -59,7 +59,7 @@ def main() -> None:
         lines = store.get_bytes(f"{ckpt.run}/metrics.jsonl").decode().splitlines()
         metrics = [json.loads(line) for line in lines]
         report = evaluate(ckpt, model, EvalConfig(max_batches=2, batch_size=8, sample_tokens=16))
-        from data_prep.prepare import load_manifest, shard_urls
+        from data_prep.manifest import load_manifest, shard_urls
         from data_prep.shards import read_rows
 
         rows = read_rows(shard_urls(store, dataset, load_manifest(store, dataset), "val"))[:16]

@@ -29,6 +29,12 @@ from typing import Any
 
 from common.errors import UserError
 
+# -- the tokenizer's special tokens: every packed document ends with EOD (data_prep.shards.pack),
+# which training's loss mask, the evaluation and the Hugging Face export read back by name ----------
+EOD_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+SPECIAL_TOKENS = [EOD_TOKEN, PAD_TOKEN]
+
 # -- file names inside a prefix ---------------------------------------------------------
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from common.contracts import DOC_STATS, TOKENIZER
+from common.contracts import DOC_STATS, EOD_TOKEN, MANIFEST, PAD_TOKEN, TOKENIZER, DatasetRef
 from data_prep.config import DataConfig, TokenizerConfig
-from data_prep.shards import token_dtype
-from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN
+from data_prep.shards import StoredShard, token_dtype
+from data_prep.sources import DataError
+from storage import Store
 
 FORMAT = "pretrain-wds-v1"
 RUNTIME_ONLY = {"workers", "partitions"}
@@ -81,3 +82,28 @@ def version_of(manifest: dict) -> tuple[str, bytes]:
     """The dataset version (hash of the manifest's canonical bytes) and those bytes."""
     data = json.dumps(manifest, indent=2, sort_keys=True).encode()
     return hashlib.sha256(data).hexdigest()[:16], data
+
+
+def load_manifest(store: Store, ref: DatasetRef) -> dict:
+    """The committed manifest of ``ref``, checked to hash to ``ref.version``: the shard digests it
+    records are what every reader checks the shards against, so it must be the one prepared."""
+    if not store.is_committed(ref.prefix):
+        raise DataError(f"dataset {store.url(ref.prefix)} is not committed: rerun the prepare step")
+    data = store.get_bytes(f"{ref.prefix}/{MANIFEST}")
+    actual = hashlib.sha256(data).hexdigest()[:16]  # as version_of
+    if actual != ref.version:
+        raise DataError(
+            f"{store.url(f'{ref.prefix}/{MANIFEST}')} hashes to version {actual}, not {ref.version}: "
+            "the dataset was modified after it was committed; prepare it again"
+        )
+    return json.loads(data)
+
+
+def stored_shards(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[StoredShard]:
+    """The split's shards, each with the sha256 the manifest records: readers check it (``read_shard``)."""
+    return [StoredShard(store.url(f"{ref.prefix}/{s['name']}"), s["sha256"]) for s in manifest["splits"][split]["shards"]]
+
+
+def shard_urls(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[str]:
+    """The split's shard URLs alone (reading them this way checks nothing: see ``stored_shards``)."""
+    return [shard.url for shard in stored_shards(store, ref, manifest, split)]

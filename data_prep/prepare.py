@@ -27,7 +27,6 @@ import csv
 import dataclasses
 import hashlib
 import io
-import json
 import logging
 import tempfile
 import uuid
@@ -38,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from common.contracts import DOC_STATS, MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
+from common.contracts import DOC_STATS, EOD_TOKEN, MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
 from common.errors import local_space
 from common.settings import problems_error
 from data_prep import manifest as manifests
@@ -52,9 +51,9 @@ from data_prep.partitions import Partition, cut, run_key, work_prefix
 from data_prep.pii import KINDS as PII_KINDS
 from data_prep.readers import EXAMPLES_PER_REASON, Skips
 from data_prep.scan import scan_partition
-from data_prep.shards import ShardInfo, StoredShard, token_dtype
+from data_prep.shards import ShardInfo, token_dtype
 from data_prep.sources import DataError, Ignored, RawFile, list_files, listing_hash, relative_names
-from data_prep.tokenizer import EOD_TOKEN, train_tokenizer
+from data_prep.tokenizer import train_tokenizer
 from data_prep.workers import set_worker_state
 from storage import AlreadyCommitted, Store, open_store
 
@@ -440,38 +439,10 @@ def _stats(
     }
 
 
-def load_manifest(store: Store, ref: DatasetRef) -> dict:
-    """The committed manifest of ``ref``, checked to hash to ``ref.version``: the shard digests it
-    records are what every reader checks the shards against, so it must be the one prepared."""
-    if not store.is_committed(ref.prefix):
-        raise DataError(f"dataset {store.url(ref.prefix)} is not committed: rerun the prepare step")
-    data = store.get_bytes(f"{ref.prefix}/{MANIFEST}")
-    actual = hashlib.sha256(data).hexdigest()[:16]  # as manifests.version_of
-    if actual != ref.version:
-        raise DataError(
-            f"{store.url(f'{ref.prefix}/{MANIFEST}')} hashes to version {actual}, not {ref.version}: "
-            "the dataset was modified after it was committed; prepare it again"
-        )
-    return json.loads(data)
-
-
-def stored_shards(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[StoredShard]:
-    """The split's shards, each with the sha256 the manifest records: readers check it (``read_shard``)."""
-    return [StoredShard(store.url(f"{ref.prefix}/{s['name']}"), s["sha256"]) for s in manifest["splits"][split]["shards"]]
-
-
-def shard_urls(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[str]:
-    """The split's shard URLs alone (reading them this way checks nothing: see ``stored_shards``)."""
-    return [shard.url for shard in stored_shards(store, ref, manifest, split)]
-
-
 __all__ = [
     "DatasetRef",
     "ShardInfo",
     "content_hash",
     "prepare_dataset",
-    "load_manifest",
-    "shard_urls",
-    "stored_shards",
     "scan_corpus",
 ]

@@ -7,13 +7,10 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from common.contracts import SPECIAL_TOKENS
 from data_prep.config import TokenizerConfig
 from data_prep.encoder import FastBPE, HFEncoder, bytes_to_unicode, make_encoder
 from data_prep.parallel import WorkerPool
-
-EOD_TOKEN = "<|endoftext|>"
-PAD_TOKEN = "<|pad|>"
-SPECIAL_TOKENS = [EOD_TOKEN, PAD_TOKEN]
 
 
 def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:

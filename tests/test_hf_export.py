@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from data_prep.tokenizer import EOD_TOKEN, train_tokenizer
+from common.contracts import EOD_TOKEN
+from data_prep.tokenizer import train_tokenizer
 from tests.helpers import tiny_tokenizer
 from training.config import ModelConfig, ParallelConfig
 from training.hf_export import export_llama

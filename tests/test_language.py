@@ -3,7 +3,8 @@ examples), keeps code and undetermined text, and keeps the python-stdlib demo wh
 
 from data_prep.config import DataConfig
 from data_prep.language import code_share, identify, language_problem, looks_like_code
-from data_prep.prepare import load_manifest, prepare_dataset, scan_corpus
+from data_prep.manifest import load_manifest
+from data_prep.prepare import prepare_dataset, scan_corpus
 from storage import open_store
 from tests.helpers import english_docs, tiny_data, tiny_tokenizer, write_corpus
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.contracts import EOD_TOKEN
 from common.errors import ConfigError
 from data_prep.shards import pack
-from data_prep.tokenizer import EOD_TOKEN, train_tokenizer
+from data_prep.tokenizer import train_tokenizer
 from pipeline.config import parse_config
 from tests.helpers import distinct_docs, tiny_tokenizer
 from training import lm_eval_suite as suite

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from data_prep.dedup import band_pairs, near_drops, near_duplicates, near_row, similar
-from data_prep.prepare import load_manifest, prepare_dataset
+from data_prep.manifest import load_manifest
+from data_prep.prepare import prepare_dataset
 from storage import open_store
 from tests.helpers import tiny_data, tiny_tokenizer, write_corpus
 

@@ -7,8 +7,9 @@ import gzip
 import numpy as np
 import pytest
 
+from data_prep.manifest import load_manifest
 from data_prep.partitions import cut
-from data_prep.prepare import list_corpus, load_manifest, prepare_dataset
+from data_prep.prepare import list_corpus, prepare_dataset
 from data_prep.sources import RawFile
 from storage import open_store
 from tests.helpers import KEPT_IN_MIXED, distinct_docs, mixed_corpus, tiny_data, tiny_tokenizer, write_corpus

@@ -11,8 +11,9 @@ import pytest
 from common.contracts import DOC_STATS
 from data_prep.config import DataConfig, PiiConfig
 from data_prep.filters import filtered_text
+from data_prep.manifest import load_manifest
 from data_prep.pii import scrub
-from data_prep.prepare import load_manifest, prepare_dataset
+from data_prep.prepare import prepare_dataset
 from storage import open_store
 from tests.helpers import english_docs, tiny_data, tiny_tokenizer, write_corpus
 

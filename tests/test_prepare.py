@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from data_prep.config import DataConfig
-from data_prep.prepare import load_manifest, prepare_dataset, shard_urls
+from data_prep.manifest import load_manifest, shard_urls
+from data_prep.prepare import prepare_dataset
 from data_prep.shards import ShardWriter, pack, read_rows, write_shards
 from data_prep.sources import DataError
 from data_prep.workers import split_of

@@ -8,7 +8,8 @@ import pytest
 
 from data_prep.config import C4Config, DataConfig, FineWebConfig, GopherConfig, QualityConfig, RepetitionConfig
 from data_prep.filters import filtered_text
-from data_prep.prepare import load_manifest, prepare_dataset, scan_corpus
+from data_prep.manifest import load_manifest
+from data_prep.prepare import prepare_dataset, scan_corpus
 from data_prep.quality import quality_problem
 from storage import open_store
 from tests.helpers import english_docs, tiny_data, tiny_tokenizer, write_corpus

@@ -245,7 +245,7 @@ def hf_validation_loss(store, dataset_version: str, hf_dir: Path) -> float:
     from transformers import AutoModelForCausalLM
 
     from common.contracts import DatasetRef
-    from data_prep.prepare import load_manifest, shard_urls
+    from data_prep.manifest import load_manifest, shard_urls
     from data_prep.shards import read_rows
 
     ref = DatasetRef(store=store.uri, version=dataset_version, prefix=f"datasets/{dataset_version}")

@@ -31,7 +31,7 @@ import torch
 
 from common.contracts import DatasetRef
 from common.errors import UserError
-from data_prep.prepare import load_manifest, stored_shards
+from data_prep.manifest import load_manifest, stored_shards
 from data_prep.shards import StoredShard, read_rows, read_shard
 from storage import open_store
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from data_prep.tokenizer import EOD_TOKEN, PAD_TOKEN
+from common.contracts import EOD_TOKEN, PAD_TOKEN
 from training.config import ModelConfig
 from training.model import ffn_size
 

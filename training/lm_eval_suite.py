@@ -165,7 +165,7 @@ def build_task_files(
 ) -> dict[str, Path]:
     """``<out_dir>/<task>.jsonl`` for each task, from the validation ``rows``: deterministic (the
     same rows, tokenizer and settings give the same bytes) and at most ``examples`` lines each."""
-    from data_prep.tokenizer import EOD_TOKEN
+    from common.contracts import EOD_TOKEN
 
     pool = passages(heldout_documents(rows, tokenizer.token_to_id(EOD_TOKEN)), seq_len)
     out_dir.mkdir(parents=True, exist_ok=True)
