@@ -385,3 +385,54 @@ class TokenizerConfig:
         if not self.file or "://" in self.file or Path(os.path.expanduser(self.file)).is_file():
             return []
         return [f"tokenizer.file is {self.file!r}: no such file; give a tokenizer.json path, an s3:// URI or ''"]
+
+
+@documented
+@dataclass
+class ValidationConfig:
+    """Thresholds of the data validation gate."""
+
+    min_documents: int = 1
+    """Fewest documents a dataset may hold."""
+    min_doc_tokens: int = 1
+    """Fewest tokens a kept document may have."""
+    max_doc_tokens: int = 2_000_000
+    """Most tokens a kept document may have."""
+    max_duplicate_fraction: float = 0.5
+    """Largest share of read documents dropped as duplicates."""
+    max_skipped_fraction: float = 0.5
+    """Largest share of read documents skipped for any reason."""
+    max_quality_fraction: float = 0.3
+    """Largest share of read documents any one quality rule may drop (each ``skipped_quality_<rule>``
+    is bounded on its own: the failure names the rule)."""
+    max_language_fraction: float = 0.5
+    """Largest share of read documents dropped by the ``data.languages`` allow-list."""
+    max_pii_fraction: float = 0.1
+    """Largest share of read documents dropped for personal data or secrets (``data.pii`` kinds set to ``drop``)."""
+    max_byte_fallback_ratio: float = 0.05
+    """Largest share of tokens that are lone non-ASCII bytes (text the tokenizer could not merge)."""
+    min_shard_bytes: int = 1024
+    """Smallest shard file size in bytes."""
+    max_shard_bytes: int = 4 * 1024**3
+    """Largest shard file size in bytes."""
+
+    def problems(self) -> list[str]:
+        """Every threshold that cannot work, one line each (see common.settings)."""
+        out = at_least("validation.min_documents", self.min_documents, 0)
+        out += at_least("validation.min_doc_tokens", self.min_doc_tokens, 0)
+        out += at_least("validation.min_shard_bytes", self.min_shard_bytes, 0)
+        for low, high in (("min_doc_tokens", "max_doc_tokens"), ("min_shard_bytes", "max_shard_bytes")):
+            if getattr(self, low) > getattr(self, high):
+                out.append(f"validation.{low} is {getattr(self, low)}: must be ≤ validation.{high} ({getattr(self, high)})")
+        for name in (
+            "max_duplicate_fraction",
+            "max_skipped_fraction",
+            "max_byte_fallback_ratio",
+            "max_quality_fraction",
+            "max_language_fraction",
+            "max_pii_fraction",
+        ):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                out.append(f"validation.{name} is {value}: must be a fraction in [0, 1]")
+        return out

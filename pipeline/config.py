@@ -27,8 +27,7 @@ from common.errors import ConfigError
 from common.names import name_problem as _name_problem
 from common.names import spec_problem
 from common.settings import from_dict, problems_error
-from data_prep.config import DataConfig, TokenizerConfig
-from data_prep.validation import ValidationConfig
+from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from pipeline.cluster import CLUSTER_ENV, load_cluster
 from tracking.config import TrackingConfig
 from training.config import (

@@ -12,10 +12,10 @@ from flytekit import Cache, Deck, HashMethod, dynamic, map_task, task
 from common.contracts import TOKENIZER, DatasetRef
 from common.hashing import config_hash
 from data_prep import prepare as stages
-from data_prep.config import DataConfig, TokenizerConfig
+from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from data_prep.shards import ShardInfo
 from data_prep.sources import content_fingerprint
-from data_prep.validation import Validation, ValidationConfig, ValidationFailed, check_dataset, report_html
+from data_prep.validation import Validation, ValidationFailed, check_dataset, report_html
 from storage import Store, open_store
 from tasks import decks
 from tasks.caching import cache_version

@@ -15,8 +15,7 @@ import yaml
 
 from common.errors import ConfigError
 from common.hashing import config_hash
-from data_prep.config import DataConfig, Normalization, TokenizerConfig
-from data_prep.validation import ValidationConfig
+from data_prep.config import DataConfig, Normalization, TokenizerConfig, ValidationConfig
 from pipeline.config import PipelineConfig, RegistryConfig, load_config, parse_config
 from training.config import EvalConfig, Kernels, ModelConfig, ParallelConfig, Recompute, TrainConfig
 

@@ -5,8 +5,9 @@ import shutil
 import pytest
 
 from common.contracts import DOC_STATS, DatasetRef
+from data_prep.config import ValidationConfig
 from data_prep.prepare import prepare_dataset
-from data_prep.validation import ValidationConfig, ValidationFailed, check_dataset
+from data_prep.validation import ValidationFailed, check_dataset
 from storage import open_store
 from tests.helpers import distinct_docs, tiny_data, tiny_tokenizer, write_corpus
 
