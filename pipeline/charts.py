@@ -1,7 +1,7 @@
 """Charts of training runs drawn with matplotlib: the loss (raw, smoothed, validation points) of one run or
 several, one metric against the step, and the step time stacked by phase.
 
-Used by ``pretrain runs compare`` (PNG/SVG files) and by the Flyte Decks (``tasks.decks``: SVG inlined in
+Used by ``pretrain runs compare`` (PNG/SVG files) and by the Flyte Decks (``tasks.run_decks``: SVG inlined in
 HTML), so it knows nothing of Flyte. matplotlib is imported inside the functions: ``pretrain`` starts
 without paying for it (about a second), and the slim data image, whose Decks draw no chart, needs no
 matplotlib. Only ``matplotlib.figure.Figure`` is used, never pyplot: no GUI backend is ever chosen, no

@@ -55,7 +55,7 @@ def start_tracking(config: PipelineConfig) -> TrackingRef:
 
 def _comparison_deck(store: Store, model: ModelRef) -> None:
     """This execution's training run beside the one of the model that held the gate alias before it."""
-    from tasks import decks
+    from tasks import run_decks
 
     card = read_card(store, model.prefix)
     baseline = card.gate.baseline if card.gate is not None else ""
@@ -65,7 +65,7 @@ def _comparison_deck(store: Store, model: ModelRef) -> None:
     if before.lineage.training_run == card.lineage.training_run:
         return
     labels = ["this execution", f"{card.gate.alias} before ({before.name}:{before.version})"]
-    Deck("Comparison", decks.run_comparison(store, [card.lineage.training_run, before.lineage.training_run], labels))
+    Deck("Comparison", run_decks.run_comparison(store, [card.lineage.training_run, before.lineage.training_run], labels))
 
 
 @task(enable_deck=True, deck_fields=DECK_FIELDS, **registry_task())

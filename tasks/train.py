@@ -12,7 +12,7 @@ from flytekit import Cache, Deck, task
 
 from common.contracts import CheckpointRef, DatasetRef, TrackingRef, metrics_key
 from storage import open_store
-from tasks import decks
+from tasks import decks, run_decks
 from tasks.caching import cache_version
 from tasks.elastic import FirstFailureElastic
 from tasks.placement import CLUSTER, train_task
@@ -58,7 +58,7 @@ def train_model(
     if os.environ.get("RANK", "0") == "0":  # the launcher keeps rank 0's Decks only
         lines = open_store(ref.store).get_bytes(metrics_key(ref.run)).decode().splitlines()
         records = [json.loads(line) for line in lines]
-        Deck("Training curves", decks.training_curves(records))
-        Deck("Step time", decks.step_time_breakdown(records, BREAKDOWN_KEYS))
-        Deck("Warnings", decks.run_warnings(records))
+        Deck("Training curves", run_decks.training_curves(records))
+        Deck("Step time", run_decks.step_time_breakdown(records, BREAKDOWN_KEYS))
+        Deck("Warnings", run_decks.run_warnings(records))
     return ref

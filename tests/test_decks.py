@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tasks import decks
+from tasks import run_decks
 from tests.helpers import svg_group, svg_ids, svg_lines, svg_marks, svg_root, svg_texts
 from training.timing import BREAKDOWN_KEYS
 
@@ -45,7 +45,7 @@ def edges(root, gid: str) -> dict[float, tuple[float, float]]:
 
 def test_stacked_plot_has_one_area_per_phase_a_legend_and_axis_labels():
     records = [{"step": 0, "loss": 9.0}] + breakdown_records(5)  # a record without a breakdown is left out
-    (root,) = charts_of(decks.step_time_breakdown(records, BREAKDOWN_KEYS))
+    (root,) = charts_of(run_decks.step_time_breakdown(records, BREAKDOWN_KEYS))
     assert svg_ids(root, "area-") == [f"area-{i}" for i in range(6)] and len(BREAKDOWN_KEYS) == 6
     texts = svg_texts(root)
     assert texts[-6:] == LABELS[::-1]  # the legend lists the top of the stack first
@@ -69,8 +69,8 @@ def test_stacked_plot_has_one_area_per_phase_a_legend_and_axis_labels():
 
 
 def test_a_run_without_a_breakdown_says_so():
-    assert "no data" in decks.step_time_breakdown([{"step": 1, "loss": 3.0}], BREAKDOWN_KEYS)
-    (single,) = charts_of(decks.step_time_breakdown(breakdown_records(1), BREAKDOWN_KEYS))
+    assert "no data" in run_decks.step_time_breakdown([{"step": 1, "loss": 3.0}], BREAKDOWN_KEYS)
+    (single,) = charts_of(run_decks.step_time_breakdown(breakdown_records(1), BREAKDOWN_KEYS))
     assert svg_ids(single, "area-") == [f"area-{i}" for i in range(6)]  # one step still draws every phase
     assert all(len(edges(single, f"area-{i}")) == 2 for i in range(6))  # as a band one step wide
 
@@ -81,7 +81,7 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
         for s in range(1, 21)
     ]
     records[9] |= {"loss": math.nan, "skipped": True}  # a refused step: its NaN is not drawn
-    html = decks.training_curves(records, validation=[(10, 5.5), (20, 4.2)])
+    html = run_decks.training_curves(records, validation=[(10, 5.5), (20, 4.2)])
     loss, *others = charts_of(html)
     assert len(others) == 3  # lr, grad norm, tokens/s; no MFU in these records
     assert {"step", "loss"} <= set(svg_texts(loss)) and "validation loss" in svg_texts(loss)
@@ -100,7 +100,7 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
     assert [round(x, 2) for x, _ in marks] == [round(x1 + (s - 1) * (x20 - x1) / 19, 2) for s in (10, 20)]
     assert marks[0][1] < marks[1][1]  # 5.5 above 4.2
     assert [svg_texts(c)[-1] for c in others] == ["learning rate", "gradient norm", "tokens/s"]  # titles
-    assert decks.training_curves([]).count("no data") == 1
+    assert run_decks.training_curves([]).count("no data") == 1
 
 
 def test_straggler_warnings_and_health_events_are_listed():
@@ -116,7 +116,7 @@ def test_straggler_warnings_and_health_events_are_listed():
             "batch": {"shards": [{"shard": "s3://b/datasets/v/shards/train-00003.tar", "rows": [4, 5, 6]}]},
         },
     }
-    html = decks.run_warnings(records)
+    html = run_decks.run_warnings(records)
     stragglers = re.search(r"<table class='stragglers'>(.*?)</table>", html).group(1)
     assert stragglers.count("<tr>") == 2  # the header and step 4's warning
     assert "<td>4</td><td>1</td><td>2.5</td><td>rank 1 has been the slowest for 2 windows</td>" in stragglers
@@ -127,7 +127,7 @@ def test_straggler_warnings_and_health_events_are_listed():
 
 
 def test_a_quiet_run_says_none_twice():
-    html = decks.run_warnings(breakdown_records(3))
+    html = run_decks.run_warnings(breakdown_records(3))
     assert html.count("<p>none</p>") == 2 and "<table class='stragglers'>" not in html and "<table class='health'>" not in html
 
 
@@ -138,23 +138,23 @@ def test_strings_are_escaped():
     records[1] |= {
         "health": {"step": 2, "loss": 1.0, "problem": hostile, "action": hostile, "batch": {"shards": [{"shard": hostile}]}}
     }
-    html = decks.run_warnings(records)
+    html = run_decks.run_warnings(records)
     assert "<script>" not in html and "alert('x')" not in html
     assert html.count("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;") == 5
-    chart = decks.stacked_area_chart([1, 2], [(hostile, [1.0, 2.0])], hostile, hostile, hostile)
+    chart = run_decks.stacked_area_chart([1, 2], [(hostile, [1.0, 2.0])], hostile, hostile, hostile)
     (root,) = charts_of(chart)
     assert "<script>" not in chart and not list(root.iter("{http://www.w3.org/2000/svg}script"))
     assert svg_texts(root).count(hostile) == 4  # title, legend, both axes: shown as text, escaped in the SVG
-    dollars = decks.stacked_area_chart([1, 2], [("cost $x", [1.0, 2.0])], "a $ b", "_hidden", "y")
+    dollars = run_decks.stacked_area_chart([1, 2], [("cost $x", [1.0, 2.0])], "a $ b", "_hidden", "y")
     assert {"cost $x", "a $ b"} <= set(svg_texts(charts_of(dollars)[0]))  # no math mode, no error on an odd '$'
 
 
 def test_a_rare_slow_step_does_not_flatten_the_others():
     records = breakdown_records(40)
     records[19]["time_checkpoint_s"] = 9.0  # step 20: a save thirty times an ordinary step
-    (root,) = charts_of(decks.step_time_breakdown(records, BREAKDOWN_KEYS))
+    (root,) = charts_of(run_decks.step_time_breakdown(records, BREAKDOWN_KEYS))
     assert "off the chart: step 20: 9.3" in svg_texts(root)  # its total, named (step 3's 1.0 s and 4's 0.7 s are not)
     y_ticks = [float(t) for t in svg_texts(root) if re.fullmatch(r"\d+\.\d+", t)]
     assert max(y_ticks) < 2.0  # the axis stops near the usual steps, not at 9.3
-    (quiet,) = charts_of(decks.step_time_breakdown(breakdown_records(40), BREAKDOWN_KEYS))
+    (quiet,) = charts_of(run_decks.step_time_breakdown(breakdown_records(40), BREAKDOWN_KEYS))
     assert not any(t.startswith("off the chart") for t in svg_texts(quiet))

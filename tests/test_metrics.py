@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from storage import open_store
-from tasks import decks
+from tasks import run_decks
 from tests.helpers import fresh_copy, run_metrics, tiny_model
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
@@ -72,7 +72,7 @@ def test_training_writes_metrics_jsonl_and_tensorboard(tiny_dataset, tmp_path):
     assert [e.step for e in scalars.Scalars("train/loss")] == [1, 2, 3, 4]
     assert [e.value for e in scalars.Scalars("train/loss")] == pytest.approx([r["loss"] for r in records])
 
-    deck = decks.training_curves(records)
+    deck = run_decks.training_curves(records)
     assert deck.count("<svg") == 5 and "model FLOPs utilisation" in deck and "measured" in deck
 
 
