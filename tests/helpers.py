@@ -1735,20 +1735,24 @@ def final_weights(ref, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 ALL_TASKS = {"prepare", "validate", "train", "evaluate", "register"}
 
-# file edited -> (keys that change, tasks that rerun). Why the wide rows are wide:
-# pipeline/config.py imports data_prep.validation (for ValidationConfig), which imports
-# data_prep.prepare, so every task that reaches pipeline.config (all of them, through
-# tasks.placement -> pipeline.cluster) depends on all of data_prep; and storage and
-# common.contracts are imported by every stage.
+# file edited -> (keys that change, tasks that rerun). The wide rows: storage and common.contracts
+# are imported by every stage. The data stages' own code (filters, dedup, the encoder, validation)
+# reaches prepare and validate only: training reads a dataset through data_prep.manifest and
+# data_prep.shards, and pipeline.config takes ValidationConfig from data_prep.config. The run's
+# charts and comparisons (tasks.run_decks, training.runs) reach the train task only.
 CACHE_KEY_TABLE = {
     "kernels/rmsnorm.py": ({"train", "evaluate", "run id"}, {"train", "evaluate", "register"}),
-    "data_prep/clean.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
+    "data_prep/clean.py": ({"prepare", "validate"}, {"prepare", "validate"}),
+    "data_prep/pii.py": ({"prepare", "validate"}, {"prepare", "validate"}),
+    "data_prep/quality.py": ({"prepare", "validate"}, {"prepare", "validate"}),
     "training/step.py": ({"train", "run id"}, {"train", "evaluate", "register"}),
     "storage/store.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
     "registry/registry.py": ({"register"}, {"register"}),
     "common/contracts.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
     "pipeline/cli.py": (set(), set()),
     "tasks/decks.py": ({"prepare", "validate", "train", "evaluate"}, {"prepare", "validate", "train", "evaluate"}),
+    "tasks/run_decks.py": ({"train"}, {"train"}),
+    "training/runs.py": ({"train"}, {"train"}),
     # A data file of training.lm_eval_suite (its __data__): the evaluation only, not every task that checks settings.
     "training/lm_eval_tasks/heldout_cloze.yaml": ({"evaluate"}, {"evaluate"}),
 }
