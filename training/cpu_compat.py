@@ -32,10 +32,13 @@ and ``cuda_type_names()`` do nothing and megatron runs exactly as shipped.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import multiprocessing
 import os
+import signal
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,19 +91,33 @@ def apply() -> bool:
     return True
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 @functools.cache
 def _forked_results_queue():
     from multiprocessing.managers import SyncManager
 
     manager = SyncManager(ctx=multiprocessing.get_context("fork"))
-    manager.start(initializer=_close_inherited_sockets)
+    manager.start(initializer=_as_the_ranks_own, initargs=(os.getpid(),))
     return manager.Queue()
 
 
-def _close_inherited_sockets() -> None:
-    """In the forked manager, before it listens: the rank's sockets (its gloo connections, the c10d store)
-    stay the rank's. A copy held here would keep a killed rank's connections open, and its peers would
-    wait out a collective timeout instead of seeing the connection close."""
+def _as_the_ranks_own(rank_pid: int) -> None:
+    """In the forked manager, before it listens: it dies with the rank, and the rank's sockets stay the rank's.
+
+    A rank the launcher kills (its peer failed first) runs no exit handler, so nothing would stop its
+    manager, which holds the rank's standard output and error: a ``pretrain run`` whose output is read
+    through a pipe would never see it end. Linux sends the parent-death signal when the thread that
+    forked this process ends; that is the rank's main thread, which saves checkpoints. A copy of the
+    rank's sockets (its gloo connections, the c10d store) held here would keep a killed rank's
+    connections open, and its peers would wait out a collective timeout instead of seeing them close."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed in the checkpoint results manager")
+        if os.getppid() != rank_pid:  # the rank died before the signal was armed
+            os._exit(0)
     for name in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own descriptor, gone already
             if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
