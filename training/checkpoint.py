@@ -304,6 +304,30 @@ def read_dcp_metadata(path: Path):
     return metadata
 
 
+def metadata_to_load(path: Path, load_id: object):
+    """``read_dcp_metadata`` as a DCP reader's ``read_metadata`` returns it: with the load id torch
+    matches its reads against."""
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    metadata = read_dcp_metadata(path)
+    if getattr(metadata, "storage_meta", None) is None:
+        metadata.storage_meta = StorageMeta()
+    metadata.storage_meta.load_id = load_id
+    return metadata
+
+
+def load_bytes_as_data(planner, read_item, value: io.BytesIO) -> None:
+    """A DCP load planner's ``load_bytes``: torch's own loads sharded objects (byte items) with
+    ``weights_only=False``, which runs whatever the pickle names; these load as data only."""
+    from torch.distributed.checkpoint._traverse import set_element
+
+    loaded = torch.load(value, map_location="cpu", weights_only=True)
+    if planner.flatten_state_dict:
+        set_element(planner.original_state_dict, planner.mappings[read_item.dest_index.fqn], loaded)
+    else:
+        planner.state_dict[read_item.dest_index.fqn] = loaded
+
+
 @functools.cache
 def _safe_strategies() -> tuple[type, type]:
     """megatron's torch_dist load strategies, reading data only (classes made on first use:
@@ -312,30 +336,20 @@ def _safe_strategies() -> tuple[type, type]:
     from megatron.core.dist_checkpointing.strategies import torch as mcore_torch
     from megatron.core.dist_checkpointing.strategies.cached_metadata_filesystem_reader import CachedMetadataFileSystemReader
     from megatron.core.dist_checkpointing.strategies.common import COMMON_STATE_FNAME, TorchCommonLoadStrategy
-    from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.metadata import StorageMeta
 
     class Reader(CachedMetadataFileSystemReader):
         """torch's FileSystemReader reads ``.metadata`` with a plain ``pickle.load``."""
 
         def read_metadata(self, *args, **kwargs):
             if self._cached_metadata is None:
-                metadata = read_dcp_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
-                if getattr(metadata, "storage_meta", None) is None:
-                    metadata.storage_meta = StorageMeta()
-                metadata.storage_meta.load_id = self.load_id
-                self._cached_metadata = metadata
+                self._cached_metadata = metadata_to_load(Path(self._get_metadata_path(kwargs.get("rank"))), self.load_id)
             return self._cached_metadata
 
     class Planner(mcore_torch.MCoreLoadPlanner):
         """torch's planner loads sharded objects (bytes items) with ``weights_only=False``."""
 
         def load_bytes(self, read_item, value: io.BytesIO) -> None:
-            loaded = torch.load(value, map_location="cpu", weights_only=True)
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-            else:
-                self.state_dict[read_item.dest_index.fqn] = loaded
+            load_bytes_as_data(self, read_item, value)
 
     @contextmanager
     def ours() -> Iterator[None]:

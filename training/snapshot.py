@@ -21,35 +21,24 @@ import torch
 
 from common.contracts import CHECKPOINT_MODEL
 from storage import Store
-from training.checkpoint import fetch, read_dcp_metadata
+from training.checkpoint import fetch, load_bytes_as_data, metadata_to_load
 
 
 def _reader_and_planner(folder: Path):
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.metadata import StorageMeta
 
     class Reader(FileSystemReader):
         """torch's reader unpickles ``.metadata`` with plain ``pickle``: ours allows data classes only."""
 
         def read_metadata(self, *args, **kwargs):
-            metadata = read_dcp_metadata(Path(self.path) / ".metadata")
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
+            return metadata_to_load(Path(self.path) / ".metadata", self.load_id)
 
     class Planner(_EmptyStateDictLoadPlanner):
         """Loads every item the checkpoint holds; byte items (sharded objects) as data only."""
 
         def load_bytes(self, read_item, value: io.BytesIO) -> None:
-            from torch.distributed.checkpoint._traverse import set_element
-
-            loaded = torch.load(value, map_location="cpu", weights_only=True)
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-            else:
-                self.state_dict[read_item.dest_index.fqn] = loaded
+            load_bytes_as_data(self, read_item, value)
 
     return Reader(str(folder)), Planner()
 
