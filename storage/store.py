@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -243,6 +243,25 @@ class Store:
         raise NotImplementedError
 
     def download(self, key: str, path: str | Path) -> None:
+        """Copy ``key`` to the local file ``path``, whole or not at all: into a temporary file of its
+        own beside ``path`` (two processes downloading the same file never share one), renamed over it."""
+        fetch = self._fetcher(key)  # a bad key fails before anything is created
+        path = Path(path)
+        with local_space(path.parent, f"{path.name} (a copy of {self.url(key)})"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+            os.close(fd)
+            try:
+                fetch(tmp)
+                os.chmod(tmp, _file_mode())
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+
+    def _fetcher(self, key: str) -> Callable[[str], None]:
+        """What writes the bytes of ``key`` into a local file (``download``'s one backend part)."""
         raise NotImplementedError
 
     def exists(self, key: str) -> bool:
@@ -564,26 +583,16 @@ class LocalStore(Store):
                 raise StoreError(f"{self.url(src)} does not exist") from e
             raise
 
-    def download(self, key: str, path: str | Path) -> None:
+    def _fetcher(self, key: str) -> Callable[[str], None]:
         src = self._path(key)
-        path = Path(path)
-        with local_space(path.parent, f"{path.name} (a copy of {self.url(key)})"):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # A name of our own in the destination folder: two processes downloading the same
-            # file never write into one temporary file.
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-            os.close(fd)
+
+        def fetch(tmp: str) -> None:
             try:
                 shutil.copyfile(src, tmp)
-                os.chmod(tmp, _file_mode())
-                os.replace(tmp, path)
             except FileNotFoundError as e:
-                os.unlink(tmp)
                 raise StoreError(f"{self.url(key)} does not exist") from e
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+
+        return fetch
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -899,22 +908,9 @@ class S3Store(Store):
                 raise StoreError(f"{self.url(src)} does not exist: nothing to copy to {self.url(dst)}") from cause
             raise
 
-    def download(self, key: str, path: str | Path) -> None:
-        path = Path(path)
-        with local_space(path.parent, f"{path.name} (a copy of {self.url(key)})"):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # A name of our own in the destination folder (not ``path.part``, which two processes
-            # downloading the same file would share).
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-            os.close(fd)
-            try:
-                self._call(key, self.client.download_file, Bucket=self.bucket, Key=self._key(key), Filename=tmp)
-                os.chmod(tmp, _file_mode())
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+    def _fetcher(self, key: str) -> Callable[[str], None]:
+        s3_key = self._key(key)
+        return lambda tmp: self._call(key, self.client.download_file, Bucket=self.bucket, Key=s3_key, Filename=tmp)
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError
