@@ -74,7 +74,7 @@ PEERS = ("liger", "eager", "compile")  # rows get speedup_vs_<peer>, mem_ratio_v
 
 
 def ffn_size(hidden: int) -> int:
-    """The SwiGLU width training/model.py uses: 8/3 * hidden, rounded up to a multiple of 64."""
+    """The SwiGLU width training/model/gpt.py uses: 8/3 * hidden, rounded up to a multiple of 64."""
     return -(-8 * hidden // 3 // 64) * 64
 
 

@@ -289,7 +289,7 @@ def _loader_pass(job: dict, rank: int, ranks: int) -> dict:
         for step in range(steps):
             b0 = time.perf_counter()
             batch = loader.batch(step, rank, ranks)
-            # What the step does with it: micro-batches, inputs and labels (training/step.py).
+            # What the step does with it: micro-batches, inputs and labels (training/model/step.py).
             for micro in batch.tokens.split(shape.micro_batch_size):
                 inputs, labels = micro[:, :-1].contiguous(), micro[:, 1:].contiguous()
                 if not inputs.dtype == labels.dtype == torch.int64:  # in the timed loop: no message unless it fails
@@ -397,7 +397,7 @@ def node_demand(cfg, per_gpu: tuple[float, str] | None = None) -> dict:
     ``per_gpu``: (tokens/s, basis) measured in this run (bench_train on a GPU), instead of the recorded figure."""
     import torch
 
-    from training.metrics import flops_per_token, non_embedding_params, table_peak
+    from training.observe.metrics import flops_per_token, non_embedding_params, table_peak
 
     peak = table_peak("H200", torch.bfloat16) or 0.0
     per_token = flops_per_token(non_embedding_params(cfg.model), cfg.model.num_layers, cfg.model.hidden_size, cfg.data.seq_len)

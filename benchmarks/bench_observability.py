@@ -58,12 +58,12 @@ def _ranks(size: str, repeats: int, steps: int, every: int) -> dict:
     """Runs on each rank; returns {loop: [per-repeat mean step seconds]} (rank 0's is reported)."""
     import torch.distributed as dist
 
-    from training.health import LossHealth
-    from training.model import init_distributed
-    from training.step import accept_all, build_step
-    from training.stragglers import StragglerMonitor
-    from training.timing import StepTimer
-    from training.watchdog import Progress, Watchdog
+    from training.model.gpt import init_distributed
+    from training.model.step import accept_all, build_step
+    from training.observe.health import LossHealth
+    from training.observe.stragglers import StragglerMonitor
+    from training.observe.timing import StepTimer
+    from training.observe.watchdog import Progress, Watchdog
 
     warnings.filterwarnings("ignore")
     shape = SIZES[size]

@@ -4,8 +4,8 @@ parameter count, and of the data loader against what training consumes, measured
 (a) Four variants, same shape, batch, dtype (fp32 on CPU, bf16 on CUDA), AdamW hyperparameters
     (lr 1e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices only) and global-norm clip 1.0;
     every step reads the loss and the gradient norm back, as a trainer logging them does:
-    - ``ours``: ``training.model.build_gpt`` with ``model.kernels: triton`` (the default), stepped by
-      ``training.step.LocalStep``, the trainer's own single-stage step (torch AdamW, its clipping).
+    - ``ours``: ``training.model.gpt.build_gpt`` with ``model.kernels: triton`` (the default), stepped by
+      ``training.model.step.LocalStep``, the trainer's own single-stage step (torch AdamW, its clipping).
       ``triton`` runs our kernels only where they can run (CUDA, or ``TRITON_INTERPRET=1``): on a CPU
       it resolves to the PyTorch references, so on CPU ``ours`` and ``ours_torch_kernels`` run the same
       code (``kernels_run`` in the JSON says which ran) and their ratio shows the measurement's noise.
@@ -24,7 +24,7 @@ parameter count, and of the data loader against what training consumes, measured
     temporary store by ``data_prep.prepare.prepare_dataset``, one pass, nothing else running.
 (c) on CUDA (the default when available): bf16, the gpt-350m shape (or ``--size 1b``, configs/gpt-1b.yaml's
     shape at TP=1 without recompute), model TFLOP/s and MFU against the device's data-sheet peak
-    (``training/metrics.py``). ``--profile`` profiles two steps each of ``ours`` and ``plain_compiled``
+    (``training/observe/metrics.py``). ``--profile`` profiles two steps each of ``ours`` and ``plain_compiled``
     with torch.profiler and groups the self time (CUDA kernels on a GPU, CPU ops on a CPU) into attention,
     matmul, norm, rope, activation, loss, optimizer, compiled (inductor-fused) and other.
 (d) the loader at its real job: ``benchmarks/bench_loader.py`` (two data-parallel ranks, cold, from the
@@ -77,7 +77,7 @@ from machine_info import machine, ratio_keys, require  # benchmarks/ (the script
 from torch import nn
 
 from training.config import ModelConfig, ParallelConfig, TrainConfig
-from training.metrics import device_peak, flops_per_token, non_embedding_params
+from training.observe.metrics import device_peak, flops_per_token, non_embedding_params
 
 # Model shapes; vocab is a multiple of 64 so that megatron's padding leaves it unchanged.
 SIZES: dict[str, dict[str, int]] = {
@@ -89,7 +89,7 @@ SIZES: dict[str, dict[str, int]] = {
 # Documents of the corpus (Python's standard library) prepared for the loader measurement.
 LOADER_DOCUMENTS = {"tiny": 60, "small": 300, "350m": 300, "1b": 300}
 VARIANTS = ("ours", "ours_torch_kernels", "plain_compiled", "plain_eager")
-# The optimizer settings of both sides: the trainer's betas and eps (training/step.py), one lr, its clip.
+# The optimizer settings of both sides: the trainer's betas and eps (training/model/step.py), one lr, its clip.
 LR, WEIGHT_DECAY, CLIP = 1e-4, 0.1, 1.0
 EPS_NORM = 1e-5  # megatron's RMSNorm epsilon (build_gpt keeps the default)
 
@@ -172,7 +172,7 @@ class PlainGPT(nn.Module):
 
 
 def adamw_groups(model: nn.Module) -> list[dict]:
-    """Weight decay on matrices only, as training/step.py's LocalStep."""
+    """Weight decay on matrices only, as training/model/step.py's LocalStep."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
@@ -182,7 +182,7 @@ def adamw_groups(model: nn.Module) -> list[dict]:
 
 def fused_adamw(model: nn.Module) -> tuple[torch.optim.Optimizer, str]:
     """torch's fused AdamW (one kernel for all parameters), else the default (foreach) one; says which."""
-    from training.step import BETAS, EPS
+    from training.model.step import BETAS, EPS
 
     try:
         return torch.optim.AdamW(adamw_groups(model), lr=LR, betas=BETAS, eps=EPS, fused=True), "fused"
@@ -216,11 +216,11 @@ def model_config(shape: dict[str, int], kernels: str = "triton") -> ModelConfig:
 
 
 def build_ours(shape: dict[str, int], kernels: str, device: torch.device, tokens: torch.Tensor) -> tuple[nn.Module, Step, str]:
-    """build_gpt and the trainer's LocalStep, as ``training.step.build_step`` makes them at TP=PP=1."""
-    from training.layers import IMPL_ATTR
-    from training.model import build_gpt
-    from training.step import LocalStep
-    from training.timing import StepTimer
+    """build_gpt and the trainer's LocalStep, as ``training.model.step.build_step`` makes them at TP=PP=1."""
+    from training.model.gpt import build_gpt
+    from training.model.layers import IMPL_ATTR
+    from training.model.step import LocalStep
+    from training.observe.timing import StepTimer
 
     batch = shape["batch"]
     cfg = TrainConfig(micro_batch_size=batch, global_batch_size=batch, lr=LR, weight_decay=WEIGHT_DECAY, grad_clip=CLIP)
@@ -257,7 +257,7 @@ def parameter_count(model: nn.Module) -> int:
 
 def build_variants(shape: dict[str, int], device: torch.device, attention: str) -> tuple[dict[str, Step], dict[str, dict]]:
     """The four steps on one fixed batch, and what each variant is (parameters, kernels, optimizer)."""
-    from training.model import ffn_size, init_distributed
+    from training.model.gpt import ffn_size, init_distributed
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what build_gpt uses
     init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
@@ -518,7 +518,7 @@ def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     shape = SIZES[args.size]
 
-    from training.model import shutdown_distributed
+    from training.model.gpt import shutdown_distributed
 
     try:
         models = measure_models(shape, device, args)

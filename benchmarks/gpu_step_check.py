@@ -25,7 +25,7 @@ import torch
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import prepare_dataset
 from storage import open_store
-from training import checkpoint
+from training.checkpointing import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
 from training.train import train

@@ -20,9 +20,9 @@ import torch
 
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import prepare_dataset
+from evaluation.evaluate import evaluate
 from storage import open_store
 from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
-from training.evaluate import evaluate
 from training.launch import launch
 from training.train import train
 

@@ -5,7 +5,7 @@
 One SeaweedFS S3 server (``storage.s3server.S3Server``) holds the store ``s3://soak/store``.
 An uninterrupted reference run of a small pipeline (``soak_config``) records what a run must
 produce: the dataset version, the final checkpoint's tensors (weights and AdamW moments,
-``training.snapshot``), the card's metrics, and the timeline of its stages as seen in the
+``training.checkpointing.snapshot``), the card's metrics, and the timeline of its stages as seen in the
 store. Then each trial
 
 1. resets the store and flytekit's local cache (a private ``HOME``) to the state just before
@@ -225,7 +225,7 @@ def whole_prefixes(store) -> list[str]:
     """Problems with committed prefixes that are not whole (empty: every committed prefix is)."""
     import hashlib
 
-    from training.checkpoint import CheckpointIntegrityError, fetch
+    from training.checkpointing.checkpoint import CheckpointIntegrityError, fetch
 
     problems: list[str] = []
     keys = set(store.list("datasets/")) | set(store.list("runs/")) | set(store.list("models/"))
@@ -283,7 +283,7 @@ class Outcome:
 
 def read_outcome(store) -> Outcome:
     from common.contracts import committed_steps
-    from training.snapshot import checkpoint_tensors, comparable_metrics
+    from training.checkpointing.snapshot import checkpoint_tensors, comparable_metrics
 
     out = Outcome()
     root = f"models/{MODEL}"
@@ -305,7 +305,7 @@ def read_outcome(store) -> Outcome:
 
 
 def compare(reference: Outcome, got: Outcome) -> dict[str, Any]:
-    from training.snapshot import differences
+    from training.checkpointing.snapshot import differences
 
     tensor_diffs = differences(reference.tensors, got.tensors) if got.tensors else ["no final checkpoint"]
     entry_diffs = differences(reference.tensors, got.entry_tensors) if got.entry_tensors else ["no registered copy"]

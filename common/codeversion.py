@@ -10,7 +10,7 @@ reading source, not by a hand-written list.
 * the installed versions of the third-party distributions those modules import, except the
   few in ``NEUTRAL_DISTRIBUTIONS`` that cannot change a number;
 * the files of a module's data folders: a module whose results depend on files beside it
-  declares them as ``__data__ = ("folder", ...)`` (``training.lm_eval_suite``: its task
+  declares them as ``__data__ = ("folder", ...)`` (``evaluation.lm_eval_suite``: its task
   YAML), and every file under those folders counts with it;
 * Python's major.minor.
 
@@ -34,7 +34,20 @@ from pathlib import Path
 
 # The project's top-level packages; every other non-stdlib import is third-party.
 FIRST_PARTY = frozenset(
-    {"common", "data_prep", "training", "kernels", "storage", "registry", "pipeline", "tasks", "tracking", "workflows"}
+    {
+        "common",
+        "data_prep",
+        "training",
+        "evaluation",
+        "cli",
+        "kernels",
+        "storage",
+        "registry",
+        "pipeline",
+        "tasks",
+        "tracking",
+        "workflows",
+    }
 )
 
 # Where the first-party packages live (the repository root, or site-packages when installed).

@@ -135,7 +135,7 @@ def diagnostics_prefix(run: str) -> str:
 
 
 def lease_key(run: str) -> str:
-    """The run's lease (``training.lease``): one writer of the run's prefix at a time."""
+    """The run's lease (``training.runs.lease``): one writer of the run's prefix at a time."""
     return f"{run}/{RUN_LEASE}"
 
 

@@ -28,6 +28,7 @@ from common.names import name_problem as _name_problem
 from common.names import spec_problem
 from common.settings import from_dict, problems_error
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
+from evaluation.lm_eval_catalog import metric_name, parse_metric_name, shipped_tasks
 from pipeline.cluster import CLUSTER_ENV, load_cluster
 from tracking.config import TrackingConfig
 from training.config import (
@@ -39,7 +40,6 @@ from training.config import (
     layout_problems,
     world_problems,
 )
-from training.lm_eval_catalog import metric_name, parse_metric_name, shipped_tasks
 
 __all__ = ["PipelineConfig", "RegistryConfig", "from_dict", "launch_world", "load_config", "parse_config"]
 

@@ -13,10 +13,10 @@ process holds threads, an SQLite connection and pooled S3 connections a rank mus
 rank whose process exited first, which is often a peer whose collective failed ("Connection closed
 by peer") while the rank that failed first was still writing its error. ``FirstFailureElastic`` is
 the same task config (the same serialized task, the same PyTorchJob), run by a task class that turns
-that error into ``training.failures.JobFailed``: the first line names the first failing rank (as the
+that error into ``training.observe.failures.JobFailed``: the first line names the first failing rank (as the
 ranks recorded it), its own error and its traceback, and whether Flyte may retry follows that rank's
 error. Where that rank's error was a ``UserError`` (a full store, a bad loss), the task raises a
-``training.failures.RankUserError``: one line, which ``pretrain run`` prints as it prints any user error.
+``training.observe.failures.RankUserError``: one line, which ``pretrain run`` prints as it prints any user error.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask, spawn_hel
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from common.errors import UserError
-from training.failures import job_failure
 from training.launch import fork_server_args, from_fork_server
+from training.observe.failures import job_failure
 
 
 @dataclass

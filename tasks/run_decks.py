@@ -9,7 +9,7 @@ from html import escape
 from pipeline import charts
 from storage import Store
 from tasks.decks import STYLE, fmt
-from training import runs as training_runs
+from training.runs import catalog as training_runs
 
 
 def chart(fig: object) -> str:
@@ -17,7 +17,7 @@ def chart(fig: object) -> str:
     return f"<div class='chart'>{charts.svg(fig)}</div>"
 
 
-# Per-step metrics of training/metrics.py charted on the train task's Deck besides the loss: (record key, title, y label).
+# Per-step metrics of training/observe/metrics.py charted on the train task's Deck besides the loss: (record key, title, y label).
 TRAINING_CURVES = (
     ("lr", "learning rate", "learning rate"),
     ("grad_norm", "gradient norm", "gradient norm (before clipping)"),
@@ -63,7 +63,7 @@ def _phase_label(key: str) -> str:
 
 
 def step_time_breakdown(metrics: list[dict], keys: tuple[str, ...] | list[str]) -> str:
-    """The per-step seconds of each phase (``keys``: training.timing.BREAKDOWN_KEYS, passed in so
+    """The per-step seconds of each phase (``keys``: training.observe.timing.BREAKDOWN_KEYS, passed in so
     that the Decks do not import the training loop), stacked: the top edge is the step time.
     Steps without a breakdown (records of older runs) are left out; a missing phase counts 0."""
     timed = [m for m in metrics if any(k in m for k in keys)]

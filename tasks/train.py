@@ -20,7 +20,7 @@ from tasks.user_errors import as_messages
 from tracking.config import TrackingConfig
 from tracking.sender import LiveSender
 from training.config import ModelConfig, ParallelConfig, TrainConfig
-from training.timing import BREAKDOWN_KEYS
+from training.observe.timing import BREAKDOWN_KEYS
 from training.train import train
 
 VERSION = cache_version(__name__)

@@ -1100,17 +1100,17 @@ def train_with_bad_loss(bad_step: int, bad_ranks: tuple[int, ...] | None, *args)
     """``training.train.train(*args)`` with step ``bad_step``'s loss (1-based) made NaN on the ranks
     ``bad_ranks`` (None: all of them).
 
-    The loss function both step implementations call (``training.layers.mean_token_loss``: LocalStep
-    through ``training.model.mean_loss``, MegatronStep in its forward step) returns NaN, so its
+    The loss function both step implementations call (``training.model.layers.mean_token_loss``: LocalStep
+    through ``training.model.gpt.mean_loss``, MegatronStep in its forward step) returns NaN, so its
     gradients are NaN too and the step's data-parallel mean reaches ``TrainStep.step``'s accept hook
     as a bad batch's would. The step is the one whose batch the loader last handed out.
     """
-    import training.layers
+    import training.model.layers
     from training.data import StreamingLoader
     from training.train import train
 
     rank = int(os.environ.get("RANK", "0"))
-    batch, loss = StreamingLoader.batch, training.layers.mean_token_loss
+    batch, loss = StreamingLoader.batch, training.model.layers.mean_token_loss
     current = {"step": 0}
 
     def batch_of_step(self, step: int, *a, **kw):
@@ -1123,7 +1123,7 @@ def train_with_bad_loss(bad_step: int, bad_ranks: tuple[int, ...] | None, *args)
         return value * float("nan") if bad else value
 
     StreamingLoader.batch = batch_of_step
-    training.layers.mean_token_loss = bad_loss
+    training.model.layers.mean_token_loss = bad_loss
     return train(*args)
 
 
@@ -1149,7 +1149,7 @@ def start_launch(tmp_path: Path, fn, nproc: int, *args, env: dict | None = None,
 
 @dataclass(frozen=True)
 class Stall:
-    """Rank ``rank`` stalls on entering ``phase`` (a ``training.timing.PHASES`` name) of step ``step``
+    """Rank ``rank`` stalls on entering ``phase`` (a ``training.observe.timing.PHASES`` name) of step ``step``
     (1-based): ``"stop"`` SIGSTOPs it (a hung node: it cannot run anything, its watchdog included),
     ``"hang"`` sleeps in the phase for an hour (a read that never returns: its watchdog still runs)."""
 
@@ -1172,7 +1172,7 @@ _RELEASE = (
 
 def train_with_stall(stall: Stall, *args):
     """``training.train.train(*args)`` with ``stall`` injected: run in the spawned ranks."""
-    from training.timing import StepTimer
+    from training.observe.timing import StepTimer
     from training.train import train
 
     if int(os.environ.get("RANK", "0")) == stall.rank:
@@ -1713,9 +1713,9 @@ def final_weights(ref, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
     megatron reshards any saved layout), as ``{parameter name: tensor}``."""
     import tempfile
 
-    from training import checkpoint
+    from training.checkpointing import checkpoint
     from training.config import ParallelConfig
-    from training.model import build_gpt, init_distributed, shutdown_distributed
+    from training.model.gpt import build_gpt, init_distributed, shutdown_distributed
 
     store = open_store(ref.store)
     manifest = store.get_json(f"{ref.dataset.prefix}/manifest.json")
@@ -1739,22 +1739,22 @@ ALL_TASKS = {"prepare", "validate", "train", "evaluate", "register"}
 # are imported by every stage. The data stages' own code (filters, dedup, the encoder, validation)
 # reaches prepare and validate only: training reads a dataset through data_prep.manifest and
 # data_prep.shards, and pipeline.config takes ValidationConfig from data_prep.config. The run's
-# charts and comparisons (tasks.run_decks, training.runs) reach the train task only.
+# charts and comparisons (tasks.run_decks, training.runs.catalog) reach the train task only.
 CACHE_KEY_TABLE = {
     "kernels/rmsnorm.py": ({"train", "evaluate", "run id"}, {"train", "evaluate", "register"}),
     "data_prep/clean.py": ({"prepare", "validate"}, {"prepare", "validate"}),
     "data_prep/pii.py": ({"prepare", "validate"}, {"prepare", "validate"}),
     "data_prep/quality.py": ({"prepare", "validate"}, {"prepare", "validate"}),
-    "training/step.py": ({"train", "run id"}, {"train", "evaluate", "register"}),
+    "training/model/step.py": ({"train", "run id"}, {"train", "evaluate", "register"}),
     "storage/store.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
     "registry/registry.py": ({"register"}, {"register"}),
     "common/contracts.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
-    "pipeline/cli.py": (set(), set()),
+    "cli/main.py": (set(), set()),
     "tasks/decks.py": ({"prepare", "validate", "train", "evaluate"}, {"prepare", "validate", "train", "evaluate"}),
     "tasks/run_decks.py": ({"train"}, {"train"}),
-    "training/runs.py": ({"train"}, {"train"}),
-    # A data file of training.lm_eval_suite (its __data__): the evaluation only, not every task that checks settings.
-    "training/lm_eval_tasks/heldout_cloze.yaml": ({"evaluate"}, {"evaluate"}),
+    "training/runs/catalog.py": ({"train"}, {"train"}),
+    # A data file of evaluation.lm_eval_suite (its __data__): the evaluation only, not every task that checks settings.
+    "evaluation/lm_eval_tasks/heldout_cloze.yaml": ({"evaluate"}, {"evaluate"}),
 }
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from training.config import ModelConfig, ParallelConfig
-from training.model import build_gpt, init_distributed, shutdown_distributed
+from training.model.gpt import build_gpt, init_distributed, shutdown_distributed
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def attention_pair(heads: int, groups: int, hidden: int = 64):
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from training.layers import SDPAttention
+    from training.model.layers import SDPAttention
 
     config = TransformerConfig(
         num_layers=1, hidden_size=hidden, num_attention_heads=heads, num_query_groups=groups, attention_dropout=0.0
@@ -49,7 +49,7 @@ def test_sdpa_matches_megatron_attention(megatron_world, heads, groups):
 
 
 def test_gpt_layers_use_sdpa(megatron_world):
-    from training.layers import SDPAttention
+    from training.model.layers import SDPAttention
 
     model = build_gpt(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4), 128, 16, 1)
     assert all(type(layer.self_attention.core_attention) is SDPAttention for layer in model.decoder.layers)

@@ -13,7 +13,7 @@ that changes behaviour may change more outputs, and with them more inputs downst
 The table is ``tests/helpers.CACHE_KEY_TABLE``. Its ``reruns`` column is a model of Flyte's cache;
 ``tests/test_workflow_e2e.py::test_a_code_edit_reruns_what_the_cache_key_table_says`` checks it
 against real local executions, run from an edited copy of the tree, for three of its rows
-(``pipeline/cli.py`` and ``registry/registry.py`` together, ``training/step.py``).
+(``cli/main.py`` and ``registry/registry.py`` together, ``training/model/step.py``).
 
 Run with ``-s`` to see the table.
 """
@@ -93,13 +93,14 @@ def test_each_edit_changes_exactly_the_expected_versions(tree, tmp_path):
 def test_closures_keep_their_layers():
     closures = {module: closure(module) for module in {*TASK_MODULES.values(), RUN_ID_MODULE}}
     for module, found in closures.items():
-        assert "pipeline.cli" not in found.modules, f"{module} reaches the CLI: a CLI edit would rerun it"
+        assert "cli.main" not in found.modules, f"{module} reaches the CLI: a CLI edit would rerun it"
         assert "workflows" not in found.modules, module
     register = closures["tasks.register"]
-    assert {m for m in register.modules if m.startswith("training")} == {
+    assert {m for m in register.modules if m.startswith(("training", "evaluation"))} == {
         "training",
         "training.config",
-        "training.lm_eval_catalog",
+        "evaluation",
+        "evaluation.lm_eval_catalog",
     }
     assert not {"torch", "megatron", "triton"} & register.third_party
     assert not {"torch", "megatron"} & closures["tasks.data"].third_party

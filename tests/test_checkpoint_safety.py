@@ -18,16 +18,16 @@ import torch
 
 from common.contracts import CHECKPOINT_DIGESTS, ENTRY_CHECKPOINT, EvalReport, checkpoint_prefix
 from data_prep.sources import DataError
+from evaluation.evaluate import evaluate
 from registry.registry import register
 from storage import open_store
 from tests.helpers import fresh_copy, tiny_model
-from training import checkpoint
-from training.checkpoint import CheckpointIntegrityError
+from training.checkpointing import checkpoint
+from training.checkpointing.checkpoint import CheckpointIntegrityError
 from training.config import EvalConfig, ParallelConfig, TrainConfig
-from training.evaluate import evaluate
 from training.launch import launch
-from training.model import init_distributed, shutdown_distributed
-from training.step import build_step
+from training.model.gpt import init_distributed, shutdown_distributed
+from training.model.step import build_step
 from training.train import train
 
 MODEL = tiny_model()

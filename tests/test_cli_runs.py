@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main as cli
 from common.contracts import diagnostics_prefix, eval_prefix, profile_prefix
-from pipeline.cli import main as cli
 from storage import open_store
 from tests.helpers import copy_run, fresh_copy, run_metrics, tiny_model, train_with_bad_loss
 from training.config import ParallelConfig, TrainConfig

@@ -304,8 +304,8 @@ def test_prepare_checks_with_the_sections_rules():
 
 
 def test_training_checks_with_the_sections_rules():
-    from training.model import check_parallel
-    from training.step import micro_batches
+    from training.model.gpt import check_parallel
+    from training.model.step import micro_batches
 
     with pytest.raises(ConfigError, match="model.num_attention_heads=3 is not divisible by parallel.tensor_parallel=2"):
         check_parallel(ParallelConfig(tensor_parallel=2), ModelConfig(num_attention_heads=3, hidden_size=192))
@@ -382,7 +382,7 @@ def isolated(tmp_path, monkeypatch) -> dict[str, str]:
 
 
 def test_pretrain_check_exit_codes(tmp_path, isolated, capsys):
-    from pipeline.cli import main
+    from cli.main import main
 
     assert main(["check", "--config", str(ROOT / "configs" / "tiny-cpu.yaml")]) == 0
     out = capsys.readouterr().out.strip()
@@ -395,7 +395,7 @@ def test_pretrain_check_exit_codes(tmp_path, isolated, capsys):
 
 
 def test_pretrain_run_fails_before_anything_and_writes_nothing(tmp_path, isolated, capsys):
-    from pipeline.cli import main
+    from cli.main import main
 
     bad = write(tmp_path, BAD)
     assert main(["run", "--config", str(bad)]) == 2

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main as cli
 from common import contracts
 from common.contracts import (
     CardFormatError,
@@ -25,7 +26,6 @@ from common.contracts import (
     extend_layouts,
 )
 from common.errors import ConfigError, user_error_in
-from pipeline.cli import main as cli
 from registry.registry import RegistryError, register, show
 from storage import open_store
 
@@ -158,7 +158,7 @@ def test_continuing_a_model_of_another_shape_stops_before_the_data_stage(tmp_pat
 # -- the scenario: a pipeline_parallel=2 run, then the same settings at DP=2 ------
 @pytest.mark.slow
 def test_resuming_another_layouts_run_says_so_and_the_card_names_the_layouts_that_trained(tiny_dataset, tmp_path, capfd):
-    from training import checkpoint
+    from training.checkpointing import checkpoint
     from training.config import ModelConfig, ParallelConfig, TrainConfig
     from training.launch import launch
     from training.train import train

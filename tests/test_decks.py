@@ -10,7 +10,7 @@ import pytest
 
 from tasks import run_decks
 from tests.helpers import svg_group, svg_ids, svg_lines, svg_marks, svg_root, svg_texts
-from training.timing import BREAKDOWN_KEYS
+from training.observe.timing import BREAKDOWN_KEYS
 
 LABELS = ["data", "forward+backward", "collective", "optimizer", "checkpoint", "other"]
 SVG = re.compile(r"<svg.*?</svg>", re.DOTALL)

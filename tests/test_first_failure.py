@@ -21,14 +21,14 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from pipeline.cli import headline
+from cli.main import headline
 from storage.s3server import free_port
 from tasks.elastic import FirstFailureElastic, FirstFailureElasticTask
 from tasks.train import train_model
 from tests.helpers import elastic_task, elastic_train_with_error, fresh_copy, tiny_model, train_with_error
 from training.config import ParallelConfig, TrainConfig
-from training.failures import FILE_NAME, Failure, JobFailed, is_collective_failure, job_failure, record_failure
 from training.launch import launch
+from training.observe.failures import FILE_NAME, Failure, JobFailed, is_collective_failure, job_failure, record_failure
 
 FAIL_STEP, FAIL_RANK = 3, 1
 HEADLINE = f"rank {FAIL_RANK} failed first, during step {FAIL_STEP} (data): ValueError: boom at step {FAIL_STEP}"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from cli import retention
 from common.contracts import checkpoint_prefix, lease_key
-from pipeline import retention
 from storage import Store, open_store
 from tests.helpers import BIN, ROOT, fresh_copy, kill_group, run_metrics, start_launch, tiny_model, train_with_slow_uploads
-from training.lease import RunLease, boot_id, this_host
+from training.runs.lease import RunLease, boot_id, this_host
 
 HOUR = 3600.0
 
@@ -203,7 +203,7 @@ def test_local_temporary_files_of_interrupted_writes(tmp_path, no_staging):
 
 
 def test_staging_folders_of_gone_processes(tmp_path):
-    from training import checkpoint as ckpt
+    from training.checkpointing import checkpoint as ckpt
 
     assert (ckpt.STAGING, ckpt.STAGING_OWNER) == (retention.STAGING_DIR, retention.STAGING_OWNER)
     store = open_store(str(tmp_path / "store"))
@@ -274,7 +274,7 @@ def _gc_round(store: Store, staging: Path, seen: dict[str, list]) -> retention.P
 
 @pytest.mark.slow
 def test_gc_again_and_again_while_a_run_trains_is_killed_and_resumes(tiny_dataset, tmp_path):
-    from training import checkpoint as ckpt
+    from training.checkpointing import checkpoint as ckpt
     from training.config import ParallelConfig, TrainConfig
 
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")

@@ -24,8 +24,15 @@ from storage import open_store
 from storage.s3server import free_port
 from tests.helpers import ROOT, Stall, fresh_copy, kill_group, start_launch, tiny_model, train_with_stall
 from training.config import ParallelConfig, TrainConfig
-from training.diagnostics import STORE_TIMEOUT_S, Heartbeats, describe_ranks, flight_records, missing_ranks, read_heartbeats
-from training.watchdog import EXIT_STUCK, Progress, behind
+from training.observe.diagnostics import (
+    STORE_TIMEOUT_S,
+    Heartbeats,
+    describe_ranks,
+    flight_records,
+    missing_ranks,
+    read_heartbeats,
+)
+from training.observe.watchdog import EXIT_STUCK, Progress, behind
 
 MODEL = tiny_model()
 # Never reaches its last step: the stall ends the run.
@@ -132,7 +139,7 @@ _WAITING = """
 import json, os, time
 from datetime import timedelta
 import torch.distributed as dist
-from training.watchdog import Progress, Watchdog
+from training.observe.watchdog import Progress, Watchdog
 server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(server.port))
 server.set("pretrain/heartbeat/0/1", json.dumps({"step": 3, "phase": "data", "time": time.time()}))

@@ -50,7 +50,7 @@ def imports_without(blocked: list[str], targets: list[str]) -> subprocess.Comple
     [
         (["flytekit", "flytekitplugins"], LIBRARIES),  # libraries know nothing of Flyte
         (["torch", "megatron", "triton"], ["tasks.data", "tasks.register"]),  # the slim data image has no torch
-        (["torch", "megatron", "triton", "flytekit"], ["pipeline.cli", "pipeline.config"]),  # the CLI starts fast
+        (["torch", "megatron", "triton", "flytekit"], ["cli.main", "pipeline.config"]),  # the CLI starts fast
         (["torch", "flytekit", "tokenizers", "webdataset", "great_expectations", "boto3", "numpy", "pandas", "yaml"], ["common"]),
     ],
     ids=["libraries-without-flyte", "data-tasks-without-torch", "cli-without-torch", "common-is-a-leaf"],

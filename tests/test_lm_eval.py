@@ -17,9 +17,9 @@ from common.contracts import EOD_TOKEN
 from common.errors import ConfigError
 from data_prep.shards import pack
 from data_prep.tokenizer import train_tokenizer
+from evaluation import lm_eval_suite as suite
 from pipeline.config import parse_config
 from tests.helpers import distinct_docs, tiny_tokenizer
-from training import lm_eval_suite as suite
 
 SEQ_LEN = 32
 TASKS = ["heldout_cloze", "heldout_continuation"]
@@ -115,9 +115,9 @@ def test_lm_eval_on_a_tiny_export_matches_a_hand_computation_offline(heldout, tm
     import torch
     from transformers import AutoModelForCausalLM
 
+    from evaluation.hf_export import export_llama
     from training.config import ModelConfig, ParallelConfig
-    from training.hf_export import export_llama
-    from training.model import build_gpt, init_distributed, shutdown_distributed
+    from training.model.gpt import build_gpt, init_distributed, shutdown_distributed
 
     _, tokenizer, rows = heldout
     init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)

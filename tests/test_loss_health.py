@@ -25,11 +25,11 @@ from common.errors import UserError
 from data_prep.shards import read_shard
 from storage import open_store
 from tests.helpers import fresh_copy, records, tiny_model, train_with_bad_loss
-from training import checkpoint
+from training.checkpointing import checkpoint
 from training.config import ParallelConfig, TrainConfig
 from training.data import StreamingLoader
-from training.health import MIN_HISTORY, WINDOW, BadLossError, LossHealth, describe_batch
 from training.launch import launch
+from training.observe.health import MIN_HISTORY, WINDOW, BadLossError, LossHealth, describe_batch
 from training.train import train
 
 # -- LossHealth --------------------------------------------------------------------

@@ -13,8 +13,8 @@ from tasks import run_decks
 from tests.helpers import fresh_copy, run_metrics, tiny_model
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
-from training.metrics import TENSORBOARD_TAGS, flops_per_token, mfu, non_embedding_params, table_peak
-from training.model import _padded_vocab
+from training.model.gpt import _padded_vocab
+from training.observe.metrics import TENSORBOARD_TAGS, flops_per_token, mfu, non_embedding_params, table_peak
 from training.train import train
 
 ROOT = Path(__file__).resolve().parent.parent

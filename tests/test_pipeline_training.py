@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from common.errors import ConfigError
+from evaluation.evaluate import evaluate
 from storage import open_store
 from tests.helpers import fresh_copy, losses, records, tiny_model
-from training import checkpoint, cpu_compat
+from training import cpu_compat
+from training.checkpointing import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
-from training.evaluate import evaluate
 from training.launch import launch
-from training.model import check_parallel
+from training.model.gpt import check_parallel
 from training.train import train
 
 MODEL = tiny_model()

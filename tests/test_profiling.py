@@ -17,7 +17,7 @@ from storage import open_store
 from tests.helpers import fresh_copy, tiny_model
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
-from training.profiling import WindowProfiler
+from training.observe.profiling import WindowProfiler
 from training.train import run_id, train
 
 STEPS = TrainConfig(steps=4, micro_batch_size=4, global_batch_size=8, warmup_steps=1, checkpoint_every=4, profile="2-3")

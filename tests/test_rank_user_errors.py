@@ -4,7 +4,7 @@ torch's multi-KB report of every rank; that report stays in the traceback log. A
 the user's to fix prints its first line and the log's path; a rank its watchdog ended points at the
 job's log, not at an error file that is never written.
 
-Real parts throughout: the ranks' own records (``training.failures``), a real watchdog exiting, Flyte's
+Real parts throughout: the ranks' own records (``training.observe.failures``), a real watchdog exiting, Flyte's
 local execution of the ``Elastic`` task with two gloo ranks. ``pretrain run`` into a real tmpfs that fills
 up during a checkpoint save is in tests/test_store_full.py.
 """
@@ -24,9 +24,9 @@ import pytest
 from flytekit import task, workflow
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from cli.main import _without_flyte_prefix, headline
 from common.errors import UserError, user_error_in, write_traceback
 from data_prep.sources import DataError
-from pipeline.cli import _without_flyte_prefix, headline
 from tasks.elastic import FirstFailureElastic
 from tests.helpers import (
     RANK_DATA_PROBLEM,
@@ -35,8 +35,8 @@ from tests.helpers import (
     elastic_train_with_data_problem,
     fresh_copy,
 )
-from training.failures import FILE_NAME, Failure, JobFailed, RankUserError, job_failure, record_failure
-from training.watchdog import EXIT_STUCK
+from training.observe.failures import FILE_NAME, Failure, JobFailed, RankUserError, job_failure, record_failure
+from training.observe.watchdog import EXIT_STUCK
 
 FAIL_STEP, FAIL_RANK = 3, 1
 PROBLEM = RANK_DATA_PROBLEM.format(step=FAIL_STEP)
@@ -88,7 +88,7 @@ def test_a_ranks_user_error_becomes_the_jobs_one_line_user_error(tmp_path, monke
 
 _STUCK_RANK = """
 import time
-from training.watchdog import Progress, Watchdog
+from training.observe.watchdog import Progress, Watchdog
 progress = Progress()  # a job of one rank: nobody to wait for, this rank is the stuck one
 progress.enter("step 3", 0.5)
 progress.at(3, "data")

@@ -16,7 +16,7 @@ import pytest
 from storage import open_store
 from storage.s3server import S3Server
 from tests.helpers import ROOT, fresh_copy, kill_group, rank_processes, start_training, tiny_model
-from training import checkpoint
+from training.checkpointing import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
 from training.train import run_id, train
@@ -134,7 +134,7 @@ def test_a_dead_or_stuck_rank_fails_the_job_with_a_clear_error(tiny_dataset, tmp
 def test_watchdog_ends_a_rank_stuck_outside_collectives(tmp_path):
     code = (
         "import time\n"
-        "from training.watchdog import Progress, Watchdog\n"
+        "from training.observe.watchdog import Progress, Watchdog\n"
         "p = Progress(); Watchdog(p, rank=3, poll_s=0.1).start()\n"
         "p.enter('step 7', 1.0)\n"
         "time.sleep(60)\n"

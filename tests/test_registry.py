@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from cli.main import main as cli
 from common.contracts import ModelCard
-from pipeline.cli import main as cli
 from registry.registry import RegistryError, gate_decision, list_models, register, resolve, set_alias, show
 from storage import AlreadyCommitted
 from tests.helpers import CKPT, registry_inputs, report

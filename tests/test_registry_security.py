@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from pipeline.cli import main as cli
+from cli.main import main as cli
 from registry import registry as registry_module
 from registry.registry import (
     RegistryError,

@@ -12,7 +12,7 @@ import torch
 
 from storage import open_store
 from tests.helpers import fresh_copy, kill_group, losses, start_training, tiny_model
-from training import checkpoint
+from training.checkpointing import checkpoint
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
 from training.train import run_id, train

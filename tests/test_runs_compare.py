@@ -11,15 +11,15 @@ from dataclasses import replace
 
 import pytest
 
+from cli.main import main as cli
 from common.contracts import eval_prefix
 from pipeline import charts
-from pipeline.cli import main as cli
 from storage import open_store
 from tasks import run_decks
 from tests.helpers import fresh_copy, run_metrics, svg_group, svg_ids, svg_lines, svg_marks, svg_root, svg_texts, tiny_model
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
-from training.runs import final_loss
+from training.runs.catalog import final_loss
 from training.train import train
 
 STEPS = 6
@@ -27,7 +27,7 @@ CFG = TrainConfig(steps=STEPS, micro_batch_size=4, global_batch_size=8, warmup_s
 LRS = (3e-3, 1e-3)
 PARALLEL = ParallelConfig(tensor_parallel=1, collective_timeout_s=300)  # a loaded machine: not a test of timeouts
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# Two evaluations per run, as training/evaluate.py commits them; the later one gives the figures.
+# Two evaluations per run, as evaluation/evaluate.py commits them; the later one gives the figures.
 EVALS = {"a": {3: (5.9, 2.61), STEPS: (5.7, 2.52)}, "b": {3: (6.0, 2.66), STEPS: (5.8, 2.57)}}
 
 

@@ -13,9 +13,9 @@ not change a byte either.
 
 Compared: the dataset version and every file of the dataset (manifest, tokenizer, shards);
 every tensor of both checkpoints (model weights and the AdamW moments ``exp_avg`` /
-``exp_avg_sq``, ``training.snapshot``: the key sets must match too); each checkpoint's
+``exp_avg_sq``, ``training.checkpointing.snapshot``: the key sets must match too); each checkpoint's
 ``meta.json`` (the loader state and the optimizer's step count); the per-step losses and grad
-norms; the card's metrics except the timing ones (``training.snapshot.TIMING_METRICS``:
+norms; the card's metrics except the timing ones (``training.checkpointing.snapshot.TIMING_METRICS``:
 tokens per second and MFU measure the machine's speed, not the computation), and its samples.
 """
 
@@ -32,7 +32,7 @@ import yaml
 from common.contracts import CARD, committed_steps
 from storage import open_store
 from tests.helpers import BIN, ROOT, run_metrics
-from training.snapshot import checkpoint_tensors, comparable_metrics, differences
+from training.checkpointing.snapshot import checkpoint_tensors, comparable_metrics, differences
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from storage import open_store
 from tests.helpers import fresh_copy, run_metrics, tiny_model, train_with_slow_rank
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
-from training.stragglers import COLUMNS
-from training.timing import BREAKDOWN_KEYS, PHASES, StepTimer, phase_key
+from training.observe.stragglers import COLUMNS
+from training.observe.timing import BREAKDOWN_KEYS, PHASES, StepTimer, phase_key
 from training.train import train
 
 # Checkpoints at steps 3 and 6; exchanges after steps 2, 4 and 6, so every step is in one window.

@@ -228,7 +228,7 @@ def test_pretrain_run_into_a_store_that_fills_fails_in_one_line_each_time_then_c
         assert match, line
         assert "Traceback" not in line and "=====" not in line and len(line) < 1000
         log = Path(match[3]).read_text()  # the whole report: the rank's own traceback, torch's report
-        assert "training/checkpoint.py" in log and "Root Cause (first observed failure)" in log
+        assert "training/checkpointing/checkpoint.py" in log and "Root Cause (first observed failure)" in log
         assert not list((store_dir / "runs").rglob(COMMIT_MARKER))  # nothing of the run looks complete
         assert temp_leftovers(store_dir) == []
 

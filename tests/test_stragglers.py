@@ -12,7 +12,7 @@ from storage import open_store
 from tests.helpers import fresh_copy, run_metrics, tiny_model, train_with_slow_rank
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
-from training.stragglers import StragglerMonitor
+from training.observe.stragglers import StragglerMonitor
 
 # Exchanges after steps 2, 4 and 6; a warning after two slow windows in a row, i.e. at step 4.
 #

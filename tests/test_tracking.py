@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from common.contracts import metrics_key
-from pipeline.cli import main
 from pipeline.config import PipelineConfig
 from registry.registry import promote, register
 from storage import open_store

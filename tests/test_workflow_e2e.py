@@ -174,7 +174,7 @@ def source_tree(dest: Path, edits: list[str]) -> Path:
     return dest
 
 
-EDITS = {"cli+registry": ["pipeline/cli.py", "registry/registry.py"], "step": ["training/step.py"]}
+EDITS = {"cli+registry": ["cli/main.py", "registry/registry.py"], "step": ["training/model/step.py"]}
 STEPS = ("prepare", "validate", "train", "evaluate", "register")  # CACHED_TASKS, as test_cache_keys names them
 
 

@@ -25,7 +25,7 @@ from tracking.uri import artifact_root, is_remote, sqlite_path
 STEP_KEYS = ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "step_time_s", "peak_memory_mib", "data_wait_fraction")
 """The per-step figures of a metrics.jsonl record that become MLflow metrics, with the step-time breakdown."""
 BREAKDOWN = re.compile(r"time_\w+_s")
-"""The step-time breakdown's keys (``training.timing.phase_key``; matched here so as not to import torch)."""
+"""The step-time breakdown's keys (``training.observe.timing.phase_key``; matched here so as not to import torch)."""
 MAX_METRICS_PER_BATCH = 1000
 """MLflow's limit on metrics in one log_batch request."""
 EXECUTION_TAG = "pretrain.execution"

@@ -292,7 +292,7 @@ class EvalConfig:
     """Seed of the sampled continuation: the same checkpoint gives the same text."""
     lm_eval_tasks: list[str] = field(default_factory=lambda: ["heldout_cloze", "heldout_continuation"])
     """lm-evaluation-harness tasks run on the Hugging Face export, built from the held-out split
-    (training/lm_eval_tasks/; [] = none). Their figures reach the card as lm_eval.<task>.<metric>."""
+    (evaluation/lm_eval_tasks/; [] = none). Their figures reach the card as lm_eval.<task>.<metric>."""
     lm_eval_examples: int = 64
     """Examples per lm-eval task at most (drawn from the held-out passages)."""
     lm_eval_seed: int = 0
@@ -300,7 +300,7 @@ class EvalConfig:
 
     def problems(self) -> list[str]:
         """Every setting of this section that cannot work, one line each."""
-        from training.lm_eval_catalog import shipped_tasks  # the task catalog: YAML files, no torch
+        from evaluation.lm_eval_catalog import shipped_tasks  # the task catalog: YAML files, no torch
 
         out = at_least("evaluation.batch_size", self.batch_size, 1)
         out += at_least("evaluation.lm_eval_examples", self.lm_eval_examples, 1)

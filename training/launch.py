@@ -2,7 +2,7 @@
 
 Flyte's ``Elastic`` plays this part inside the workflow; both go through
 ``torch.distributed.elastic``, so the library code cannot tell them apart. A failed job raises a
-``training.failures.JobFailed`` (a ``ChildFailedError``) that names the rank that failed first; a
+``training.observe.failures.JobFailed`` (a ``ChildFailedError``) that names the rank that failed first; a
 ``RankUserError`` (also a ``UserError``) where that rank's error was one the user can fix.
 
 Ranks start from a fork server that has loaded what every rank needs once (``forkserver``,
@@ -30,7 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from storage.s3server import free_port
-from training.failures import job_failure
+from training.observe.failures import job_failure
 
 _SERVER_ENV = dict(os.environ)  # the fork server's own environment, as a rank inherits it
 

@@ -7,7 +7,7 @@ communication; a restarted task with the same inputs therefore finds its own
 checkpoints and resumes from the latest committed one.
 
 Two identical executions at once share that run prefix too: rank 0 holds the run's lease
-(``training.lease``) while the job trains, and an identical job waits for it before it looks
+(``training.runs.lease``) while the job trains, and an identical job waits for it before it looks
 for checkpoints, then resumes from what the first committed (its final checkpoint: nothing to
 train, the same CheckpointRef).
 """
@@ -50,19 +50,19 @@ from common.contracts import (
 from common.errors import ConfigError
 from common.hashing import config_hash
 from storage import open_store
-from training import checkpoint
+from training.checkpointing import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import StreamingLoader
-from training.diagnostics import write_diagnostics
-from training.health import BadLossError, LossHealth
-from training.lease import LeaseLost, RunLease
-from training.metrics import StepMetrics
-from training.model import checkpoint_group, init_distributed, shutdown_distributed
-from training.profiling import WindowProfiler
-from training.step import build_step, micro_batches
-from training.stragglers import StragglerMonitor
-from training.timing import StepTimer, phase_key
-from training.watchdog import Progress, Watchdog, explain
+from training.model.gpt import checkpoint_group, init_distributed, shutdown_distributed
+from training.model.step import build_step, micro_batches
+from training.observe.diagnostics import write_diagnostics
+from training.observe.health import BadLossError, LossHealth
+from training.observe.metrics import StepMetrics
+from training.observe.profiling import WindowProfiler
+from training.observe.stragglers import StragglerMonitor
+from training.observe.timing import StepTimer, phase_key
+from training.observe.watchdog import Progress, Watchdog, explain
+from training.runs.lease import LeaseLost, RunLease
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

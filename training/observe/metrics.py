@@ -32,7 +32,7 @@ import torch
 
 from common.contracts import tensorboard_prefix
 from training.config import ModelConfig, TrainConfig
-from training.timing import BREAKDOWN_KEYS
+from training.observe.timing import BREAKDOWN_KEYS
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's data sheets, per GPU: (bf16, fp32).
 # Matched in order against torch.cuda.get_device_name(): the more specific names first.
@@ -66,7 +66,7 @@ TENSORBOARD_TAGS = (
 
 def non_embedding_params(cfg: ModelConfig) -> int:
     """Weights of the transformer layers and the final norm (what build_gpt makes, TP-independent)."""
-    from training.model import ffn_size
+    from training.model.gpt import ffn_size
 
     h, heads = cfg.hidden_size, cfg.num_attention_heads
     kv = (cfg.num_query_groups or heads) * (h // heads)

@@ -30,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from common.contracts import diagnostics_prefix
-from training.timing import PHASES
+from training.observe.timing import PHASES
 
 FLIGHT_RECORDER_ENTRIES = "2000"
 """Collectives the flight recorder keeps per process group (``TORCH_FR_BUFFER_SIZE``)."""

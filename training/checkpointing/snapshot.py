@@ -5,7 +5,7 @@ of ``model/`` (weights, and the optimizer's moments saved beside them as ``optim
 whatever the parallel layout that wrote it, with torch DCP's no-distributed load of the
 whole checkpoint.
 
-It reads what ``training.checkpoint`` reads, as safely: the checkpoint is downloaded with
+It reads what ``training.checkpointing.checkpoint`` reads, as safely: the checkpoint is downloaded with
 ``checkpoint.fetch`` (committed, every file's sha256 checked against ``digests.json``), the
 ``.metadata`` pickle goes through the allow-list unpickler, and byte items load with
 ``weights_only=True``.
@@ -21,7 +21,7 @@ import torch
 
 from common.contracts import CHECKPOINT_MODEL
 from storage import Store
-from training.checkpoint import fetch, load_bytes_as_data, metadata_to_load
+from training.checkpointing.checkpoint import fetch, load_bytes_as_data, metadata_to_load
 
 
 def _reader_and_planner(folder: Path):

@@ -36,8 +36,8 @@ import torch.distributed as dist
 from common.settings import problems_error
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, TrainConfig, batch_problems
-from training.model import build_gpt, mean_loss
-from training.timing import StepTimer
+from training.model.gpt import build_gpt, mean_loss
+from training.observe.timing import StepTimer
 
 BETAS = (0.9, 0.95)
 EPS = 1e-8
@@ -255,7 +255,7 @@ class MegatronStep:
             return self._finalize(*args, **kwargs)
 
     def _forward_step(self, data: Iterator[torch.Tensor], model: torch.nn.Module):
-        from training.layers import mean_token_loss
+        from training.model.layers import mean_token_loss
 
         device = next(self.model.parameters()).device
         tokens = next(data).to(device=device, dtype=torch.long)

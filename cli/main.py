@@ -36,8 +36,8 @@ from common.errors import TRACEBACK_LABEL, traceback_note, user_error_in, write_
 from pipeline.config import launch_world, load_config, parse_config
 from registry.registry import download, list_models, promote, resolve, show
 from storage import default_store_uri, open_store
-from training import runs
-from training.health import row_ranges
+from training.observe.health import row_ranges
+from training.runs import catalog as runs
 
 
 def _store(args: argparse.Namespace):
@@ -282,7 +282,7 @@ def _side_by_side(rows: list[tuple[str, list[str]]]) -> list[str]:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     """Dry run by default: what would be removed (sizes, total) and what is kept and why; ``--apply`` removes it."""
-    from pipeline import retention
+    from cli import retention
 
     store = _store(args)
     plan = retention.plan(store, min_age_s=args.min_age * 60)

@@ -14,7 +14,7 @@ from common.errors import ConfigError
 from common.settings import problems_error
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, Recompute, layout_problems, world_problems
-from training.diagnostics import enable_flight_recorder
+from training.observe.diagnostics import enable_flight_recorder
 
 # A gloo group with its own, longer timeout for waits around checkpoint uploads (see checkpoint_group).
 _checkpoint_group = None
@@ -127,7 +127,7 @@ def build_gpt(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
 
-    from training.layers import IMPL_ATTR, INIT_SEED_ATTR, gpt_block_spec, install_rotary, resolve_impl
+    from training.model.layers import IMPL_ATTR, INIT_SEED_ATTR, gpt_block_spec, install_rotary, resolve_impl
 
     if recompute not in RECOMPUTE:
         raise ConfigError(f"train.recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
@@ -208,7 +208,7 @@ def _padded_vocab(vocab_size: int, tensor_parallel: int, multiple: int = 64) -> 
 
 def mean_loss(model, tokens: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of rows holding ``seq_len + 1`` ids."""
-    from training.layers import mean_token_loss
+    from training.model.layers import mean_token_loss
 
     device = next(model.parameters()).device
     tokens = tokens.to(device=device, dtype=torch.long)

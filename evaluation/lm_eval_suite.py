@@ -1,6 +1,6 @@
 """Evaluation suites through EleutherAI's lm-evaluation-harness, on the Hugging Face export.
 
-The tasks are lm-eval YAML kept beside this module (``training/lm_eval_tasks/<task>.yaml``), over
+The tasks are lm-eval YAML kept beside this module (``evaluation/lm_eval_tasks/<task>.yaml``), over
 local JSONL that evaluation builds from the dataset's own held-out (validation) split: the packed
 rows are joined back into their token stream, cut into documents at the end-of-document token,
 and each document into passages of ``seq_len`` tokens (what the model was trained to read),
@@ -8,7 +8,7 @@ decoded with the dataset's tokenizer. A builder per task (``BUILDERS``) turns pa
 examples; a seeded shuffle picks at most ``evaluation.lm_eval_examples`` of them, so the same
 dataset and settings give the same JSONL bytes.
 
-lm-eval runs in a child process (``python -m training.lm_eval_suite``) with the Hugging Face hub
+lm-eval runs in a child process (``python -m evaluation.lm_eval_suite``) with the Hugging Face hub
 and datasets switched offline (``OFFLINE_ENV``): those libraries read the switches when they are
 imported, so a fresh interpreter is the one place they are sure to hold. The child loads each model
 with lm-eval's ``HFLM`` from a local folder and scores the same JSONL files for each, so a
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from training.lm_eval_catalog import TASKS_DIR, metric_name
+from evaluation.lm_eval_catalog import TASKS_DIR, metric_name
 
 if TYPE_CHECKING:
     import numpy as np
@@ -194,7 +194,7 @@ def run_suite(models: dict[str, Path], files: dict[str, Path], batch_size: int, 
     env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="pretrain-lm-eval-") as tmp:
         out = Path(tmp) / "results.json"
-        args = [sys.executable, "-m", "training.lm_eval_suite", "--out", str(out), "--cache", tmp]
+        args = [sys.executable, "-m", "evaluation.lm_eval_suite", "--out", str(out), "--cache", tmp]
         args += ["--batch-size", str(batch_size), "--seed", str(seed)]
         args += [a for label, path in models.items() for a in ("--model", f"{label}={path}")]
         args += [a for task, path in tasks.items() for a in ("--task", f"{task}={path}")]
@@ -229,7 +229,7 @@ def flatten(per_task: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 def _child(argv: list[str]) -> None:
     """The child process: HFLM on each local model folder, ``simple_evaluate`` on the task files."""
-    parser = argparse.ArgumentParser(prog="python -m training.lm_eval_suite")
+    parser = argparse.ArgumentParser(prog="python -m evaluation.lm_eval_suite")
     parser.add_argument("--out", required=True)
     parser.add_argument("--cache", required=True)
     parser.add_argument("--model", action="append", default=[], help="LABEL=HF_FOLDER")

@@ -2,7 +2,7 @@
 
 Besides the report it commits ``<run>/eval/<key>/``: ``results.json``, the model in Hugging Face
 layout (``hf/``), which registration copies into the registry entry, and the examples of the
-lm-evaluation-harness tasks (``lm_eval/<task>.jsonl``, see ``training.lm_eval_suite``), on which
+lm-evaluation-harness tasks (``lm_eval/<task>.jsonl``, see ``evaluation.lm_eval_suite``), on which
 the export (and the baseline's export, for the quality gate) was scored.
 """
 
@@ -34,12 +34,13 @@ from common.contracts import (
 from common.errors import local_space
 from common.hashing import config_hash
 from data_prep.manifest import file_sha256
+from evaluation import lm_eval_suite
+from evaluation.hf_export import export_llama
 from storage import AlreadyCommitted, open_store
-from training import checkpoint, lm_eval_suite
+from training.checkpointing import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig
 from training.data import load_split
-from training.hf_export import export_llama
-from training.model import build_gpt, init_distributed, mean_loss, shutdown_distributed
+from training.model.gpt import build_gpt, init_distributed, mean_loss, shutdown_distributed
 
 
 def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, baseline: str = "") -> EvalReport:

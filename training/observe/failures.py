@@ -14,14 +14,14 @@ still open, hence before any peer can fail because of it:
   job), and the winner to a file in this node's attempt folder of the launcher
   (``<log dir>/attempt_N/first_failure.json``, first writer wins too), which the launcher reads;
 - a rank whose own error is a collective failure reads the winner (``first_failure``) and names it
-  (``training.watchdog.explain``);
+  (``training.observe.watchdog.explain``);
 - the launcher turns torch's ``ChildFailedError`` into a ``JobFailed`` whose first line names the
   first failing rank, its error and where its traceback is (``job_failure``): ``training.launch``
   outside Flyte, ``tasks.elastic`` in a Flyte ``Elastic`` task.
 
 A rank killed outright (SIGKILL, OOM killer, segfault) records nothing: then the launcher prefers a
 rank's own error over a collective failure, and the peers' errors name the ranks that did not arrive
-(``training.diagnostics`` heartbeats).
+(``training.observe.diagnostics`` heartbeats).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, get_error_handler
 
 from common.errors import UserError
-from training.diagnostics import _store_client
+from training.observe.diagnostics import _store_client
 
 FILE_NAME = "first_failure.json"
 """In the launcher's attempt folder (the parent of each rank's error-file folder): one per node."""

@@ -12,7 +12,7 @@ Two mechanisms, because a rank can fail in two ways:
   start (``WAITING_GRACE_S``), so that the stuck rank's stacks are the ones stored.
 
 Either way the ranks that can still run store their stacks and flight-recorder dumps under
-``<run>/diagnostics/`` (``training.diagnostics``), and the error names the step, the phase and
+``<run>/diagnostics/`` (``training.observe.diagnostics``), and the error names the step, the phase and
 the ranks that did not arrive, read from the heartbeats the watchdog thread publishes.
 """
 
@@ -26,8 +26,8 @@ import time
 import traceback
 from collections.abc import Callable
 
-from training.diagnostics import Heartbeats, describe_ranks, missing_ranks, read_heartbeats
-from training.failures import BACKEND_SIGNS, first_failure, record_failure
+from training.observe.diagnostics import Heartbeats, describe_ranks, missing_ranks, read_heartbeats
+from training.observe.failures import BACKEND_SIGNS, first_failure, record_failure
 
 EXIT_STUCK = 86
 """Exit status of a rank the watchdog ended."""
@@ -103,7 +103,7 @@ def behind(beats: dict[int, dict], rank: int, progress: Progress) -> list[int]:
 def explain(error: BaseException, rank: int, progress: Progress, timeout_s: float) -> PeerFailure | None:
     """Record this rank's own failure, or explain its collective's: call it first in the handler.
 
-    An error of this rank's own is recorded as the job's first failure if it is (``training.failures``),
+    An error of this rank's own is recorded as the job's first failure if it is (``training.observe.failures``),
     before the process group closes: None, re-raise it. A collective that failed because of another
     rank becomes a PeerFailure naming the rank that failed first and its error, where one recorded
     it, else the ranks that did not arrive.

@@ -14,9 +14,9 @@
 - ``digests.json``: the sha256 of every other file, computed from the staged bytes before the
   upload and written by rank 0 just before the commit.
 
-A megatron optimizer (pipeline parallelism, the distributed optimizer: ``training.step``) saves
+A megatron optimizer (pipeline parallelism, the distributed optimizer: ``training.model.step``) saves
 its own sharded state into ``model/`` instead of the moments above; it resumes on the same
-layout only (``training.optimizer_state``).
+layout only (``training.checkpointing.optimizer_state``).
 
 The directory counts only once rank 0 has written ``_COMMITTED`` after every rank's files
 are uploaded, so a crash at any point, or a store that goes away mid-upload, leaves nothing
@@ -60,8 +60,9 @@ from common.contracts import (
 )
 from common.errors import UserError
 from storage import COMMIT_MARKER, AlreadyCommitted, Store
-from training import lease, optimizer_state
-from training.model import checkpoint_group
+from training.checkpointing import optimizer_state
+from training.model.gpt import checkpoint_group
+from training.runs import lease
 
 OPTIMIZER_PREFIX = "optimizer.state"
 DIGESTS_FORMAT = "sha256-v1"
@@ -490,7 +491,7 @@ def save(
         (staging / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
         for name, data in (files or {}).items():
             (staging / name).write_bytes(data)
-        # Leftovers of an upload that never committed. The run's lease (training.lease) makes this
+        # Leftovers of an upload that never committed. The run's lease (training.runs.lease) makes this
         # job the run's only writer, so they are no one else's work in progress.
         if not store.is_committed(prefix):
             store.delete_prefix(prefix)

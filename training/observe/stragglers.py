@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from training.config import TrainConfig
-from training.timing import BREAKDOWN_KEYS, phase_key
+from training.observe.timing import BREAKDOWN_KEYS, phase_key
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated, warns on every call) to all_gather_single.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -1,6 +1,6 @@
-"""A megatron optimizer's state in a checkpoint (``training.checkpoint`` calls this).
+"""A megatron optimizer's state in a checkpoint (``training.checkpointing.checkpoint`` calls this).
 
-A megatron optimizer (``training.step.MegatronStep``: pipeline parallelism, the distributed
+A megatron optimizer (``training.model.step.MegatronStep``: pipeline parallelism, the distributed
 optimizer) is saved through its own ``sharded_state_dict``, into the model's DCP directory
 under ``optimizer``. The format is megatron's default for the distributed optimizer,
 ``dp_reshardable``: every rank writes its own shard of the fp32 main weights and Adam moments

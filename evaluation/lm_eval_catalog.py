@@ -1,6 +1,6 @@
 """The shipped lm-evaluation-harness tasks by name: what the config checks read (YAML only, no torch).
 
-Their definitions are ``training/lm_eval_tasks/<task>.yaml``; ``training.lm_eval_suite`` builds
+Their definitions are ``evaluation/lm_eval_tasks/<task>.yaml``; ``evaluation.lm_eval_suite`` builds
 their data and runs them (and declares the folder as its data, so editing a YAML changes the
 evaluation's cache key, not that of every task that checks settings)."""
 
