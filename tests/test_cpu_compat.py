@@ -14,6 +14,8 @@ from tests.helpers import ROOT
 
 RANK = """
 from training import cpu_compat
+import tempfile
+print(len(tempfile.gettempdir()), flush=True)
 cpu_compat._forked_results_queue().put("a write result")
 print("ready", flush=True)
 import time
@@ -21,10 +23,18 @@ time.sleep(600)
 """
 
 
-def test_a_killed_ranks_results_manager_ends_with_it_and_closes_its_output():
-    rank = subprocess.Popen([sys.executable, "-c", RANK], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_killed_ranks_results_manager_ends_with_it_and_closes_its_output(tmp_path):
+    # A temporary folder whose socket paths would pass the 107 bytes a Unix socket's path may have (a
+    # test's TMPDIR under pytest's numbered folders did): the manager must start all the same.
+    deep = tmp_path / ("t" * (120 - len(str(tmp_path))))
+    deep.mkdir()
+    env = {**os.environ, "TMPDIR": str(deep)}
+    rank = subprocess.Popen(
+        [sys.executable, "-c", RANK], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     managers: list[psutil.Process] = []
     try:
+        assert int(rank.stdout.readline()) >= 120
         assert rank.stdout.readline().strip() == "ready", rank.stderr.read()
         managers = psutil.Process(rank.pid).children()
         assert len(managers) == 1, managers

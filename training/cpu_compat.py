@@ -39,6 +39,7 @@ import os
 import signal
 import stat
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -98,9 +99,18 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def _forked_results_queue():
     from multiprocessing.managers import SyncManager
 
-    manager = SyncManager(ctx=multiprocessing.get_context("fork"))
+    manager = SyncManager(address=_manager_address(), ctx=multiprocessing.get_context("fork"))
     manager.start(initializer=_as_the_ranks_own, initargs=(os.getpid(),))
     return manager.Queue()
+
+
+def _manager_address() -> str | None:
+    """A Linux abstract socket (no file, so no path limit): multiprocessing's default is a file under
+    ``$TMPDIR``, and a socket path longer than 107 bytes cannot be bound; the manager then died at its
+    start and the rank's checkpoint save failed with an EOFError (a test's TMPDIR under pytest's
+    numbered temporary folders crossed the limit at run 100). The manager still checks the
+    rank's authkey on every connection. Elsewhere: multiprocessing's default."""
+    return f"\0pretrain-checkpoint-results-{os.getpid()}-{uuid.uuid4().hex}" if sys.platform == "linux" else None
 
 
 def _as_the_ranks_own(rank_pid: int) -> None:
