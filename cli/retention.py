@@ -26,10 +26,8 @@ Torch-free and Flyte-free: the CLI imports it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -55,6 +53,7 @@ from common.contracts import (
 from common.names import VERSION
 from storage import COMMIT_MARKER, Store, StoreError
 from storage.store import LOCK_NAME, ObjectInfo
+from training.checkpointing import staging as checkpoint_staging
 from training.runs.lease import STALE_S, dead_here
 
 DEFAULT_MIN_AGE_S = 3600.0
@@ -63,12 +62,6 @@ last object and its commit (a checkpoint's upload, a registration's copy)."""
 LEASE_GRACE_S = 10 * STALE_S
 """A run's lease counts as live unless its holder is certainly dead or neither its heartbeat nor its
 last write is this recent: generous beyond ``training.runs.lease``'s own stale limit (clocks, pauses)."""
-STAGING_DIR = "pretrain-staging"
-"""The folder under ``$TMPDIR`` where ``training.checkpointing.checkpoint`` stages checkpoints (its ``STAGING``; that
-module imports torch, so the names are repeated here and a test holds them equal)."""
-STAGING_OWNER = ".owner"
-"""A job's staging folder's record of the process that made it (host, boot, pid): ``training.checkpointing.checkpoint``'s
-``STAGING_OWNER``."""
 STAGING_MAX_AGE_S = 24 * 3600.0
 """A staging folder whose owner cannot be told (no record, another host, a live pid) is removed only
 once nothing in it changed for this long."""
@@ -292,7 +285,7 @@ def plan(
             _models(planner, objects)
         else:
             _unknown_tree(planner, objects, top)
-    _staging(planner, staging_root if staging_root is not None else default_staging_root())
+    _staging(planner, staging_root if staging_root is not None else checkpoint_staging.root())
     return Plan(store=store.uri, now=now, min_age_s=min_age_s, entries=planner.entries)
 
 
@@ -503,10 +496,6 @@ def lease_holder(store: Store, run: str, now: float) -> str:
 
 
 # -- local staging --------------------------------------------------------------------------
-def default_staging_root() -> Path:
-    return Path(tempfile.gettempdir()) / STAGING_DIR
-
-
 def _newest_local(path: Path) -> tuple[int, int, float | None]:
     """Bytes, files and newest modification under ``path`` (folders' own times included); what its owner
     removes during the walk is left out."""
@@ -521,15 +510,6 @@ def _newest_local(path: Path) -> tuple[int, int, float | None]:
             if name is not None:
                 size, files = size + st.st_size, files + 1
     return size, files, newest
-
-
-def _owner(folder: Path) -> dict | None:
-    """The staging folder's owner record (None: none, e.g. a folder of an earlier release, or unreadable)."""
-    try:
-        record = json.loads((folder / STAGING_OWNER).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def staging_folders(root: Path) -> list[Path]:
@@ -550,7 +530,7 @@ def _subfolders(path: Path) -> list[Path]:
 def _staging_verdict(folder: Path, min_age_s: float, now: float) -> tuple[bool, str, tuple[int, int, float | None]]:
     stats = _newest_local(folder)
     newest = stats[2]
-    owner = _owner(folder)
+    owner = checkpoint_staging.owner(folder)
     if owner is not None and dead_here(owner):  # private to that process: nobody else writes there
         return True, f"its process {owner.get('pid')} on this host is gone; last written {_ago(now, newest)}", stats
     if newest is not None and now - newest < min_age_s:
@@ -624,7 +604,7 @@ def apply(store: Store, plan_: Plan, *, now: float | None = None) -> Outcome:
 
 def _remove_empty_parents(path: Path) -> None:
     for parent in path.parents:
-        if parent.name == STAGING_DIR:
+        if parent.name == checkpoint_staging.STAGING:
             break
         try:
             parent.rmdir()

@@ -17,6 +17,7 @@ from cli import retention
 from common.contracts import checkpoint_prefix, lease_key
 from storage import Store, open_store
 from tests.helpers import BIN, ROOT, fresh_copy, kill_group, run_metrics, start_launch, tiny_model, train_with_slow_uploads
+from training.checkpointing.staging import STAGING
 from training.runs.lease import RunLease, boot_id, this_host
 
 HOUR = 3600.0
@@ -203,11 +204,8 @@ def test_local_temporary_files_of_interrupted_writes(tmp_path, no_staging):
 
 
 def test_staging_folders_of_gone_processes(tmp_path):
-    from training.checkpointing import checkpoint as ckpt
-
-    assert (ckpt.STAGING, ckpt.STAGING_OWNER) == (retention.STAGING_DIR, retention.STAGING_OWNER)
     store = open_store(str(tmp_path / "store"))
-    root = tmp_path / "tmp" / retention.STAGING_DIR
+    root = tmp_path / "tmp" / STAGING
     here = {"host": this_host(), "boot": boot_id()}
     folders = {name: root / "0123456789ab" / name for name in ("dead", "live", "old", "young", "elsewhere")}
     for folder in folders.values():
@@ -285,7 +283,7 @@ def test_gc_again_and_again_while_a_run_trains_is_killed_and_resumes(tiny_datase
     args = (0.3, dataset, tiny_model(), ParallelConfig(tensor_parallel=1, collective_timeout_s=300), cfg)
     env = {"TMPDIR": str(tmp_path / "tmp")}  # the job's staging, where gc looks (and no other test's)
     (tmp_path / "tmp").mkdir()
-    staging = tmp_path / "tmp" / retention.STAGING_DIR
+    staging = tmp_path / "tmp" / STAGING
     seen: dict[str, list] = {"live": [], "removed": []}
 
     job = start_launch(tmp_path, train_with_slow_uploads, 2, *args, env=env, log_name="first.log")

@@ -41,7 +41,6 @@ import pickle
 import random
 import re
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,8 +60,8 @@ from common.contracts import (
 from common.errors import UserError
 from storage import COMMIT_MARKER, AlreadyCommitted, Store
 from training.checkpointing import optimizer_state
+from training.checkpointing.staging import remove_job_folder, store_root, sweep_dead, write_owner
 from training.model.gpt import checkpoint_group
-from training.runs import lease
 
 OPTIMIZER_PREFIX = "optimizer.state"
 DIGESTS_FORMAT = "sha256-v1"
@@ -71,17 +70,6 @@ DCP_METADATA = ".metadata"  # torch DCP's global metadata file, a pickle
 
 class CheckpointIntegrityError(UserError, ValueError):
     """A checkpoint whose files are not those committed, or that would run code if loaded: nothing was loaded."""
-
-
-STAGING = "pretrain-staging"
-STAGING_OWNER = ".owner"
-"""In a job's staging folder: which process (host, boot, pid) made it, for the sweep of leftovers."""
-
-
-def _staging_root(store: Store) -> Path:
-    # One per store: two stores can hold runs with the same id (tests, copies).
-    where = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / STAGING / where
 
 
 def _job_folder(store: Store) -> Path:
@@ -95,37 +83,12 @@ def _job_folder(store: Store) -> Path:
     """
     name = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(name, src=0, group=checkpoint_group())
-    folder = _staging_root(store) / name[0]
+    folder = store_root(store.uri) / name[0]
     if _local_leader():
-        _sweep(folder.parent)
+        sweep_dead(folder.parent)
         folder.mkdir(parents=True)
-        owner = {"host": lease.this_host(), "boot": lease.boot_id(), "pid": os.getpid()}
-        (folder / STAGING_OWNER).write_text(json.dumps(owner))
+        write_owner(folder)
     return folder
-
-
-def _sweep(root: Path) -> None:
-    """Remove the staging folders under ``root`` whose owner was a process of this host that is gone."""
-    for folder in root.glob("*/"):
-        try:
-            owner = json.loads((folder / STAGING_OWNER).read_text())
-        except (OSError, ValueError):
-            continue  # being created, or not ours to judge
-        if isinstance(owner, dict) and lease.dead_here(owner):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _remove_staging(path: Path) -> None:
-    """Delete a job's staging folder and the parents it leaves empty (one per store otherwise piles up)."""
-    shutil.rmtree(path, ignore_errors=True)
-    root = Path(tempfile.gettempdir()) / STAGING
-    for parent in path.parents:
-        if parent == root or root not in parent.parents:
-            break
-        try:
-            parent.rmdir()
-        except OSError:
-            break  # not empty: another job still stages there
 
 
 def _local_leader() -> bool:
@@ -509,7 +472,7 @@ def save(
         _prune(store, run_prefix, keep)
     _barrier()
     if _local_leader():
-        _remove_staging(job)
+        remove_job_folder(job)
     return prefix
 
 
@@ -552,7 +515,7 @@ def _fetched(store: Store, prefix: str, purpose: str, committed_at: str | None =
     yield staging
     _barrier()
     if _local_leader():
-        _remove_staging(job)
+        remove_job_folder(job)
 
 
 def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:

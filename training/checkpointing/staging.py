@@ -1,0 +1,66 @@
+"""Where checkpoints are staged on local disk, and whose a staging folder is. Torch-free: ``pretrain gc``
+(``cli.retention``) reads the same names to find and judge the leftovers of jobs that are gone.
+
+``$TMPDIR/pretrain-staging/<store hash>/<job>/`` is one job's folder (``training.checkpointing.checkpoint``):
+private to the job, shared by the ranks of a node, with an owner record (host, boot, pid).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from training.runs import lease
+
+STAGING = "pretrain-staging"
+"""The folder under ``$TMPDIR`` that holds every job's staging folder."""
+STAGING_OWNER = ".owner"
+"""In a job's staging folder: which process (host, boot, pid) made it, for the sweep of leftovers."""
+
+
+def root() -> Path:
+    return Path(tempfile.gettempdir()) / STAGING
+
+
+def store_root(store_uri: str) -> Path:
+    """The staging folder of one store's jobs: two stores can hold runs with the same id (tests, copies)."""
+    return root() / hashlib.sha256(store_uri.encode()).hexdigest()[:12]
+
+
+def write_owner(folder: Path) -> None:
+    owner = {"host": lease.this_host(), "boot": lease.boot_id(), "pid": os.getpid()}
+    (folder / STAGING_OWNER).write_text(json.dumps(owner))
+
+
+def owner(folder: Path) -> dict | None:
+    """A staging folder's owner record (None: none, e.g. a folder of an earlier release, or unreadable)."""
+    try:
+        record = json.loads((folder / STAGING_OWNER).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def sweep_dead(store_root: Path) -> None:
+    """Remove the staging folders under ``store_root`` whose owner was a process of this host that is gone."""
+    for folder in store_root.glob("*/"):
+        record = owner(folder)  # None: being created, or not ours to judge
+        if record is not None and lease.dead_here(record):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_job_folder(path: Path) -> None:
+    """Delete a job's staging folder and the parents it leaves empty (one per store otherwise piles up)."""
+    shutil.rmtree(path, ignore_errors=True)
+    top = root()
+    for parent in path.parents:
+        if parent == top or top not in parent.parents:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break  # not empty: another job still stages there
