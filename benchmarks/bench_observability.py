@@ -58,7 +58,7 @@ def _ranks(size: str, repeats: int, steps: int, every: int) -> dict:
     """Runs on each rank; returns {loop: [per-repeat mean step seconds]} (rank 0's is reported)."""
     import torch.distributed as dist
 
-    from training.model.gpt import init_distributed
+    from training.distributed import init_distributed
     from training.model.step import accept_all, build_step
     from training.observe.health import LossHealth
     from training.observe.stragglers import StragglerMonitor

@@ -257,7 +257,8 @@ def parameter_count(model: nn.Module) -> int:
 
 def build_variants(shape: dict[str, int], device: torch.device, attention: str) -> tuple[dict[str, Step], dict[str, dict]]:
     """The four steps on one fixed batch, and what each variant is (parameters, kernels, optimizer)."""
-    from training.model.gpt import ffn_size, init_distributed
+    from training.config import ffn_size
+    from training.distributed import init_distributed
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what build_gpt uses
     init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
@@ -518,7 +519,7 @@ def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     shape = SIZES[args.size]
 
-    from training.model.gpt import shutdown_distributed
+    from training.distributed import shutdown_distributed
 
     try:
         models = measure_models(shape, device, args)

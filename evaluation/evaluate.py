@@ -40,7 +40,8 @@ from storage import AlreadyCommitted, open_store
 from training.checkpointing import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig
 from training.data import load_split
-from training.model.gpt import build_gpt, init_distributed, mean_loss, shutdown_distributed
+from training.distributed import init_distributed, shutdown_distributed
+from training.model.gpt import build_gpt, mean_loss
 
 
 def evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, baseline: str = "") -> EvalReport:

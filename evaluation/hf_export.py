@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 
 from common.contracts import EOD_TOKEN, PAD_TOKEN
-from training.config import ModelConfig
-from training.model.gpt import ffn_size
+from training.config import ModelConfig, ffn_size
 
 WEIGHTS = "model.safetensors"
 RMS_NORM_EPS = 1e-5  # megatron's TransformerConfig.layernorm_epsilon default, which build_gpt keeps

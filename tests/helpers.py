@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from common.contracts import CheckpointRef, DatasetRef, EvalReport, Layout, LayoutSpan, metrics_key
+from common.net import free_port
 from data_prep.config import DataConfig, TokenizerConfig
 from storage import Store, open_store
 
@@ -1469,14 +1470,6 @@ def init_tracking_db(path: Path) -> str:
     return uri
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MlflowServer:
     """``mlflow server`` on 127.0.0.1 over a SQLite database and an artifacts folder (a real server:
     gunicorn/uvicorn workers in its own process group, stopped as a whole)."""
@@ -1715,7 +1708,8 @@ def final_weights(ref, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
     from training.checkpointing import checkpoint
     from training.config import ParallelConfig
-    from training.model.gpt import build_gpt, init_distributed, shutdown_distributed
+    from training.distributed import init_distributed, shutdown_distributed
+    from training.model.gpt import build_gpt
 
     store = open_store(ref.store)
     manifest = store.get_json(f"{ref.dataset.prefix}/manifest.json")

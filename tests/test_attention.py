@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from training.config import ModelConfig, ParallelConfig
-from training.model.gpt import build_gpt, init_distributed, shutdown_distributed
+from training.distributed import init_distributed, shutdown_distributed
+from training.model.gpt import build_gpt
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ from tests.helpers import fresh_copy, tiny_model
 from training.checkpointing import checkpoint
 from training.checkpointing.checkpoint import CheckpointIntegrityError
 from training.config import EvalConfig, ParallelConfig, TrainConfig
+from training.distributed import init_distributed, shutdown_distributed
 from training.launch import launch
-from training.model.gpt import init_distributed, shutdown_distributed
 from training.model.step import build_step
 from training.train import train
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from common.net import free_port
 from storage import open_store
-from storage.s3server import free_port
 
 BIN = Path(sys.executable).parent
 

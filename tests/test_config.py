@@ -304,7 +304,7 @@ def test_prepare_checks_with_the_sections_rules():
 
 
 def test_training_checks_with_the_sections_rules():
-    from training.model.gpt import check_parallel
+    from training.distributed import check_parallel
     from training.model.step import micro_batches
 
     with pytest.raises(ConfigError, match="model.num_attention_heads=3 is not divisible by parallel.tensor_parallel=2"):

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from cli.main import headline
-from storage.s3server import free_port
+from common.net import free_port
 from tasks.elastic import FirstFailureElastic, FirstFailureElasticTask
 from tasks.train import train_model
 from tests.helpers import elastic_task, elastic_train_with_error, fresh_copy, tiny_model, train_with_error

@@ -20,8 +20,8 @@ import pytest
 import torch.distributed as dist
 
 from common.contracts import diagnostics_prefix, run_prefix
+from common.net import free_port
 from storage import open_store
-from storage.s3server import free_port
 from tests.helpers import ROOT, Stall, fresh_copy, kill_group, start_launch, tiny_model, train_with_stall
 from training.config import ParallelConfig, TrainConfig
 from training.observe.diagnostics import (

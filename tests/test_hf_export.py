@@ -11,7 +11,8 @@ from data_prep.tokenizer import train_tokenizer
 from evaluation.hf_export import export_llama
 from tests.helpers import tiny_tokenizer
 from training.config import ModelConfig, ParallelConfig
-from training.model.gpt import build_gpt, init_distributed, shutdown_distributed
+from training.distributed import init_distributed, shutdown_distributed
+from training.model.gpt import build_gpt
 
 SEQ_LEN = 32
 TEXTS = ["def add(a, b):\n    return a + b\n" * 20, "The quick brown fox jumps over the lazy dog. " * 30, "naïve café 東京 " * 10]

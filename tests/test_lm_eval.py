@@ -117,7 +117,8 @@ def test_lm_eval_on_a_tiny_export_matches_a_hand_computation_offline(heldout, tm
 
     from evaluation.hf_export import export_llama
     from training.config import ModelConfig, ParallelConfig
-    from training.model.gpt import build_gpt, init_distributed, shutdown_distributed
+    from training.distributed import init_distributed, shutdown_distributed
+    from training.model.gpt import build_gpt
 
     _, tokenizer, rows = heldout
     init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)

@@ -15,7 +15,8 @@ import contextlib
 import torch
 import kernels.fused_linear_ce, kernels.rmsnorm, kernels.rotary, kernels.swiglu
 from training.config import ModelConfig, ParallelConfig
-from training.model.gpt import build_gpt, init_distributed, mean_loss
+from training.model.gpt import build_gpt, mean_loss
+from training.distributed import init_distributed
 from tests.helpers import count_launches
 
 MODULES = (kernels.rmsnorm, kernels.swiglu, kernels.rotary, kernels.fused_linear_ce)

@@ -15,8 +15,8 @@ from tests.helpers import fresh_copy, losses, records, tiny_model
 from training import cpu_compat
 from training.checkpointing import checkpoint
 from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
+from training.distributed import check_parallel
 from training.launch import launch
-from training.model.gpt import check_parallel
 from training.train import train
 
 MODEL = tiny_model()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -370,3 +371,9 @@ def batch_problems(train: TrainConfig, data_parallel: int, where: str = "") -> l
         f"data-parallel size = {train.micro_batch_size} × {data_parallel} = {per_step}: use e.g. {lower} "
         f"or {lower + per_step}, or a smaller micro_batch_size{where}"
     ]
+
+
+def ffn_size(config: ModelConfig) -> int:
+    if config.ffn_hidden_size:
+        return config.ffn_hidden_size
+    return int(math.ceil(8 * config.hidden_size / 3 / 64) * 64)

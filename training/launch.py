@@ -29,7 +29,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from storage.s3server import free_port
+from common.net import free_port
 from training.observe.failures import job_failure
 
 _SERVER_ENV = dict(os.environ)  # the fork server's own environment, as a rank inherits it

@@ -53,7 +53,7 @@ from storage import open_store
 from training.checkpointing import checkpoint
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import StreamingLoader
-from training.model.gpt import checkpoint_group, init_distributed, shutdown_distributed
+from training.distributed import checkpoint_group, init_distributed, shutdown_distributed
 from training.model.step import build_step, micro_batches
 from training.observe.diagnostics import write_diagnostics
 from training.observe.health import BadLossError, LossHealth

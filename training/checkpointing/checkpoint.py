@@ -61,7 +61,7 @@ from common.errors import UserError
 from storage import COMMIT_MARKER, AlreadyCommitted, Store
 from training.checkpointing import optimizer_state
 from training.checkpointing.staging import remove_job_folder, store_root, sweep_dead, write_owner
-from training.model.gpt import checkpoint_group
+from training.distributed import checkpoint_group
 
 OPTIMIZER_PREFIX = "optimizer.state"
 DIGESTS_FORMAT = "sha256-v1"

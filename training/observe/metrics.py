@@ -66,7 +66,7 @@ TENSORBOARD_TAGS = (
 
 def non_embedding_params(cfg: ModelConfig) -> int:
     """Weights of the transformer layers and the final norm (what build_gpt makes, TP-independent)."""
-    from training.model.gpt import ffn_size
+    from training.config import ffn_size
 
     h, heads = cfg.hidden_size, cfg.num_attention_heads
     kv = (cfg.num_query_groups or heads) * (h // heads)
