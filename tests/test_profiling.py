@@ -62,7 +62,7 @@ def test_no_profile_no_trace_and_a_window_cut_short_by_the_run_end(tmp_path):
             model(torch.randn(2, 8)).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
-            profiler.after_step(step)
+            profiler.after_step({"step": step})
         profiler.finish(steps)
         return profiler
 

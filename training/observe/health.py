@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from common.errors import UserError
+from training.callbacks import Record, StepCallback
 from training.config import BadLossAction, TrainConfig
 
 WINDOW = 50
@@ -27,7 +28,7 @@ class BadLossError(UserError, FloatingPointError):
     """Training stopped on a NaN/Inf or spiking loss (``train.on_bad_loss: stop``)."""
 
 
-class LossHealth:
+class LossHealth(StepCallback):
     """Judges each step's loss; the events it records go to the metrics and the run's summary."""
 
     def __init__(self, cfg: TrainConfig, history: list[float] | None = None) -> None:
@@ -46,6 +47,12 @@ class LossHealth:
         health.events = [m["health"] for m in metrics if "health" in m]
         health.skipped = sum(1 for m in metrics if m.get("skipped"))
         return health
+
+    def after_step(self, record: Record) -> None:
+        """A step whose update ``judge`` refused is marked skipped, with its event."""
+        if self.events and self.events[-1]["step"] == record["step"] and self.events[-1].get("action") == "skipped":
+            record["skipped"] = True
+            record["health"] = self.events[-1]
 
     def problem(self, loss: float) -> str:
         """Why ``loss`` is bad ('' when it is fine)."""

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from common.contracts import tensorboard_prefix
+from training.callbacks import Record, StepCallback
 from training.config import ModelConfig, TrainConfig
 from training.observe.timing import BREAKDOWN_KEYS
 
@@ -122,7 +123,7 @@ def peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-class StepMetrics:
+class StepMetrics(StepCallback):
     """Adds the derived figures to each step's record; on rank 0 also logs them to TensorBoard.
 
     TensorBoard writes into a local folder (the store may be S3); ``upload`` copies its event
@@ -184,6 +185,15 @@ class StepMetrics:
             rank0=rank0,
             tensorboard=cfg.tensorboard,
         )
+
+    def after_step(self, record: Record) -> None:
+        record |= self.measure(record, record["step_time_s"], record["data_wait_s"])
+
+    def on_record(self, record: Record) -> None:
+        self.log(record)
+
+    def on_save(self, step: int) -> None:
+        self.upload()  # the event files, with this step's final record
 
     def measure(self, record: dict[str, Any], step_s: float, data_wait_s: float) -> dict[str, Any]:
         """The derived figures of a step (``record`` holds step, loss, lr, grad_norm) from its training

@@ -18,12 +18,13 @@ import torch
 
 from common.contracts import MEMORY_SNAPSHOT_SUFFIX, TRACE_SUFFIX, profile_prefix
 from storage import Store
+from training.callbacks import Record, StepCallback
 from training.config import TrainConfig
 
 MEMORY_HISTORY_ENTRIES = 200_000
 
 
-class WindowProfiler:
+class WindowProfiler(StepCallback):
     """Starts before the window's first step and stores the traces after its last step."""
 
     def __init__(self, cfg: TrainConfig, store: Store, run: str, rank: int, device: torch.device) -> None:
@@ -32,6 +33,7 @@ class WindowProfiler:
         self.store, self.run, self.rank, self.device = store, run, rank, device
         self._profiler: torch.profiler.profile | None = None
         self._first = 0
+        self._last = 0
         self.stored: list[str] = []
         """Keys written by this rank."""
 
@@ -52,10 +54,14 @@ class WindowProfiler:
         self._profiler.start()
         self._first = step
 
-    def after_step(self, step: int) -> None:
-        """Call after each step: ends the window at its last step (or at the run's last step)."""
-        if self._profiler is not None and step >= self.window[1]:
-            self.finish(step)
+    def after_step(self, record: Record) -> None:
+        """Ends the window at its last step (``close`` ends it at the run's last step)."""
+        self._last = record["step"]
+        if self._profiler is not None and self._last >= self.window[1]:
+            self.finish(self._last)
+
+    def close(self) -> None:
+        self.finish(self._last)
 
     def finish(self, step: int) -> None:
         """Stop and store the traces (also when the run ends inside the window)."""

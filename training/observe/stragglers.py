@@ -19,12 +19,19 @@ step of training whose time the ranks share.
 from __future__ import annotations
 
 import statistics
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+from training.callbacks import Record, StepCallback
 from training.config import TrainConfig
 from training.observe.timing import BREAKDOWN_KEYS, phase_key
+
+if TYPE_CHECKING:
+    from training.observe.watchdog import Progress
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated, warns on every call) to all_gather_single.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -33,10 +40,22 @@ COLUMNS = ("step_s", *(k for k in BREAKDOWN_KEYS if k != phase_key("checkpoint")
 """One row per step and rank: the step's seconds (its checkpoint save left out) and its breakdown."""
 
 
-class StragglerMonitor:
-    """Collects this rank's step times and, at each exchange, compares all ranks'."""
+class StragglerMonitor(StepCallback):
+    """Collects this rank's step times and, at each exchange, compares all ranks'.
 
-    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+    As a callback (``after_step``) it adds the exchange's summary to the record of the step that ends
+    a window, hands every rank's rows to ``keep`` (the run log's step times) and warns on rank 0.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        device: torch.device,
+        progress: Progress | None = None,
+        keep: Callable[[list[dict]], None] | None = None,
+        rank0: bool = False,
+    ) -> None:
+        self.steps, self.progress, self.keep, self.rank0 = cfg.steps, progress, keep, rank0
         self.every = cfg.straggler_every
         self.ratio = cfg.straggler_ratio
         self.windows = cfg.straggler_windows
@@ -45,6 +64,20 @@ class StragglerMonitor:
         self.slow_rank = -1
         self.streak = 0
         """Windows in a row in which ``slow_rank`` was slower than ``ratio`` × the others' median."""
+
+    def after_step(self, record: Record) -> None:
+        step = record["step"]
+        self.record(step, record["step_time_s"], record)
+        if not self.due(step, last=step == self.steps):
+            return
+        if self.progress is not None:
+            self.progress.at(step, "straggler exchange")
+        summary, lines = self.exchange()
+        record |= summary
+        if self.keep is not None:
+            self.keep(lines)
+        if self.rank0 and "straggler_warning" in summary:
+            print(f"WARNING: {summary['straggler_warning']}", file=sys.stderr, flush=True)
 
     def record(self, step: int, step_s: float, breakdown: dict[str, float]) -> None:
         """This rank's step ``step``: its seconds (without a checkpoint save) and their breakdown."""

@@ -1,0 +1,175 @@
+"""The run's checkpoints as the training loop sees them: resume, start from a base model, save on cadence.
+
+The manager holds the run's lease (``training.runs.lease``): rank 0 takes it before looking for
+checkpoints (an identical execution may still commit one), and every save first checks that it was
+not taken over, so that nothing is written by a job that lost the run. It keeps the history of the
+layouts that trained the run's steps and writes it, with the configs and the loader's position, into
+each checkpoint's meta.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import asdict
+
+import torch.distributed as dist
+
+from common.contracts import (
+    ENTRY_CHECKPOINT,
+    Layout,
+    LayoutSpan,
+    ModelCard,
+    card_key,
+    checkpoint_prefix,
+    describe_layouts,
+    extend_layouts,
+)
+from common.errors import ConfigError
+from storage import Store
+from training.checkpointing import checkpoint
+from training.config import ParallelConfig, TrainConfig
+from training.data import StreamingLoader
+from training.distributed import checkpoint_group
+from training.observe.watchdog import Progress
+from training.runs.lease import LeaseLost, RunLease
+
+
+class CheckpointManager:
+    """One run's checkpoints on every rank (every method is collective)."""
+
+    def __init__(
+        self,
+        store: Store,
+        run: str,
+        step,
+        loader: StreamingLoader,
+        meta: dict,
+        parallel: ParallelConfig,
+        cfg: TrainConfig,
+        progress: Progress,
+    ) -> None:
+        """``step`` is the TrainStep (its model and optimizer); ``meta`` what every checkpoint's meta.json
+        says of the run besides its steps (configs, dataset version)."""
+        self.store, self.run, self.step, self.loader, self.meta = store, run, step, loader, meta
+        self.cfg, self.progress, self.timeout_s = cfg, progress, parallel.checkpoint_timeout_s
+        self.rank = dist.get_rank()
+        tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+        self.layout = Layout(dist.get_world_size(), tp, pp, parallel.distributed_optimizer)
+        self.history: list[LayoutSpan] = []
+        """The layouts that trained steps 1..start."""
+        self.start = 0
+        self.prefix = ""
+        """The key prefix of the run's latest committed checkpoint ('' while there is none)."""
+        self.lease: RunLease | None = None
+
+    def take_lease(self, cleanup: ExitStack) -> None:
+        """Rank 0 takes the run's lease, waiting while an identical execution holds it (polling; every
+        rank hears each outcome by broadcast, so no collective waits for long); released by ``cleanup``."""
+        lease = RunLease(self.store, self.run) if self.rank == 0 else None
+        self.progress.enter("waiting for the run's lease", 0)  # as long as the identical execution takes
+        while True:
+            outcome: list = [None]
+            if lease is not None:
+                try:
+                    outcome = ["held" if lease.try_acquire() else "waiting"]
+                except Exception as e:  # noqa: BLE001 - the other ranks must hear of it, not hang
+                    outcome = [f"{type(e).__name__}: {e}"]
+            dist.broadcast_object_list(outcome, src=0, group=checkpoint_group())
+            if outcome[0] == "held":
+                break
+            if outcome[0] != "waiting":
+                raise RuntimeError(f"run {self.run}: taking its lease failed on rank 0: {outcome[0]}")
+            if lease is not None:
+                time.sleep(lease.poll_s)
+        if lease is not None:
+            lease.start_refreshing()
+            cleanup.callback(lease.release)
+        self.lease = lease
+
+    def check_lease(self) -> None:
+        """LeaseLost on every rank if rank 0's lease was taken over (before writing)."""
+        lost = [self.lease.lost if self.lease is not None else None]
+        dist.broadcast_object_list(lost, src=0, group=checkpoint_group())
+        if lost[0]:
+            raise LeaseLost(lost[0])
+
+    def resume(self) -> int:
+        """Load the run's latest committed checkpoint, if any (weights, optimizer state where it can come
+        back, RNG states, the loader's position): the step to continue after (0: none)."""
+        done = checkpoint.committed_steps(self.store, self.run)
+        if not done:
+            return 0
+        self.start = done[-1]
+        self.prefix = checkpoint_prefix(self.run, self.start)
+        self.progress.enter(f"resume from step {self.start}", self.timeout_s)
+        model, optimizer, layout = self.step.model, self.step.optimizer, asdict(self.layout)
+        resumed = checkpoint.load(self.store, self.prefix, model, optimizer, layout)
+        self.loader.check_resume(resumed["loader"], self.start)
+        self.history = layouts_of(resumed)
+        if self.rank == 0:
+            restored = checkpoint.restores_optimizer(resumed, optimizer, layout)
+            print(resume_note(self.run, self.start, self.cfg.steps, self.history, self.layout, restored), flush=True)
+        return self.start
+
+    def init_from(self, base_model: str) -> None:
+        """Initialise the weights from the registry entry under key prefix ``base_model`` (continued
+        pretraining), after checking that its model config continues into this one."""
+        card = ModelCard.from_dict(self.store.get_json(card_key(base_model)))
+        problem = card.continuation_problem(self.meta["model"])
+        if problem:
+            raise ConfigError(problem)
+        checkpoint.load_weights(self.store, f"{base_model}/{ENTRY_CHECKPOINT}", self.step.model, committed_at=base_model)
+        if self.rank == 0:
+            print(f"initialised {self.run} from {self.store.url(base_model)}", flush=True)
+
+    def due(self, step: int) -> bool:
+        return step % self.cfg.checkpoint_every == 0 or step == self.cfg.steps
+
+    def save(self, step: int, files: dict[str, bytes]) -> None:
+        """Commit the checkpoint of ``step`` with ``files`` (rank 0's: the run log's copies)."""
+        meta = {
+            "step": step,
+            "layout": asdict(self.layout),
+            "layouts": [asdict(span) for span in self.layouts(step)],
+            **self.meta,
+            "loader": self.loader.state_dict(step),
+        }
+        self.progress.enter(f"checkpoint save at step {step}", self.timeout_s)
+        self.progress.at(step, "checkpoint")
+        self.check_lease()  # nothing written by a job that lost the run to an identical one
+        self.loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
+        model, optimizer = self.step.model, self.step.optimizer
+        self.prefix = checkpoint.save(self.store, self.run, step, model, optimizer, meta, self.cfg.keep_checkpoints, files)
+
+    def layouts(self, last_step: int) -> list[LayoutSpan]:
+        """The layouts that trained steps 1..``last_step``: the history, then this call's."""
+        return extend_layouts(self.history, self.start + 1, last_step, self.layout)
+
+
+def layouts_of(meta: dict) -> list[LayoutSpan]:
+    """The layouts that trained a checkpoint's steps. A checkpoint saved before meta.json kept
+    the history names only the layout that saved it: it stands for all its steps."""
+    if "layouts" in meta:
+        return [LayoutSpan.from_dict(span) for span in meta["layouts"]]
+    return [LayoutSpan(1, meta["step"], Layout(**meta["layout"]))]
+
+
+def resume_note(run: str, start: int, steps: int, history: list[LayoutSpan], layout: Layout, optimizer_restored: bool) -> str:
+    """What resuming ``run`` at ``start`` means, in plain words, for the log."""
+    before = history[0].layout.describe() if len(history) == 1 else describe_layouts(history)
+    if start >= steps:
+        theirs = "" if history[-1].layout == layout else f", not this call's ({layout.describe()})"
+        return (
+            f"run {run} already finished {start} steps ({before}): nothing to train; reusing its checkpoint. "
+            f"Its weights, tokens/s and layout are that run's{theirs}."
+        )
+    if history[-1].layout != layout:
+        carried = "weights and optimizer state carry over"
+        if not optimizer_restored:
+            carried = "weights carry over, the optimizer starts afresh"
+        return (
+            f"run {run} has steps 1-{start} trained by another layout ({before}): resuming from step {start}, "
+            f"training steps {start + 1}-{steps} with {layout.describe()}; the {carried}."
+        )
+    return f"resumed {run} from step {start}"
