@@ -24,12 +24,12 @@ import yaml
 
 from common.docfields import documented
 from common.errors import ConfigError
-from common.names import name_problem as _name_problem
 from common.names import spec_problem
 from common.settings import from_dict, problems_error
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
-from evaluation.lm_eval_catalog import metric_name, parse_metric_name, shipped_tasks
+from evaluation.lm_eval_catalog import parse_metric_name, shipped_tasks
 from pipeline.cluster import CLUSTER_ENV, load_cluster
+from registry.config import DEFAULT_GATE_METRIC, RegistryConfig
 from tracking.config import TrackingConfig
 from training.config import (
     EvalConfig,
@@ -43,55 +43,9 @@ from training.config import (
 
 __all__ = ["PipelineConfig", "RegistryConfig", "from_dict", "launch_world", "load_config", "parse_config"]
 
-GATE_BITS_PER_BYTE = "bits_per_byte"
-"""The quality gate's default figure (registry.registry.DEFAULT_GATE_METRIC)."""
-RESERVED_ALIAS = "latest"
-"""The alias the registry moves to every new version."""
 
 # Set while a loader builds a config it checks whole afterwards, with the launch rules.
 _deferred: ContextVar[bool] = ContextVar("pipeline_config_deferred", default=False)
-
-
-def name_problem(path: str, value: str, alias: bool = False) -> list[str]:
-    """The setting ``path`` as a registry name or alias: the rule of ``common.names``, which the
-    registry enforces too."""
-    problem = _name_problem(value, alias=alias)
-    return [f"{path} is {value!r}: {problem}"] if problem else []
-
-
-@documented
-@dataclass
-class RegistryConfig:
-    """Where and under which name the trained model is registered."""
-
-    model_name: str = "gpt-tiny"
-    """Registry name of the model (versions are numbered within it)."""
-    gate_alias: str = "production"
-    """Alias the quality gate guards: a candidate takes it only if it is not worse than its holder."""
-    gate_tolerance: float = 0.0
-    """How much worse than the alias holder a candidate may be on gate_metric and still take it, in
-    that metric's units (bits per byte; for acc, a fraction of the examples)."""
-    gate_metric: str = "bits_per_byte"
-    """The figure the gate compares, candidate and holder measured on the same data: bits_per_byte
-    (lower is better) or lm_eval.<task>.<metric> of a task in evaluation.lm_eval_tasks, e.g.
-    lm_eval.heldout_continuation.acc (acc, acc_norm: higher is better; perplexity: lower)."""
-
-    def problems(self) -> list[str]:
-        """Every setting of this section that cannot work, one line each (see common.settings)."""
-        out = name_problem("registry.model_name", self.model_name)
-        out += name_problem("registry.gate_alias", self.gate_alias, alias=True)
-        if self.gate_alias == RESERVED_ALIAS:
-            out.append(f"registry.gate_alias is {RESERVED_ALIAS!r}: the registry moves it to each new version; use production")
-        if self.gate_metric != GATE_BITS_PER_BYTE:
-            parsed = parse_metric_name(self.gate_metric)
-            shipped = shipped_tasks()
-            known = [metric_name(t, m) for t, metrics in shipped.items() for m in metrics]
-            if parsed is None or parsed[0] not in shipped or parsed[1] not in shipped[parsed[0]]:
-                out.append(
-                    f"registry.gate_metric is {self.gate_metric!r}: use {GATE_BITS_PER_BYTE} or an lm-eval figure, "
-                    f"one of {', '.join(known)}"
-                )
-        return out
 
 
 @documented
@@ -144,7 +98,7 @@ class PipelineConfig:
         if gate_task and gate_task[0] in shipped_tasks() and gate_task[0] not in self.evaluation.lm_eval_tasks:
             out.append(
                 f"registry.gate_metric is {self.registry.gate_metric!r} but evaluation.lm_eval_tasks "
-                f"{self.evaluation.lm_eval_tasks} does not run {gate_task[0]}: add it there, or gate on {GATE_BITS_PER_BYTE}"
+                f"{self.evaluation.lm_eval_tasks} does not run {gate_task[0]}: add it there, or gate on {DEFAULT_GATE_METRIC}"
             )
         out += self.tracking.problems()
         out += layout_problems(self.model, self.parallel)

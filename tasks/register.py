@@ -7,8 +7,11 @@ import dataclasses
 from flytekit import Cache, current_context, task
 
 from common.contracts import EvalReport, ModelRef, model_prefix
-from pipeline.config import PipelineConfig, RegistryConfig
-from registry.registry import RegistryError, check_continuable, read_card, register, resolve
+from pipeline.config import PipelineConfig
+from registry.card import check_continuable, read_card
+from registry.config import RegistryConfig
+from registry.names import RegistryError
+from registry.registry import register, resolve
 from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task

@@ -12,7 +12,7 @@ from flytekit import Deck, task
 
 from common.contracts import ModelRef, TrackingRef
 from pipeline.config import PipelineConfig
-from registry.registry import code_revision, read_card
+from registry.card import code_revision, read_card
 from storage import Store, open_store
 from tasks.decks import FIELDS as DECK_FIELDS
 from tasks.placement import registry_task

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from registry import registry as registry_module
+from registry import aliases as registry_aliases
 from registry.registry import register, resolve, show
 from storage import open_store
 from tests.helpers import registry_inputs, report
@@ -158,7 +158,7 @@ def test_alias_writes_lose_no_update(store):
         def decide(holder):
             return (holder or 0) % 3 + 1
 
-        decided.append(registry_module._move_alias(client, "gpt", "rr", decide))
+        decided.append(registry_aliases.move_alias(client, "gpt", "rr", decide))
 
     clients = [open_store(store.uri) for _ in range(6)]
     threads = [threading.Thread(target=bump, args=(clients[i], i)) for i in range(6)]

@@ -26,7 +26,8 @@ from common.contracts import (
     extend_layouts,
 )
 from common.errors import ConfigError, user_error_in
-from registry.registry import RegistryError, register, show
+from registry.names import RegistryError
+from registry.registry import register, show
 from storage import open_store
 
 PP2 = Layout(world_size=2, tensor_parallel=1, pipeline_parallel=2)

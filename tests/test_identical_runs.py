@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from common.contracts import CARD_MARKDOWN, checkpoint_prefix, committed_steps, model_prefix
-from registry.registry import list_models, read_card, register
+from registry.card import read_card
+from registry.registry import list_models, register
 from storage import open_store
 from tests.helpers import BIN, ROOT, distinct_corpus, kill_group, registry_inputs, report, write_config
 from training.checkpointing.checkpoint import fetch

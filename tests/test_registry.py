@@ -4,7 +4,10 @@ import pytest
 
 from cli.main import main as cli
 from common.contracts import ModelCard
-from registry.registry import RegistryError, gate_decision, list_models, register, resolve, set_alias, show
+from registry.aliases import set_alias
+from registry.gate import gate_decision
+from registry.names import RegistryError
+from registry.registry import list_models, register, resolve, show
 from storage import AlreadyCommitted
 from tests.helpers import CKPT, registry_inputs, report
 

@@ -10,17 +10,12 @@ import os
 import pytest
 
 from cli.main import main as cli
-from registry import registry as registry_module
-from registry.registry import (
-    RegistryError,
-    download,
-    list_models,
-    promote,
-    register,
-    resolve,
-    set_alias,
-    show,
-)
+from registry import aliases as registry_aliases
+from registry import names as registry_names
+from registry import registry as registry_registry
+from registry.aliases import set_alias
+from registry.names import RegistryError
+from registry.registry import download, list_models, promote, register, resolve, show
 from storage import AlreadyCommitted, StoreError
 from tests.helpers import CKPT, registry_inputs, report
 
@@ -97,18 +92,18 @@ def test_the_command_line_refuses_hostile_names(store, tmp_path, capsys):
 
 
 def test_the_config_and_the_registry_share_one_rule():
-    from pipeline.config import name_problem as config_problem
+    from registry.config import setting_name_problem as config_problem
 
     for value in [*HOSTILE_ALIASES, "gpt", "gpt-tiny", "GPT.2_b", "a" * 64, "1e3"]:
         for alias in (False, True):
-            check = registry_module.check_alias if alias else registry_module.check_name
+            check = registry_names.check_alias if alias else registry_names.check_name
             try:
                 check(value)
                 registry_refuses = False
             except RegistryError:
                 registry_refuses = True
             assert bool(config_problem("registry.x", value, alias=alias)) == registry_refuses, (value, alias)
-    assert registry_module.check_name("42") == "42"  # a model may be called 42; an alias may not
+    assert registry_names.check_name("42") == "42"  # a model may be called 42; an alias may not
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,7 +225,7 @@ def test_a_replayed_registration_cannot_overwrite_a_version(store, monkeypatch):
     registry_inputs(store)
     register(store, "gpt", report(2.0))
     card = store.get_bytes("models/gpt/1/card.json")
-    monkeypatch.setattr(registry_module, "_claim_version", lambda store, name: 1)
+    monkeypatch.setattr(registry_registry, "_claim_version", lambda store, name: 1)
     with pytest.raises(AlreadyCommitted, match="already exists"):
         register(store, "gpt", report(9.0))
     assert store.get_bytes("models/gpt/1/card.json") == card
@@ -242,7 +237,7 @@ def test_latest_never_moves_back(store):
     registry_inputs(store)
     register(store, "gpt", report(2.0))
     register(store, "gpt", report(1.0))
-    registry_module._move_alias(store, "gpt", "latest", lambda holder: 1 if holder is None or holder < 1 else None)
+    registry_aliases.move_alias(store, "gpt", "latest", lambda holder: 1 if holder is None or holder < 1 else None)
     assert resolve(store, "gpt") == ("gpt", 2)
     set_alias(store, "gpt", "latest", 1)  # a person may still point it anywhere
     assert resolve(store, "gpt:latest") == ("gpt", 1)

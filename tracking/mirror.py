@@ -28,7 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from common.contracts import HF_EXPORT, ModelCard, ModelRef, card_key, metrics_key, model_prefix
-from registry.registry import list_models, read_card
+from registry.card import read_card
+from registry.registry import list_models
 from storage import Store
 from tracking.client import (
     EXECUTION_TAG,
