@@ -1,5 +1,6 @@
 """Object storage shared by every stage: local directories and S3-compatible stores."""
 
+from storage.open import default_store_uri, open_store
 from storage.store import (
     COMMIT_MARKER,
     AlreadyCommitted,
@@ -7,8 +8,6 @@ from storage.store import (
     Store,
     StoreError,
     check_key,
-    default_store_uri,
-    open_store,
 )
 
 __all__ = [

@@ -1254,7 +1254,7 @@ def train_with_slow_uploads(delay_s: float, *args):
     half uploaded, long enough for whoever looks at the store meanwhile (``pretrain gc``) to see it."""
     import time
 
-    from storage.store import LocalStore
+    from storage.local import LocalStore
     from training.train import train
 
     put_file = LocalStore.put_file

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from storage import AlreadyCommitted, PreconditionFailed, StoreError, open_store
-from storage.store import S3Store
+from storage.s3 import S3Store
 
 
 def test_put_get_list_roundtrip(store, tmp_path):
@@ -64,7 +64,7 @@ def test_unsupported_uri():
 
 
 def test_commit_makes_everything_under_the_prefix_durable_before_the_marker(tmp_path, monkeypatch):
-    import storage.store as store_module
+    import storage.local as store_module
 
     store = open_store(str(tmp_path / "store"))
     store.put_bytes("runs/r/step-1/meta.json", b"{}")
@@ -129,7 +129,7 @@ def test_a_half_deleted_prefix_never_looks_committed(store, monkeypatch):
     if isinstance(store, S3Store):
         monkeypatch.setattr(store.client, "delete_objects", interrupted)
     else:
-        import storage.store as store_module
+        import storage.local as store_module
 
         monkeypatch.setattr(store_module.shutil, "rmtree", interrupted)
     with pytest.raises(Interrupted):

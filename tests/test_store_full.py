@@ -20,7 +20,8 @@ from botocore.exceptions import ClientError
 
 from common.errors import NoSpaceError, user_error_in
 from storage import open_store
-from storage.store import COMMIT_MARKER, S3Store, StoreFullError
+from storage.s3 import S3Store
+from storage.store import COMMIT_MARKER, StoreFullError
 from tests.helpers import (
     BIN,
     ROOT,

@@ -12,7 +12,8 @@ import os
 import pytest
 
 from storage import StoreError, open_store
-from storage.store import S3Store, check_key
+from storage.s3 import S3Store
+from storage.store import check_key
 
 HOSTILE_KEYS = ["../x", "/abs/x", "a/../../x", "a//b", "a\\b", "a/./b", "a/b/..", "", "a/"]
 

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from storage import StoreError
-from storage.store import LocalStore, S3Store
+from storage.local import LocalStore
+from storage.s3 import S3Store
 
 DATA = bytes(range(256)) * 4  # 1 KiB, every offset's byte distinct within a 256-byte span
 
