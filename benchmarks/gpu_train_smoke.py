@@ -20,9 +20,10 @@ import torch
 
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import prepare_dataset
+from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
 from storage import open_store
-from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
+from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
 from training.train import train
 

@@ -35,10 +35,11 @@ from common.errors import local_space
 from common.hashing import config_hash
 from data_prep.manifest import file_sha256
 from evaluation import lm_eval_suite
+from evaluation.config import EvalConfig
 from evaluation.hf_export import export_llama
 from storage import AlreadyCommitted, open_store
 from training.checkpointing import checkpoint
-from training.config import EvalConfig, ModelConfig, ParallelConfig
+from training.config import ModelConfig, ParallelConfig
 from training.data import load_split
 from training.distributed import init_distributed, shutdown_distributed
 from training.model.gpt import build_gpt, mean_loss

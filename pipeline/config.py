@@ -27,12 +27,12 @@ from common.errors import ConfigError
 from common.names import spec_problem
 from common.settings import from_dict, problems_error
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
+from evaluation.config import EvalConfig
 from evaluation.lm_eval_catalog import parse_metric_name, shipped_tasks
 from pipeline.cluster import CLUSTER_ENV, load_cluster
 from registry.config import DEFAULT_GATE_METRIC, RegistryConfig
 from tracking.config import TrackingConfig
 from training.config import (
-    EvalConfig,
     ModelConfig,
     ParallelConfig,
     TrainConfig,

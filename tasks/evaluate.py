@@ -7,13 +7,14 @@ from html import escape
 from flytekit import Cache, Deck, task
 
 from common.contracts import CheckpointRef, EvalReport
+from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.placement import evaluate_task
 from tasks.user_errors import as_messages
-from training.config import EvalConfig, ModelConfig
+from training.config import ModelConfig
 
 VERSION = cache_version(__name__)
 

@@ -100,6 +100,7 @@ def test_closures_keep_their_layers():
         "training",
         "training.config",
         "evaluation",
+        "evaluation.config",
         "evaluation.lm_eval_catalog",
     }
     assert not {"torch", "megatron", "triton"} & register.third_party

@@ -18,13 +18,14 @@ import torch
 
 from common.contracts import CHECKPOINT_DIGESTS, ENTRY_CHECKPOINT, EvalReport, checkpoint_prefix
 from data_prep.sources import DataError
+from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
 from registry.registry import register
 from storage import open_store
 from tests.helpers import fresh_copy, tiny_model
 from training.checkpointing import checkpoint
 from training.checkpointing.checkpoint import CheckpointIntegrityError
-from training.config import EvalConfig, ParallelConfig, TrainConfig
+from training.config import ParallelConfig, TrainConfig
 from training.distributed import init_distributed, shutdown_distributed
 from training.launch import launch
 from training.model.step import build_step

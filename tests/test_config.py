@@ -16,8 +16,9 @@ import yaml
 from common.errors import ConfigError
 from common.hashing import config_hash
 from data_prep.config import DataConfig, Normalization, TokenizerConfig, ValidationConfig
+from evaluation.config import EvalConfig
 from pipeline.config import PipelineConfig, RegistryConfig, load_config, parse_config
-from training.config import EvalConfig, Kernels, ModelConfig, ParallelConfig, Recompute, TrainConfig
+from training.config import Kernels, ModelConfig, ParallelConfig, Recompute, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

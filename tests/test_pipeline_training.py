@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from common.errors import ConfigError
+from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
 from storage import open_store
 from tests.helpers import fresh_copy, losses, records, tiny_model
 from training import cpu_compat
 from training.checkpointing import checkpoint
-from training.config import EvalConfig, ModelConfig, ParallelConfig, TrainConfig
+from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.distributed import check_parallel
 from training.launch import launch
 from training.train import train

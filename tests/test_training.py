@@ -20,11 +20,12 @@ import pytest
 
 from common.contracts import Layout, LayoutSpan
 from common.errors import ConfigError
+from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
 from storage import open_store
 from tests.helpers import final_weights, fresh_copy, layout_facts, losses, records, tiny_model, train_recording_layout
 from training.checkpointing import checkpoint
-from training.config import EvalConfig, ParallelConfig, TrainConfig
+from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
 from training.model.gpt import build_gpt
 from training.train import train
