@@ -34,7 +34,6 @@ import torch.distributed as dist
 
 from common.codeversion import code_version
 from common.contracts import CheckpointRef, DatasetRef, run_prefix
-from common.errors import ConfigError
 from common.hashing import config_hash
 from storage import open_store
 from training.callbacks import Callbacks, OnRecord
@@ -111,18 +110,38 @@ class Trainer:
         base_model: str,
         progress: Progress,
     ) -> None:
-        self.dataset, self.model_cfg, self.parallel, self.cfg = dataset, model_cfg, parallel, cfg
-        self.base_model, self.progress = base_model, progress
+        """Setup: the process groups, the loader, the model and optimizer, the run's store, log and checkpoints."""
+        from megatron.core import parallel_state as ps
+
+        self.cfg = cfg
+        self.parallel = parallel
+        self.model_cfg = model_cfg
+        self.base_model = base_model
+        self.progress = progress
+        self.dataset = dataset
+        self.run_prefix = run_prefix(run_id(dataset, model_cfg, cfg, base_model))
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        init_distributed(parallel, cfg.seed)
+        self.rank0 = dist.get_rank() == 0
+        self.dp_size, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        micro_batches(cfg, self.dp_size)  # fail on an impossible batch split before loading anything
+        self.loader, manifest = StreamingLoader.for_split(
+            dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards
+        )
+        self.seq_len = manifest["seq_len"]
+        self.tokens_per_step = cfg.global_batch_size * self.seq_len
+        self.step = build_step(model_cfg, parallel, cfg, manifest["vocab_size"], self.seq_len)
+        self.store = open_store(dataset.store)
+        progress.world_size = dist.get_world_size()
+        progress.diagnose = functools.partial(write_diagnostics, self.store, self.run_prefix, dist.get_rank())
+        self.log = RunLog(self.store, self.run_prefix, self.rank0)
+        meta = {"model": asdict(model_cfg), "train": asdict(cfg), "dataset": dataset.version}
+        self.checkpoints = CheckpointManager(self.store, self.run_prefix, self.step, self.loader, meta, parallel, cfg, progress)
 
     def run(self, cleanup: ExitStack, on_record: Callable[[dict], None] | None = None) -> CheckpointRef:
-        """Train steps ``start + 1``..``train.steps`` after resuming at ``start``; the last checkpoint."""
-        self._setup()
-        self.checkpoints.take_lease(cleanup)  # before the resume lookup: the holder may still commit
-        start = self.checkpoints.resume()
-        if start:
-            self.log.restore(self.checkpoints.prefix, start)
-        elif self.base_model:
-            self.checkpoints.init_from(self.base_model)
+        """Resume → steps ``start + 1``..``train.steps`` → finish: the last checkpoint. ``cleanup`` releases
+        the run's lease however training ends; ``on_record`` (rank 0) hears each final step record."""
+        start = self.checkpoints.start(cleanup, self.base_model, self.log)
         self._observe(on_record)
         for step in range(start + 1, self.cfg.steps + 1):
             self._train_step(step)
@@ -141,15 +160,12 @@ class Trainer:
         record |= {"tokens_per_s": self.tokens_per_step / seconds, "step_time_s": seconds, "data_wait_s": batch.wait_s}
         record |= self.timer.breakdown(seconds)
         self.callbacks.after_step(record)
-        saving = self.checkpoints.due(step)
-        if saving:
-            with self.timer.phase("checkpoint"):
-                self.checkpoints.save(step, self.callbacks.state_dict())
-            # The step is its training and its save (the checkpoint's own copy of the record lacks the save).
+        saved = self.checkpoints.maybe_save(step, self.callbacks.state_dict, self.timer)
+        if saved:  # the step is its training and its save (the checkpoint's own copy of the record lacks the save)
             record[phase_key("checkpoint")] = self.timer.seconds["checkpoint"]
             record["step_time_s"] = seconds + self.timer.seconds["checkpoint"]
         self.callbacks.on_record(record)
-        if saving:
+        if saved:
             self.callbacks.on_save(step)
 
     def _forward_backward(self, step: int, tokens: torch.Tensor, lr: float) -> StepResult:
@@ -162,32 +178,6 @@ class Trainer:
             self.log.publish()
             dist.barrier()
             raise
-
-    def _setup(self) -> None:
-        """The process groups, the loader, the model and optimizer, the run's store, log and checkpoints."""
-        from megatron.core import parallel_state as ps
-
-        cfg, parallel = self.cfg, self.parallel
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        init_distributed(parallel, cfg.seed)
-        self.rank0 = dist.get_rank() == 0
-        self.dp_size, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-        micro_batches(cfg, self.dp_size)  # fail on an impossible batch split before loading anything
-        self.loader, manifest = StreamingLoader.for_split(
-            self.dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards
-        )
-        self.seq_len = manifest["seq_len"]
-        self.tokens_per_step = cfg.global_batch_size * self.seq_len
-        self.step = build_step(self.model_cfg, parallel, cfg, manifest["vocab_size"], self.seq_len)
-        self.store = open_store(self.dataset.store)
-        self.run_prefix = run_prefix(run_id(self.dataset, self.model_cfg, cfg, self.base_model))
-        self.progress.world_size = dist.get_world_size()
-        self.progress.diagnose = functools.partial(write_diagnostics, self.store, self.run_prefix, dist.get_rank())
-        self.log = RunLog(self.store, self.run_prefix, self.rank0)
-        meta = {"model": asdict(self.model_cfg), "train": asdict(cfg), "dataset": self.dataset.version}
-        self.checkpoints = CheckpointManager(
-            self.store, self.run_prefix, self.step, self.loader, meta, parallel, cfg, self.progress
-        )
 
     def _observe(self, on_record: Callable[[dict], None] | None) -> None:
         """The step callbacks, in the order in which they add to a step's record; the run log keeps it."""
@@ -210,12 +200,9 @@ class Trainer:
     def _finish(self) -> CheckpointRef:
         """After the last step: the traces and event files, the run's files, and what the run made."""
         self.callbacks.close()
-        self.checkpoints.check_lease()
+        layouts = self.checkpoints.finish()
         if self.log.metrics:
             self.log.publish()
-        if not self.checkpoints.prefix:
-            raise ConfigError(f"train.steps={self.cfg.steps} leaves nothing to train")
-        layouts = self.checkpoints.layouts(self.cfg.steps)
         sizes = {
             "parameters": float(self.step.num_parameters()),
             "tokens_trained": float(self.cfg.steps * self.tokens_per_step),

@@ -10,6 +10,7 @@ each checkpoint's meta.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict
 
@@ -31,8 +32,10 @@ from training.checkpointing import checkpoint
 from training.config import ParallelConfig, TrainConfig
 from training.data import StreamingLoader
 from training.distributed import checkpoint_group
+from training.observe.timing import StepTimer
 from training.observe.watchdog import Progress
 from training.runs.lease import LeaseLost, RunLease
+from training.runs.runlog import RunLog
 
 
 class CheckpointManager:
@@ -58,10 +61,22 @@ class CheckpointManager:
         self.layout = Layout(dist.get_world_size(), tp, pp, parallel.distributed_optimizer)
         self.history: list[LayoutSpan] = []
         """The layouts that trained steps 1..start."""
-        self.start = 0
+        self.resumed_step = 0
         self.prefix = ""
         """The key prefix of the run's latest committed checkpoint ('' while there is none)."""
         self.lease: RunLease | None = None
+
+    def start(self, cleanup: ExitStack, base_model: str, log: RunLog) -> int:
+        """Take the run's lease (released by ``cleanup``), then resume from the run's latest checkpoint
+        with ``log`` as it kept it, or start from ``base_model`` (a registry entry's key prefix; '' for a
+        fresh initialisation): the step to continue after."""
+        self.take_lease(cleanup)  # before the resume lookup: the holder may still commit
+        start = self.resume()
+        if start:
+            log.restore(self.prefix, start)
+        elif base_model:
+            self.init_from(base_model)
+        return start
 
     def take_lease(self, cleanup: ExitStack) -> None:
         """Rank 0 takes the run's lease, waiting while an identical execution holds it (polling; every
@@ -100,17 +115,17 @@ class CheckpointManager:
         done = checkpoint.committed_steps(self.store, self.run)
         if not done:
             return 0
-        self.start = done[-1]
-        self.prefix = checkpoint_prefix(self.run, self.start)
-        self.progress.enter(f"resume from step {self.start}", self.timeout_s)
+        self.resumed_step = done[-1]
+        self.prefix = checkpoint_prefix(self.run, self.resumed_step)
+        self.progress.enter(f"resume from step {self.resumed_step}", self.timeout_s)
         model, optimizer, layout = self.step.model, self.step.optimizer, asdict(self.layout)
         resumed = checkpoint.load(self.store, self.prefix, model, optimizer, layout)
-        self.loader.check_resume(resumed["loader"], self.start)
+        self.loader.check_resume(resumed["loader"], self.resumed_step)
         self.history = layouts_of(resumed)
         if self.rank == 0:
             restored = checkpoint.restores_optimizer(resumed, optimizer, layout)
-            print(resume_note(self.run, self.start, self.cfg.steps, self.history, self.layout, restored), flush=True)
-        return self.start
+            print(resume_note(self.run, self.resumed_step, self.cfg.steps, self.history, self.layout, restored), flush=True)
+        return self.resumed_step
 
     def init_from(self, base_model: str) -> None:
         """Initialise the weights from the registry entry under key prefix ``base_model`` (continued
@@ -123,8 +138,21 @@ class CheckpointManager:
         if self.rank == 0:
             print(f"initialised {self.run} from {self.store.url(base_model)}", flush=True)
 
-    def due(self, step: int) -> bool:
-        return step % self.cfg.checkpoint_every == 0 or step == self.cfg.steps
+    def maybe_save(self, step: int, files: Callable[[], dict[str, bytes]], timer: StepTimer) -> bool:
+        """Save after ``step`` if it is due (every ``train.checkpoint_every`` steps, and the last), timed as
+        the step's checkpoint phase, with ``files()`` (the callbacks' state): whether it saved."""
+        if step % self.cfg.checkpoint_every and step != self.cfg.steps:
+            return False
+        with timer.phase("checkpoint"):
+            self.save(step, files())
+        return True
+
+    def finish(self) -> list[LayoutSpan]:
+        """After the last step (lease checked): the layouts that trained the run's steps."""
+        self.check_lease()
+        if not self.prefix:
+            raise ConfigError(f"train.steps={self.cfg.steps} leaves nothing to train")
+        return self.layouts(self.cfg.steps)
 
     def save(self, step: int, files: dict[str, bytes]) -> None:
         """Commit the checkpoint of ``step`` with ``files`` (rank 0's: the run log's copies)."""
@@ -144,7 +172,7 @@ class CheckpointManager:
 
     def layouts(self, last_step: int) -> list[LayoutSpan]:
         """The layouts that trained steps 1..``last_step``: the history, then this call's."""
-        return extend_layouts(self.history, self.start + 1, last_step, self.layout)
+        return extend_layouts(self.history, self.resumed_step + 1, last_step, self.layout)
 
 
 def layouts_of(meta: dict) -> list[LayoutSpan]:

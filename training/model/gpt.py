@@ -37,7 +37,6 @@ def build_gpt(
     is ``TrainConfig.recompute``."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer import TransformerConfig
 
     from training.model.layers import IMPL_ATTR, INIT_SEED_ATTR, gpt_block_spec, install_rotary, resolve_impl
 
@@ -53,39 +52,8 @@ def build_gpt(
             f"{parallel_state.get_pipeline_model_parallel_world_size()} stages"
         )
 
-    groups = config.num_query_groups or config.num_attention_heads
     on_gpu = torch.cuda.is_available()
-    transformer = TransformerConfig(
-        **RECOMPUTE[recompute],
-        num_layers=config.num_layers,
-        hidden_size=config.hidden_size,
-        ffn_hidden_size=ffn_size(config),
-        num_attention_heads=config.num_attention_heads,
-        num_query_groups=groups,
-        normalization="RMSNorm",
-        gated_linear_unit=True,
-        activation_func=torch.nn.functional.silu,
-        # Build the activation module named in the spec (our SwiGLU kernel) instead of
-        # applying activation_func itself; the flag's name is megatron's, for its TE path.
-        use_te_activation_func=True,
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        tensor_model_parallel_size=tensor_parallel,
-        sequence_parallel=sequence_parallel,
-        pipeline_model_parallel_size=pipeline_parallel,
-        # Activations sent between stages travel in the compute dtype.
-        pipeline_dtype=torch.bfloat16 if on_gpu else torch.float32,
-        # The post-exchange device synchronisation is a CUDA workaround (older NCCL).
-        batch_p2p_sync=on_gpu,
-        use_cpu_initialization=not on_gpu,
-        bf16=on_gpu,
-        params_dtype=torch.bfloat16 if on_gpu else torch.float32,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=on_gpu and _fused_softmax_built(),
-        persist_layer_norm=False,
-        init_method_std=0.02,
-    )
+    transformer = transformer_config(config, parallel, recompute)
     setattr(transformer, IMPL_ATTR, resolve_impl(config.kernels))
     if init_seed is not None:
         setattr(transformer, INIT_SEED_ATTR, init_seed)
@@ -105,6 +73,46 @@ def build_gpt(
     if on_gpu:
         model.cuda()
     return model
+
+
+def transformer_config(config: ModelConfig, parallel: ParallelConfig, recompute: str):
+    """megatron's TransformerConfig of our GPT (RMSNorm, SwiGLU, RoPE, no biases or dropout) on this machine:
+    bf16 on GPUs, fp32 on CPU."""
+    from megatron.core.transformer import TransformerConfig
+
+    groups = config.num_query_groups or config.num_attention_heads
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        **RECOMPUTE[recompute],
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        ffn_hidden_size=ffn_size(config),
+        num_attention_heads=config.num_attention_heads,
+        num_query_groups=groups,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        # Build the activation module named in the spec (our SwiGLU kernel) instead of
+        # applying activation_func itself; the flag's name is megatron's, for its TE path.
+        use_te_activation_func=True,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=parallel.tensor_parallel,
+        sequence_parallel=parallel.sequence_parallel,
+        pipeline_model_parallel_size=parallel.pipeline_parallel,
+        # Activations sent between stages travel in the compute dtype.
+        pipeline_dtype=torch.bfloat16 if on_gpu else torch.float32,
+        # The post-exchange device synchronisation is a CUDA workaround (older NCCL).
+        batch_p2p_sync=on_gpu,
+        use_cpu_initialization=not on_gpu,
+        bf16=on_gpu,
+        params_dtype=torch.bfloat16 if on_gpu else torch.float32,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=on_gpu and _fused_softmax_built(),
+        persist_layer_norm=False,
+        init_method_std=0.02,
+    )
 
 
 def _fused_softmax_built() -> bool:
