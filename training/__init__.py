@@ -1,1 +1,2 @@
-"""GPT pretraining on megatron-core: model, data loading, loop, checkpoints, evaluation. No Flyte here."""
+"""GPT pretraining on megatron-core: the Trainer (train.py), the model, loading, checkpoints, run
+bookkeeping, observers. No Flyte here."""

@@ -1,7 +1,7 @@
 """Loss health: a NaN/Inf loss or a spike stops the run or drops the batch, and says which data it was.
 
 Each bad loss is an event (step, loss, why, the batch's shards and rows, skipped or stopped) that
-``training.train`` stores in the run's health.jsonl, and for a skipped step in its metrics record.
+the run log (``training.runs.runlog``) stores in the run's health.jsonl, and for a skipped step in its metrics record.
 Every rank sees the same mean loss (``TrainStep`` reduces it before asking), so every rank takes
 the same decision without another collective. A spike is a loss above ``loss_spike_factor`` × the
 median of the last ``WINDOW`` accepted losses, checked once ``MIN_HISTORY`` of them exist (the

@@ -21,7 +21,7 @@ A holder whose refresh finds another ETag lost the lease (it was paused or cut o
 store for longer than ``stale_s`` and someone took over): ``check`` raises ``LeaseLost``, and
 training stops rather than writing on.
 
-Torch-free: ``training.train`` drives it from rank 0 and broadcasts the outcome.
+Torch-free: the checkpoint manager (``training.checkpointing.manager``) drives it from rank 0 and broadcasts the outcome.
 """
 
 from __future__ import annotations
