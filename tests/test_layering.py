@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARIES = ["common", "data_prep", "training", "kernels", "storage", "registry", "tracking"]
+LIBRARIES = ["common", "data_prep", "training", "evaluation", "kernels", "storage", "registry", "tracking"]
 
 PROBE = """
 import importlib, importlib.abc, pkgutil, sys
@@ -51,9 +51,20 @@ def imports_without(blocked: list[str], targets: list[str]) -> subprocess.Comple
         (["flytekit", "flytekitplugins"], LIBRARIES),  # libraries know nothing of Flyte
         (["torch", "megatron", "triton"], ["tasks.data", "tasks.register"]),  # the slim data image has no torch
         (["torch", "megatron", "triton", "flytekit"], ["cli.main", "pipeline.config"]),  # the CLI starts fast
+        # The run bookkeeping and the staging names: `pretrain runs` and `pretrain gc` read them without torch.
+        (
+            ["torch", "megatron", "triton"],
+            ["training.runs", "training.callbacks", "training.checkpointing.staging", "cli.retention"],
+        ),
         (["torch", "flytekit", "tokenizers", "webdataset", "great_expectations", "boto3", "numpy", "pandas", "yaml"], ["common"]),
     ],
-    ids=["libraries-without-flyte", "data-tasks-without-torch", "cli-without-torch", "common-is-a-leaf"],
+    ids=[
+        "libraries-without-flyte",
+        "data-tasks-without-torch",
+        "cli-without-torch",
+        "run-bookkeeping-without-torch",
+        "common-is-a-leaf",
+    ],
 )
 @pytest.mark.slow
 def test_layer_imports_without(blocked: list[str], targets: list[str]) -> None:
@@ -63,7 +74,19 @@ def test_layer_imports_without(blocked: list[str], targets: list[str]) -> None:
 
 def test_common_imports_nothing_of_ours() -> None:
     """``common`` is the leaf every layer shares: no arrow may point from it back up."""
-    ours = {"data_prep", "training", "kernels", "storage", "registry", "tracking", "pipeline", "tasks", "workflows"}
+    ours = {
+        "data_prep",
+        "training",
+        "evaluation",
+        "kernels",
+        "storage",
+        "registry",
+        "tracking",
+        "pipeline",
+        "tasks",
+        "workflows",
+        "cli",
+    }
     result = imports_without(sorted(ours), ["common"])
     assert result.returncode == 0, result.stderr[-3000:]
 
