@@ -37,11 +37,13 @@ from typing import Any
 
 from common.contracts import (
     CHECKPOINT_META,
+    DATASETS,
     DIAGNOSTICS,
     HEALTH,
     METRICS,
     MODELS,
     RUN_LEASE,
+    RUNS,
     STEP_TIMES,
     TENSORBOARD,
     card_key,
@@ -52,7 +54,7 @@ from common.contracts import (
 )
 from common.names import VERSION
 from storage import COMMIT_MARKER, Store, StoreError
-from storage.store import LOCK_NAME, ObjectInfo
+from storage.store import LOCK_NAME, ObjectInfo, key_problem
 from training.checkpointing import staging as checkpoint_staging
 from training.runs.lease import STALE_S, dead_here
 
@@ -66,7 +68,6 @@ STAGING_MAX_AGE_S = 24 * 3600.0
 """A staging folder whose owner cannot be told (no record, another host, a live pid) is removed only
 once nothing in it changed for this long."""
 
-DATASETS, RUNS = "datasets", "runs"
 CHECKPOINTS, EVAL, VALIDATION = "checkpoints", "eval", "validation"
 ALIASES, REGISTRATIONS = "aliases", "registrations"
 RUN_FILES = {METRICS, STEP_TIMES, HEALTH, RUN_LEASE, TENSORBOARD, DIAGNOSTICS}
@@ -274,6 +275,11 @@ def plan(
     for o in listing:
         if o.key.rsplit("/", 1)[-1] == LOCK_NAME:
             continue  # a folder's lock file for compare-and-swap writes (aliases, leases): in use, or harmless
+        problem = key_problem(o.key)
+        if problem:  # e.g. `datasets//x` or a folder object `models/gpt/registrations/` (S3 keeps both)
+            reason = f"a key outside the store's layout ({problem}): kept, and no part of any folder gc judges"
+            planner.entries.append(_Folder(o.key, [o]).entry(UNKNOWN, False, reason, file=True))
+            continue
         by_top[o.key.split("/", 1)[0] if "/" in o.key else ""].append(o)
     protected = _registered_checkpoints(store, by_top.get(MODELS, []), planner)
     for top, objects in sorted(by_top.items()):
@@ -521,10 +527,20 @@ def staging_folders(root: Path) -> list[Path]:
 
 
 def _subfolders(path: Path) -> list[Path]:
+    """The real folders in ``path``: gc never follows a symbolic link out of the staging root (a link
+    planted in the shared temporary folder once made it judge, and remove, another user's home)."""
+    if path.is_symlink():
+        return []
     try:
-        return [p for p in path.iterdir() if p.is_dir()]
+        return [p for p in path.iterdir() if not p.is_symlink() and p.is_dir()]
     except (FileNotFoundError, NotADirectoryError):
         return []  # none yet, or removed by its owner meanwhile
+
+
+def _no_link_on_the_way(folder: Path) -> bool:
+    """Whether the staging folder, its store folder and the staging root are real folders, not links
+    (checked again just before a removal: one may have been swapped for a link since the plan)."""
+    return not any(p.is_symlink() for p in (folder, folder.parent, folder.parent.parent))
 
 
 def _staging_verdict(folder: Path, min_age_s: float, now: float) -> tuple[bool, str, tuple[int, int, float | None]]:
@@ -590,6 +606,9 @@ def apply(store: Store, plan_: Plan, *, now: float | None = None) -> Outcome:
                 outcome.skipped.append((entry, why))
                 continue
             if entry.local:
+                if not _no_link_on_the_way(Path(entry.where)):
+                    outcome.skipped.append((entry, "a symbolic link on its path: gc never follows one"))
+                    continue
                 shutil.rmtree(entry.where, ignore_errors=True)
                 _remove_empty_parents(Path(entry.where))
             else:
@@ -613,16 +632,23 @@ def _remove_empty_parents(path: Path) -> None:
 
 
 # -- in words -------------------------------------------------------------------------------
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x1b``): a key may hold any character, and a
+    terminal would obey the ones it prints raw."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _label(entry: Entry) -> str:
+    where = entry.where
     if entry.local:
-        return f"{entry.where}/ (local)"
-    return entry.where if entry.file else f"{entry.where}/"
+        return f"{where}/ (local)"
+    return where if entry.file else f"{where}/"
 
 
 def _line(entry: Entry, reason: str | None = None) -> str:
     what = "" if entry.what == UNKNOWN else f"{entry.what}: "
     records = f" (and {', '.join(entry.records)}, naming it)" if entry.records else ""
-    return f"  {human_size(entry.size):>10}  {_label(entry)}{records}  {what}{reason or entry.reason}"
+    return printable(f"  {human_size(entry.size):>10}  {_label(entry)}{records}  {what}{reason or entry.reason}")
 
 
 def report_lines(plan_: Plan, outcome: Outcome | None = None) -> list[str]:

@@ -65,8 +65,13 @@ RUN_LEASE = "lease.json"
 
 
 # -- store keys ---------------------------------------------------------------------------
+DATASETS, RUNS = "datasets", "runs"
+STORE_TOPS = (DATASETS, RUNS, "models")
+"""The store's top folders: each holds entries (a dataset, a run, a model), never deleted whole."""
+
+
 def dataset_prefix(version: str) -> str:
-    return f"datasets/{version}"
+    return f"{DATASETS}/{version}"
 
 
 def validation_prefix(dataset: str) -> str:
@@ -75,7 +80,7 @@ def validation_prefix(dataset: str) -> str:
 
 
 def run_prefix(run_id: str) -> str:
-    return f"runs/{run_id}"
+    return f"{RUNS}/{run_id}"
 
 
 def checkpoints_prefix(run: str) -> str:
@@ -143,7 +148,7 @@ def eval_prefix(run: str, key: str) -> str:
     return f"{run}/eval/{key}"
 
 
-MODELS = "models"
+MODELS = STORE_TOPS[2]
 
 
 def model_root(name: str) -> str:

@@ -359,9 +359,7 @@ class LocalStore(Store):
     def delete_prefix(self, prefix: str) -> None:
         """Remove the marker first (made durable), then the rest: a half-deleted folder is
         never complete."""
-        if not check_key(prefix, folder=True, what="prefix"):
-            raise StoreError(f"refusing to delete the whole store {self.root}: name a folder")
-        path = self._path(prefix, folder=True)
+        path = self._path(self._folder_to_delete(prefix), folder=True)
         if path.is_file():
             path.unlink()
             _fsync_dir(path.parent)

@@ -328,9 +328,7 @@ class S3Store(Store):
 
     def delete_prefix(self, prefix: str) -> None:
         """The marker first, then the rest: a half-deleted folder is never complete."""
-        folder = check_key(prefix, folder=True, what="prefix")
-        if not folder:
-            raise StoreError(f"refusing to delete the whole store {self.uri}: name a folder")
+        folder = self._folder_to_delete(prefix)
         marker = f"{folder}/{COMMIT_MARKER}"
         self._call(marker, self.client.delete_object, Bucket=self.bucket, Key=self._key(marker))
         keys = self.list(folder)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.contracts import STORE_TOPS
 from common.errors import NoSpaceError, UserError, local_space
 
 COMMIT_MARKER = "_COMMITTED"
@@ -100,7 +101,7 @@ def content_etag(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _key_problem(key: str) -> str:
+def key_problem(key: str) -> str:
     if not isinstance(key, str):
         return "is not a string"
     if not key:
@@ -129,7 +130,7 @@ def check_key(key: str, *, folder: bool = False, what: str = "key") -> str:
     body = key[:-1] if folder and isinstance(key, str) and key.endswith("/") else key
     if folder and body == "":
         return ""
-    problem = _key_problem(body)
+    problem = key_problem(body)
     if problem:
         raise StoreError(
             f"{what} {key!r} {problem}: store keys are relative '/'-separated paths "
@@ -214,6 +215,17 @@ class Store:
 
     def delete_prefix(self, prefix: str) -> None:
         raise NotImplementedError
+
+    def _folder_to_delete(self, prefix: str) -> str:
+        """``prefix`` as a folder a delete may remove: never the whole store, nor one of its top folders
+        whole (``datasets/``, ``runs/``, ``models/``: a planted key such as ``datasets//x`` once made gc
+        name ``datasets/`` as one leftover)."""
+        folder = check_key(prefix, folder=True, what="prefix")
+        if not folder:
+            raise StoreError(f"refusing to delete the whole store {self.uri}: name a folder")
+        if folder in STORE_TOPS:
+            raise StoreError(f"refusing to delete {self.url(folder)}/ whole: name one of its entries")
+        return folder
 
     def check(self) -> None:
         """Fail now, with a clear message, if the store cannot be written."""
@@ -302,4 +314,4 @@ class Store:
         folder = check_key(prefix, folder=True, what="prefix")
         start = f"{folder}/" if folder else ""
         names = {k[len(start) :].split("/", 1)[0] for k in self.list(start) if "/" in k[len(start) :]}
-        return sorted(n for n in names if not _key_problem(n))
+        return sorted(n for n in names if not key_problem(n))

@@ -65,6 +65,10 @@ def this_host() -> str:
     return socket.gethostname()
 
 
+PID_LIMIT = 2**22
+"""Linux's ceiling for ``kernel.pid_max``: a larger pid in a record names no process, it is junk."""
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists on this host (one of another user's counts as alive)."""
     try:
@@ -81,7 +85,8 @@ def dead_here(record: dict) -> bool:
     host and boot that no longer exists."""
     same_machine = record.get("host") == this_host() and record.get("boot", "") == boot_id()
     pid = record.get("pid")
-    return same_machine and isinstance(pid, int) and pid > 0 and not pid_alive(pid)
+    # A pid no process can have (a record written by hand, or planted) proves nothing: the age rules decide.
+    return same_machine and type(pid) is int and 0 < pid <= PID_LIMIT and not pid_alive(pid)
 
 
 @dataclass
