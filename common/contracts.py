@@ -65,8 +65,8 @@ RUN_LEASE = "lease.json"
 
 
 # -- store keys ---------------------------------------------------------------------------
-DATASETS, RUNS = "datasets", "runs"
-STORE_TOPS = (DATASETS, RUNS, "models")
+DATASETS, RUNS, MODELS = "datasets", "runs", "models"
+STORE_TOPS = (DATASETS, RUNS, MODELS)
 """The store's top folders: each holds entries (a dataset, a run, a model), never deleted whole."""
 
 
@@ -146,9 +146,6 @@ def lease_key(run: str) -> str:
 
 def eval_prefix(run: str, key: str) -> str:
     return f"{run}/eval/{key}"
-
-
-MODELS = STORE_TOPS[2]
 
 
 def model_root(name: str) -> str:
