@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from common.private import private_dir, write_private
+
 TRACEBACK_LABEL = "(full traceback: "
 
 
@@ -124,11 +126,10 @@ def log_dir() -> Path:
 def write_traceback(error: BaseException, what: str) -> Path | None:
     """``error``'s whole chained traceback in a new log file named after ``what``; None if none can be written."""
     try:
-        folder = log_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = private_dir(log_dir(), "pretrain's logs")  # tracebacks hold paths, settings, values
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         path = folder / f"{what}-{stamp}-{os.getpid()}.log"
-        path.write_text("".join(traceback.format_exception(error)))
+        write_private(path, "".join(traceback.format_exception(error)).encode())
         return path
     except OSError:
         return None

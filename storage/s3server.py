@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.net import free_port
+from common.private import private_dir, write_private
 
 IDENTITIES = "s3-identities.json"
 SECURITY = "security.toml"
@@ -95,36 +96,6 @@ def free_port_pair(offset: int = GRPC_PORT_OFFSET) -> int:
     raise OSError(f"no free pair of ports {offset} apart on 127.0.0.1")
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``path`` readable by its owner only, at every instant.
-
-    The bytes go to a new temporary name created with O_CREAT|O_EXCL and mode 0600 (never
-    an existing file, never a symlink), are fsynced, then renamed over ``path``.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def private_dir(path: Path) -> Path:
-    """``path`` created if needed and set to 0700 (fails if another user owns it)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.is_symlink() or not path.is_dir():
-        raise NotADirectoryError(f"{path} is not a directory")
-    if path.stat().st_uid != os.getuid():
-        raise PermissionError(f"{path} belongs to another user; the S3 server keeps its data in a folder of its own")
-    os.chmod(path, 0o700)
-    return path
-
-
 def _make_tls(folder: Path) -> tuple[Path, Path, Path]:
     """A fresh CA and one certificate (server and client use, 127.0.0.1/localhost) it signed.
 
@@ -176,7 +147,7 @@ def _make_tls(folder: Path) -> tuple[Path, Path, Path]:
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    private_dir(folder)
+    private_dir(folder, "the S3 server's TLS files")
     paths = folder / "ca.crt", folder / "node.crt", folder / "node.key"
     write_private(paths[0], ca.public_bytes(serialization.Encoding.PEM))
     write_private(paths[1], cert.public_bytes(serialization.Encoding.PEM))

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from common.private import create_private
 from tracking.params import batches, flatten
 from tracking.uri import artifact_root, is_remote, sqlite_path
 
@@ -57,7 +58,8 @@ def client(uri: str, timeout_s: float = 5.0):
         raise TrackingUnavailable(f"mlflow is not installed in this image ({e})") from e
     db = sqlite_path(uri)
     if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new folder: the owner's only
+        create_private(db)  # MLflow would create it readable by everyone (runs, params, paths)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.private import create_private
 from tracking.uri import artifact_root, is_remote, resolve_uri, sqlite_path
 
 
@@ -33,9 +34,10 @@ def serve(port: int = 5000, configured: str = "") -> int:
         )
     db = sqlite_path(uri)
     if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new folder: the owner's only
         if not db.exists():
             print(f"# {db} does not exist yet: the UI starts empty; `pretrain run` records runs there")
+        create_private(db)  # MLflow would create it readable by everyone (runs, params, paths)
     process = subprocess.Popen(ui_command(uri, port), start_new_session=True)
     print(f"MLflow UI: http://127.0.0.1:{port} over {uri} (Ctrl-C stops it)", flush=True)
     stopping = []

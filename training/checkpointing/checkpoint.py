@@ -60,7 +60,7 @@ from common.contracts import (
 from common.errors import UserError
 from storage import COMMIT_MARKER, AlreadyCommitted, Store
 from training.checkpointing import optimizer_state
-from training.checkpointing.staging import remove_job_folder, store_root, sweep_dead, write_owner
+from training.checkpointing.staging import make_job_folder, remove_job_folder, store_root
 from training.distributed import checkpoint_group
 
 OPTIMIZER_PREFIX = "optimizer.state"
@@ -85,9 +85,7 @@ def _job_folder(store: Store) -> Path:
     dist.broadcast_object_list(name, src=0, group=checkpoint_group())
     folder = store_root(store.uri) / name[0]
     if _local_leader():
-        sweep_dead(folder.parent)
-        folder.mkdir(parents=True)
-        write_owner(folder)
+        make_job_folder(folder)
     return folder
 
 

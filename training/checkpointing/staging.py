@@ -2,7 +2,8 @@
 (``cli.retention``) reads the same names to find and judge the leftovers of jobs that are gone.
 
 ``$TMPDIR/pretrain-staging/<store hash>/<job>/`` is one job's folder (``training.checkpointing.checkpoint``):
-private to the job, shared by the ranks of a node, with an owner record (host, boot, pid).
+private to the job, shared by the ranks of a node, with an owner record (host, boot, pid). The root is
+the user's own (0700, not a link), checked each time a job folder is made.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from common.private import private_dir
 from training.runs import lease
 
 STAGING = "pretrain-staging"
@@ -29,6 +31,17 @@ def root() -> Path:
 def store_root(store_uri: str) -> Path:
     """The staging folder of one store's jobs: two stores can hold runs with the same id (tests, copies)."""
     return root() / hashlib.sha256(store_uri.encode()).hexdigest()[:12]
+
+
+def make_job_folder(folder: Path) -> None:
+    """Create a job's staging folder ``<root>/<store hash>/<job>`` with its owner record, after removing
+    the leftovers of processes of this host that no longer exist (a SIGKILLed job never cleans up).
+    The root, in the shared temporary folder, must be this user's own, 0700 and not a link: another
+    user could otherwise read the checkpoints or plant links for ``pretrain gc`` to follow."""
+    private_dir(root(), "checkpoint staging")
+    sweep_dead(folder.parent)
+    folder.mkdir(parents=True)
+    write_owner(folder)
 
 
 def write_owner(folder: Path) -> None:

@@ -1,0 +1,76 @@
+"""State only its owner can read (issue 32, items 2 and 8): checkpoint staging in the shared temporary
+folder, the tracking database and the traceback logs."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from common.errors import write_traceback
+from training.checkpointing import staging
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.fixture
+def tmpdir_env(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr("tempfile.tempdir", None)  # tempfile caches $TMPDIR: read it again
+    return folder
+
+
+def test_checkpoint_staging_is_the_users_own(tmpdir_env):
+    job = staging.store_root("s3://bucket/prefix") / "job"
+    staging.make_job_folder(job)
+    assert staging.root() == tmpdir_env / staging.STAGING
+    assert mode(staging.root()) == 0o700 and (job / staging.STAGING_OWNER).exists()
+    os.chmod(staging.root(), 0o755)  # made by an earlier release, or by hand
+    staging.make_job_folder(staging.store_root("s3://bucket/prefix") / "job2")
+    assert mode(staging.root()) == 0o700
+
+
+def test_a_planted_staging_root_is_refused(tmpdir_env, tmp_path):
+    """Another user who creates ``$TMPDIR/pretrain-staging`` first, as a link to a folder they read, would
+    get every checkpoint this user stages (and could plant links for gc): refused, nothing written there."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (tmpdir_env / staging.STAGING).symlink_to(theirs)
+    with pytest.raises(NotADirectoryError, match="checkpoint staging"):
+        staging.make_job_folder(staging.store_root("s3://b/p") / "job")
+    assert list(theirs.iterdir()) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+def test_a_staging_root_of_another_user_is_refused(tmpdir_env):
+    root = tmpdir_env / staging.STAGING
+    root.mkdir(mode=0o777)
+    os.chown(root, 65534, 65534)
+    with pytest.raises(PermissionError, match="belongs to another user"):
+        staging.make_job_folder(staging.store_root("s3://b/p") / "job")
+    assert list(root.iterdir()) == []
+
+
+def test_traceback_logs_are_private(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRETRAIN_LOG_DIR", str(tmp_path / "state" / "logs"))
+    try:
+        raise ValueError("a secret value in a traceback")
+    except ValueError as e:
+        path = write_traceback(e, "check")
+    assert path is not None and "a secret value" in path.read_text()
+    assert mode(path) == 0o600 and mode(path.parent) == 0o700
+
+
+def test_the_tracking_database_is_private(tmp_path):
+    from tracking.client import client
+
+    db = tmp_path / "state" / "mlflow.db"
+    client(f"sqlite:///{db}").create_experiment("private")
+    assert db.stat().st_size > 0  # MLflow's tables, in the file made first
+    assert mode(db) == 0o600 and mode(db.parent) == 0o700
