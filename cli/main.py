@@ -161,7 +161,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def cmd_tracking_sync(args: argparse.Namespace) -> int:
     """Replay a registered model's execution into MLflow from the store (after an outage outlasted the pipeline)."""
     from common.errors import UserError
-    from tracking.client import TrackingUnavailable
+    from tracking.client import TrackingUnavailable, where
     from tracking.config import TrackingConfig
     from tracking.mirror import sync_model
     from tracking.uri import resolve_uri
@@ -172,8 +172,10 @@ def cmd_tracking_sync(args: argparse.Namespace) -> int:
     try:
         run_id = sync_model(store, name, version, uri, args.experiment, retry_s=args.retry_s or TrackingConfig().retry_s)
     except TrackingUnavailable as e:
-        raise UserError(f"MLflow at {uri} did not answer ({e}): start it, or set MLFLOW_TRACKING_URI, and run this again") from e
-    print(f"{name}:{version} recorded in MLflow run {run_id} at {uri}")
+        raise UserError(
+            f"MLflow at {where(uri)} did not answer ({e}): start it, or set MLFLOW_TRACKING_URI, and run this again"
+        ) from e
+    print(f"{name}:{version} recorded in MLflow run {run_id} at {where(uri)}")
     return 0
 
 

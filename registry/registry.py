@@ -66,6 +66,7 @@ from common.contracts import (
 from common.errors import local_space
 from common.hashing import config_hash
 from common.names import VERSION, name_problem
+from common.redact import redacted
 from registry.aliases import aliases_of, move_alias, read_alias, set_alias
 from registry.card import card_markdown, code_revision, read_card, utc_now
 from registry.config import DEFAULT_GATE_METRIC, LATEST
@@ -346,7 +347,7 @@ def _write_entry(
             flyte_execution_id=execution_id,
         ),
         layouts=list(ckpt.layouts),
-        config=config or {},
+        config=redacted(config or {}),  # a card is read by everyone who can list the registry
         code=code_revision(),
         gate=decision,
         hf_export=hf_export,

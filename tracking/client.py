@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common.private import create_private
+from common.redact import redact
 from tracking.params import batches, flatten
 from tracking.uri import artifact_root, is_remote, sqlite_path
 
@@ -75,7 +76,7 @@ _CAUSES = (
 def describe(error: BaseException) -> str:
     """One short line naming a failed MLflow call: the cause of a network failure in words (MLflow's
     own message repeats the URL and the urllib3 chain), else the error's first 200 characters."""
-    text = " ".join(str(error).split())
+    text = redact(" ".join(str(error).split()))
     for marker, words in _CAUSES:
         if marker in text:
             return words
@@ -177,5 +178,5 @@ def log_points(mlflow, run_id: str, points: Iterable[tuple[str, float, int, int]
 
 
 def where(uri: str) -> str:
-    """``uri`` as a warning names it: a server's address, or a database's path."""
-    return uri if is_remote(uri) else str(sqlite_path(uri) or uri)
+    """``uri`` as a warning names it: a server's address (credentials left out), or a database's path."""
+    return redact(uri) if is_remote(uri) else str(sqlite_path(uri) or redact(uri))

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from common.redact import redact
 from common.settings import flat_settings
 
 MAX_PARAM_VALUE = 6000
@@ -17,11 +18,12 @@ TRUNCATED = "…(truncated)"
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"train": {"lr": 0.002}}`` → ``{"train.lr": "0.002"}``: nested mappings become dotted names,
-    every other value its text (lists and other containers as JSON); a value longer than MLflow
+    every other value its text (lists and other containers as JSON), credentials in URIs left out
+    (``common.redact``); a value longer than MLflow
     takes is cut to fit and says so. Keys come out sorted, so equal configs give equal params."""
     out: dict[str, str] = {}
     for name, value in sorted(flat_settings(config, prefix).items()):
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        text = redact(value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
         if len(text) > MAX_PARAM_VALUE:
             text = text[: MAX_PARAM_VALUE - len(TRUNCATED)] + TRUNCATED
         out[name] = text

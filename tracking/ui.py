@@ -10,6 +10,7 @@ from pathlib import Path
 
 from common.errors import ConfigError
 from common.private import create_private
+from common.redact import redact
 from tracking.uri import artifact_root, is_remote, resolve_uri, sqlite_path
 
 
@@ -29,7 +30,7 @@ def serve(port: int = 5000, configured: str = "") -> int:
     uri = resolve_uri(configured)
     if is_remote(uri):
         raise ConfigError(
-            f"the tracking URI is a server ({uri}, from MLFLOW_TRACKING_URI or tracking.uri): open {uri} in a browser; "
+            f"the tracking URI is a server ({redact(uri)}, from MLFLOW_TRACKING_URI or tracking.uri): open it in a browser; "
             "pretrain ui serves a database on this machine only"
         )
     db = sqlite_path(uri)
