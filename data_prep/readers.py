@@ -1,7 +1,8 @@
 """Stream documents out of listed files: plain text, JSONL and Parquet, compressed or not.
 
 Nothing here holds more than one document (capped by ``max_doc_bytes``) or one Parquet
-batch in memory: a file or JSONL line that outgrows the cap is abandoned while streaming
+batch in memory (sized from the row groups' recorded bytes, so a huge value is decoded alone and never
+made a Python string when it is over the cap): a file or JSONL line that outgrows the cap is abandoned while streaming
 and counted as ``too_long``. Every input that does not become a document is counted in
 ``Skips`` by reason, with the first few names kept as examples (and summarised by the prepare step).
 """
@@ -23,6 +24,8 @@ CHUNK = 1 << 20
 SNIFF = 8192
 EXAMPLES_PER_REASON = 3
 PARQUET_BATCH_ROWS = 1024
+PARQUET_BATCH_BYTES = 16 * 2**20
+"""About the most decoded text one Parquet batch holds (one larger value is read alone)."""
 
 
 class Skips:
@@ -169,18 +172,45 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
             return
         row = 0
         try:
-            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]):
-                for text in batch.column(0).to_pylist():
+            rows = _batch_rows(parquet, schema.get_field_index(text_field))
+            for batch in parquet.iter_batches(batch_size=rows, columns=[text_field]):
+                for text in _texts_within(batch.column(0), cap):
                     row += 1
                     where = f"{raw.name}:{row}"
                     if text is None:
                         skips.add("parquet_null_text", where)
-                    elif len(text) > cap:
+                    elif text is TOO_LONG:
                         skips.add("too_long", where)
                     else:
                         yield Document(where, text)
         except (pa.ArrowException, OSError):
             skips.add("bad_parquet", f"{raw.name}:{row + 1}")
+
+
+TOO_LONG = object()
+
+
+def _batch_rows(parquet, column: int) -> int:
+    """Rows per batch such that a batch's decoded text stays near ``PARQUET_BATCH_BYTES``, from the row
+    groups' recorded sizes: a few huge values (a 2.5 KB file of 8 rows of 64 MiB each, zstd) are then
+    decoded one at a time, not 1,024 rows at once."""
+    meta = parquet.metadata
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    widest = max((g.column(column).total_uncompressed_size / max(1, g.num_rows) for g in groups), default=0.0)
+    return max(1, min(PARQUET_BATCH_ROWS, int(PARQUET_BATCH_BYTES // max(1.0, widest))))
+
+
+def _texts_within(column, cap: int) -> list:
+    """The column's values as Python strings, a value longer than ``cap`` characters as ``TOO_LONG``
+    (never made a Python string: its length is read from the Arrow array)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.utf8_length(column)
+    longest = pc.max(lengths).as_py()
+    if longest is None or longest <= cap:
+        return column.to_pylist()
+    too_long = pc.greater(lengths, cap).to_pylist()
+    return [TOO_LONG if over else column[i].as_py() for i, over in enumerate(too_long)]
 
 
 def read_file(raw: RawFile, text_field: str, max_doc_bytes: int, skips: Skips) -> Iterator[Document]:

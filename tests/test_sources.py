@@ -264,3 +264,35 @@ def test_prepare_says_what_it_sniffed_and_what_it_ignored(tmp_path, caplog):
         prepare_dataset(data, tiny_tokenizer(), store)
     ignored = [r.getMessage() for r in caplog.records if r.getMessage().startswith("  ignored 9 files by suffix")]
     assert len(ignored) == 1 and "set data.sniff_unlisted: true" in ignored[0]
+
+
+# The peak is this process's VmHWM: ru_maxrss would be inherited from the test process through fork and exec.
+PARQUET_BOMB = """
+import re, sys
+from data_prep.readers import Skips, read_file
+from data_prep.sources import RawFile
+def peak_kib():
+    return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+path = sys.argv[1]
+before = peak_kib()
+skips = Skips()
+docs = list(read_file(RawFile(path, 0, lambda: open(path, "rb"), local_path=path), "text", 1_000_000, skips))
+print(len(docs), skips.counts["too_long"], (peak_kib() - before) // 1024)
+"""
+
+
+def test_a_parquet_bomb_is_read_in_bounded_memory(tmp_path):
+    """8 rows of 64 MiB in a 2.5 KB zstd file: decoded 1,024 rows at a time and made Python strings before
+    the length check, they raised the peak by 1,729 MiB (issue 32, item 5). Now one value is decoded at a
+    time and never made a string: 547 MiB, some eight times one value (decompressed, then decoded)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"text": ["a" * (64 * 2**20)] * 8 + ["a fine document"]}), path, compression="zstd")
+    assert path.stat().st_size < 16_384
+    out = subprocess.run([sys.executable, "-c", PARQUET_BOMB, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    docs, too_long, grown_mib = map(int, out.stdout.split())
+    assert (docs, too_long) == (1, 8)
+    assert grown_mib < 1024, f"reading the bomb raised the peak by {grown_mib} MiB"
