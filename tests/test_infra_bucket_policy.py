@@ -97,7 +97,9 @@ def test_the_policy_only_denies_and_names_the_store_bucket():
     for st in policy["Statement"]:
         assert st["Effect"] == "Deny" and st["Principal"] == "*", st  # it grants nothing: the roles do
         for resource in _as_list(st.get("Resource", st.get("NotResource"))):
-            assert resource.startswith(ARN + STORE) and "/models/" in resource, resource
+            # the registry's objects, and the one run file replaced in place: its lease's heartbeat
+            kept = "/models/" in resource or resource.endswith("/runs/*/lease.json")
+            assert resource.startswith(ARN + STORE) and kept, resource
     assert (INFRA / POLICY).is_file()
 
 
@@ -167,6 +169,10 @@ def _record(store) -> list[tuple[str, str, dict[str, str]]]:
         if model.name not in OPERATIONS:
             return
         action, creation = OPERATIONS[model.name]
+        if "Key" not in params:  # DeleteObjects: one request for many keys, each a DeleteObject to the policy
+            for obj in params["Delete"]["Objects"]:
+                sent.append((action, BUCKET + obj["Key"][len(store.prefix) + 1 :], {}))
+            return
         rel = params["Key"][len(store.prefix) + 1 :]
         context = {"s3:ObjectCreationOperation": str(creation).lower()} if action == "s3:PutObject" else {}
         if params.get("IfNoneMatch"):
@@ -202,3 +208,45 @@ def test_the_registrys_own_requests_pass_the_policy(s3_store):
     action, path, context = sent[-1]
     assert path == BUCKET + "models/gpt/1/card.json"
     assert denied(policy, action, path, context) == ["DenyUnconditionalWritesToModels"]
+
+
+def test_the_run_leases_own_requests_pass_the_policy(s3_store):
+    """The lease's heartbeat is a conditional replace (If-Match) of ``runs/<id>/lease.json``: the policy
+    denied it, the lease swallowed the error, and on a protected bucket the heartbeat never advanced (an
+    identical execution's takeover failed, gc judged a live run's lease dead after 10 minutes)."""
+    from training.runs.lease import RunLease
+
+    policy = load_json(POLICY)
+    sent = _record(s3_store)
+    lease = RunLease(s3_store, "runs/r1", log=lambda line: None)
+    assert lease.try_acquire()
+    assert lease.refresh() and lease.refresh()
+    lease.release()
+    actions = [(a, c) for a, p, c in sent if p.endswith("runs/r1/lease.json")]
+    assert sum("s3:if-match" in c for _, c in actions) == 2 and any("s3:if-none-match" in c for _, c in actions)
+    refused = [(a, p, c, denied(policy, a, p, c)) for a, p, c in sent if denied(policy, a, p, c)]
+    assert not refused, refused
+    # ... while a conditional replace of any other run file stays refused
+    assert denied(policy, "s3:PutObject", BUCKET + "runs/r1/metrics.jsonl", put(if_match=True)) == [
+        "DenyReplacingObjectsOutsideAliases"
+    ]
+
+
+def test_a_refused_heartbeat_is_said_not_swallowed(s3_store, monkeypatch):
+    from storage import StoreError
+    from training.runs.lease import RunLease
+
+    said: list[str] = []
+    lease = RunLease(s3_store, "runs/r2", log=said.append)
+    assert lease.try_acquire()
+
+    def refused(*args, **kwargs):
+        raise StoreError("S3 AccessDenied: explicit deny in a resource-based policy")
+
+    monkeypatch.setattr(s3_store, "put_json", refused)
+    assert lease.refresh() and lease.refresh() and not lease.lost  # not lost: the store may let the next one through
+    warnings = [line for line in said if "heartbeat" in line]
+    assert len(warnings) == 1 and "AccessDenied" in warnings[0] and "runs/r2/lease.json" in warnings[0], said
+    monkeypatch.undo()
+    assert lease.refresh() and not lease.heartbeat_failing
+    lease.release()

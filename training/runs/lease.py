@@ -124,6 +124,8 @@ class RunLease:
         """Why this process no longer holds the lease ('' while it does, or never did)."""
         self._seen: Holder | None = None
         self._told = False
+        self.heartbeat_failing = False
+        """Whether the last heartbeat failed (the store refused or did not answer): said once per streak."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -231,8 +233,20 @@ class RunLease:
                 )
                 self.etag = None
                 return False
-            except StoreError:
+            except StoreError as e:
+                # Not lost (the store may come back, or let the next one through), but said, once per
+                # streak: a store or bucket policy that refuses every heartbeat lets an identical
+                # execution take the run over after stale_s, and gc judge the lease dead.
+                if not self.heartbeat_failing:
+                    self.log(
+                        f"WARNING: run {self.run}: the heartbeat of its lease {self.store.url(self.key)} failed "
+                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); trying again every "
+                        f"{self.refresh_s:.0f} s. If it keeps failing for {self.stale_s:.0f} s, an identical execution "
+                        "may take the run over (check the store's permissions for conditional writes of lease.json)"
+                    )
+                self.heartbeat_failing = True
                 return True
+            self.heartbeat_failing = False
             if not self._confirm():
                 self.lost = f"run {self.run}: its lease {self.store.url(self.key)} changed under this process"
                 self.etag = None
