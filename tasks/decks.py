@@ -8,10 +8,12 @@ from html import escape
 
 from flytekit.deck import DeckField
 
-# flytekit's default Decks less "Dependencies", which runs `pip list` and `pip freeze` after each task
+# flytekit's default Decks less three. "Dependencies" runs `pip list` and `pip freeze` after each task
 # (1–2 s and 4 s of CPU each, for five tasks a run); each task's cache key already names the versions of
-# the libraries it imports (common.codeversion).
-FIELDS = (DeckField.SOURCE_CODE, DeckField.TIMELINE, DeckField.INPUT, DeckField.OUTPUT)
+# the libraries it imports (common.codeversion). "Input" and "Output" render values with str(), unescaped:
+# a launch-form setting such as evaluation.prompt, or text the model generated, became HTML that runs in
+# whoever opens the Deck. Our own Decks escape every value (``table``).
+FIELDS = (DeckField.SOURCE_CODE, DeckField.TIMELINE)
 
 STYLE = (
     "<style>body{font-family:sans-serif} table{border-collapse:collapse}"
