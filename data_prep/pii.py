@@ -14,7 +14,8 @@ Each kind is redacted (every match replaced by a fixed placeholder: ``<EMAIL>``,
 - **secret**: AWS access key ids (``AKIA``/``ASIA`` + 16) and secret keys (40 characters after
   an ``aws_secret_access_key``-like name), PEM private key blocks (``-----BEGIN … PRIVATE
   KEY-----`` to its END line, or the header alone), GitHub (``ghp_``…, ``github_pat_``), Slack
-  (``xox[abprs]-``) and OpenAI-style (``sk-``) tokens. A generic ``password = "..."`` is not
+  (``xox[abprs]-``) and OpenAI-style (``sk-``) tokens, JSON Web Tokens (``eyJ….eyJ….…``) and
+  ``.netrc`` entries (``machine H login U password P``). A generic ``password = "..."`` is not
   matched: in code and documentation it is mostly an example, and redacting it would teach
   nothing while damaging much.
 """
@@ -60,6 +61,10 @@ _SECRETS = [
     ),
     (("xox",), re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}")),
     (("sk-",), re.compile(r"\bsk-(?:proj-|svcacct-)?[A-Za-z0-9_-]{32,}")),
+    # A JSON Web Token: three base64url parts, the first two JSON objects ("eyJ" is '{"').
+    (("eyJ",), re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    # A .netrc entry: machine, login and password (a file of them read from a home folder).
+    (("password",), re.compile(r"\b(?:machine\s+\S+|default)\s+login\s+\S+\s+password\s+\S+")),
 ]
 
 

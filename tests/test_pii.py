@@ -30,6 +30,14 @@ FOUND = [
     ("token ghp_abcdefghijklmnopqrstuvwxyz0123456789 end", "token <SECRET> end", "pii_secret"),
     ("slack xoxb-1234567890-abcdefghij end", "slack <SECRET> end", "pii_secret"),
     ("openai sk-proj-abcdefghijklmnopqrstuvwxyz0123456789 end", "openai <SECRET> end", "pii_secret"),
+    # issue 32, item 6: a .netrc and a JWT read from a home folder went into the dataset as text
+    ("machine api.example.com login alice password s3cr3t-pw\n", "<SECRET>\n", "pii_secret"),
+    ("machine h\n  login bob\n  password hunter2 # netrc", "<SECRET> # netrc", "pii_secret"),
+    (
+        "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJlLXNpZ25hdHVyZQ end",
+        "Bearer <SECRET> end",
+        "pii_secret",
+    ),
 ]
 KEPT = [
     "@property\ndef name(self): return self._name",
@@ -38,6 +46,8 @@ KEPT = [
     "version 1.2.3.4.5 and v10.2.3.4rc1",
     "every second item: x[1::2]",
     'password = "hunter2"  # a generic password is not matched',
+    "the machine learning password field",
+    "eyJhbGciOiJIUzI1NiJ9 alone is not a token",
 ]
 
 
