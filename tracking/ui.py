@@ -30,7 +30,8 @@ def serve(port: int = 5000, configured: str = "") -> int:
     uri = resolve_uri(configured)
     if is_remote(uri):
         raise ConfigError(
-            f"the tracking URI is a server ({redact(uri)}, from MLFLOW_TRACKING_URI or tracking.uri): open it in a browser; "
+            f"the tracking URI is a server ({redact(uri)}, from MLFLOW_TRACKING_URI or tracking.uri): "
+            f"open {redact(uri)} in a browser; "
             "pretrain ui serves a database on this machine only"
         )
     db = sqlite_path(uri)
