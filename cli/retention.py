@@ -52,6 +52,7 @@ from common.contracts import (
     lease_key,
     step_of_checkpoint,
 )
+from common.errors import first_line
 from common.names import VERSION
 from storage import COMMIT_MARKER, Store, StoreError
 from storage.store import LOCK_NAME, ObjectInfo, key_problem
@@ -617,7 +618,7 @@ def apply(store: Store, plan_: Plan, *, now: float | None = None) -> Outcome:
                 store.delete_prefix(entry.where)
             outcome.removed.append(entry)
         except (StoreError, OSError) as e:
-            outcome.failed.append((entry, str(e).splitlines()[0] if str(e) else type(e).__name__))
+            outcome.failed.append((entry, first_line(e)))
     return outcome
 
 

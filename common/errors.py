@@ -38,6 +38,12 @@ NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 """A full filesystem, or the user's quota on it: the same remedy either way."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type's name when it has none: for one-line reports."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def is_no_space(error: BaseException) -> bool:
     """Whether ``error`` is an OSError saying a disk or quota is full."""
     return isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS

@@ -26,6 +26,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from common.errors import first_line
 from training.observe.diagnostics import Heartbeats, describe_ranks, missing_ranks, read_heartbeats
 from training.observe.failures import BACKEND_SIGNS, first_failure, record_failure
 
@@ -117,14 +118,14 @@ def explain(error: BaseException, rank: int, progress: Progress, timeout_s: floa
     if not backend_error:
         record_failure(error, rank, progress.where())
         return None
-    first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    headline = first_line(error)
     where = progress.where()
     first = first_failure()
     if first is not None and first.rank != rank:
-        saved = progress.diagnostics(f"collective failed during {where} because {first.describe()}: {first_line}", error)
+        saved = progress.diagnostics(f"collective failed during {where} because {first.describe()}: {headline}", error)
         return PeerFailure(
             f"{first.describe()} ({first.traceback_at()}); rank {rank}'s collective during {where} failed because "
-            f"of it.{saved} Backend said: {first_line}"
+            f"of it.{saved} Backend said: {headline}"
         )
     beats = read_heartbeats(progress.world_size)
     missing = behind(beats, rank, progress)
@@ -136,11 +137,11 @@ def explain(error: BaseException, rank: int, progress: Progress, timeout_s: floa
     else:
         who = "another rank died or is stuck; the failed rank's own log holds the cause"
     # The traceback goes into the stored stacks: the training thread's live stack is this handler's by now.
-    saved = progress.diagnostics(f"collective failed during {where}: {first_line}", error)
+    saved = progress.diagnostics(f"collective failed during {where}: {headline}", error)
     return PeerFailure(
         f"rank {rank}: a collective with the other ranks failed during {where}, "
         f"{time.monotonic() - progress.since:.0f} s into it (each collective waits at most "
-        f"parallel.collective_timeout_s={timeout_s:g} s); {who}.{saved} Backend said: {first_line}"
+        f"parallel.collective_timeout_s={timeout_s:g} s); {who}.{saved} Backend said: {headline}"
     )
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.contracts import lease_key
-from common.errors import UserError
+from common.errors import UserError, first_line
 from storage import AlreadyCommitted, PreconditionFailed, Store, StoreError
 
 REFRESH_S = 10.0
@@ -240,7 +240,7 @@ class RunLease:
                 if not self.heartbeat_failing:
                     self.log(
                         f"WARNING: run {self.run}: the heartbeat of its lease {self.store.url(self.key)} failed "
-                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); trying again every "
+                        f"({first_line(e)}); trying again every "
                         f"{self.refresh_s:.0f} s. If it keeps failing for {self.stale_s:.0f} s, an identical execution "
                         "may take the run over (check the store's permissions for conditional writes of lease.json)"
                     )
