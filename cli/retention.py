@@ -27,7 +27,6 @@ Torch-free and Flyte-free: the CLI imports it.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -610,8 +609,8 @@ def apply(store: Store, plan_: Plan, *, now: float | None = None) -> Outcome:
                 if not _no_link_on_the_way(Path(entry.where)):
                     outcome.skipped.append((entry, "a symbolic link on its path: gc never follows one"))
                     continue
-                shutil.rmtree(entry.where, ignore_errors=True)
-                _remove_empty_parents(Path(entry.where))
+                folder = Path(entry.where)
+                checkpoint_staging.remove_job_folder(folder, top=folder.parent.parent)  # <root>/<store>/<job>
             else:
                 for key in entry.records:
                     store.delete_prefix(key)  # one object: removed, so no rerun aims at this number again
@@ -622,16 +621,6 @@ def apply(store: Store, plan_: Plan, *, now: float | None = None) -> Outcome:
     return outcome
 
 
-def _remove_empty_parents(path: Path) -> None:
-    for parent in path.parents:
-        if parent.name == checkpoint_staging.STAGING:
-            break
-        try:
-            parent.rmdir()
-        except OSError:
-            break
-
-
 # -- in words -------------------------------------------------------------------------------
 def printable(text: str) -> str:
     """``text`` with control characters escaped (``\\x1b``): a key may hold any character, and a
@@ -640,10 +629,9 @@ def printable(text: str) -> str:
 
 
 def _label(entry: Entry) -> str:
-    where = entry.where
     if entry.local:
-        return f"{where}/ (local)"
-    return where if entry.file else f"{where}/"
+        return f"{entry.where}/ (local)"
+    return entry.where if entry.file else f"{entry.where}/"
 
 
 def _line(entry: Entry, reason: str | None = None) -> str:

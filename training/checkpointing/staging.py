@@ -66,10 +66,11 @@ def sweep_dead(store_root: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def remove_job_folder(path: Path) -> None:
-    """Delete a job's staging folder and the parents it leaves empty (one per store otherwise piles up)."""
+def remove_job_folder(path: Path, top: Path | None = None) -> None:
+    """Delete a job's staging folder and the parents it leaves empty below the staging root ``top``
+    (default ``root()``; one folder per store otherwise piles up)."""
     shutil.rmtree(path, ignore_errors=True)
-    top = root()
+    top = root() if top is None else top
     for parent in path.parents:
         if parent == top or top not in parent.parents:
             break
