@@ -43,6 +43,7 @@ from common.contracts import (
 from common.errors import UserError
 from common.settings import flat_settings
 from storage import Store
+from training.runs.runlog import read_jsonl
 
 RUNS = "runs"
 FINAL_LOSS_STEPS = 10
@@ -88,13 +89,6 @@ def _names(ids: list[str], most: int = 8) -> str:
 
 
 # -- reading a run's files ----------------------------------------------------------------
-def _jsonl(store: Store, key: str) -> list[dict]:
-    """The records of a JSONL file, [] if it does not exist (a run that never saved)."""
-    if not store.exists(key):
-        return []
-    return [json.loads(line) for line in store.get_bytes(key).decode().splitlines() if line.strip()]
-
-
 def _median(values: list[float]) -> float | None:
     values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return statistics.median(values) if values else None
@@ -133,7 +127,7 @@ def summary(store: Store, run_id: str) -> dict[str, Any]:
     run = run_prefix(run_id)
     steps = committed_steps(store, run)
     meta = _latest_meta(store, run, steps)
-    metrics = _jsonl(store, metrics_key(run))
+    metrics = read_jsonl(store, metrics_key(run))
     layouts = _layouts(meta)
     mfu = _median([m["mfu"] for m in metrics if m.get("mfu") is not None])
     return {
@@ -295,8 +289,8 @@ def show(store: Store, text: str) -> dict[str, Any]:
     run = run_prefix(run_id)
     steps = committed_steps(store, run)
     meta = _latest_meta(store, run, steps)
-    metrics = _jsonl(store, metrics_key(run))
-    health = _jsonl(store, health_key(run))
+    metrics = read_jsonl(store, metrics_key(run))
+    health = read_jsonl(store, health_key(run))
     if not health:  # a run from before health.jsonl: its refused steps carry the event
         health = [m["health"] for m in metrics if "health" in m]
     memory = [m["peak_memory_mib"] for m in metrics if isinstance(m.get("peak_memory_mib"), (int, float))]
@@ -310,7 +304,7 @@ def show(store: Store, text: str) -> dict[str, Any]:
         "data_wait_fraction": _median([m.get("data_wait_fraction") for m in metrics]),
         "peak_flops_source": next((m["peak_flops_source"] for m in reversed(metrics) if m.get("peak_flops_source")), None),
         "breakdown": breakdown(metrics),
-        "ranks": ranks(_jsonl(store, step_times_key(run))),
+        "ranks": ranks(read_jsonl(store, step_times_key(run))),
         "stragglers": stragglers(metrics),
         "health": health,
         "evaluations": _evaluations(store, run),
@@ -390,7 +384,7 @@ def loss_history(store: Store, run_id: str) -> dict[str, Any]:
     """A run's loss per step (steps whose update was skipped are left out: their loss may be NaN) and its
     committed evaluations as (step, val_loss): what a loss chart draws."""
     run = run_prefix(run_id)
-    records = [m for m in _jsonl(store, metrics_key(run)) if "skipped" not in m and isinstance(m.get("loss"), (int, float))]
+    records = [m for m in read_jsonl(store, metrics_key(run)) if "skipped" not in m and isinstance(m.get("loss"), (int, float))]
     evaluations = [e for e in _evaluations(store, run) if e.get("step") is not None and e.get("val_loss") is not None]
     return {
         "steps": [int(m["step"]) for m in records],

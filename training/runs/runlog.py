@@ -19,6 +19,13 @@ def jsonl(records: list[dict]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in records).encode()
 
 
+def read_jsonl(store: Store, key: str) -> list[dict]:
+    """The records of a JSONL file, [] if it does not exist (a run that never saved)."""
+    if not store.exists(key):
+        return []
+    return [json.loads(line) for line in store.get_bytes(key).decode().splitlines() if line.strip()]
+
+
 class RunLog(StepCallback):
     """Keeps each step's record (``after_step``: give it after the callbacks that add figures) and
     publishes the run's files after each checkpoint (rank 0)."""
@@ -42,10 +49,7 @@ class RunLog(StepCallback):
 
     def _saved_lines(self, prefix: str, name: str, step: int) -> list[dict]:
         """A JSONL file's records up to step ``step``."""
-        key = f"{prefix}/{name}"
-        if not self.store.exists(key):
-            return []
-        return [r for r in map(json.loads, self.store.get_bytes(key).decode().splitlines()) if r["step"] <= step]
+        return [r for r in read_jsonl(self.store, f"{prefix}/{name}") if r["step"] <= step]
 
     def after_step(self, record: Record) -> None:
         self.metrics.append(record)
