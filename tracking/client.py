@@ -19,10 +19,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from common.private import create_private
 from common.redact import redact
 from tracking.params import batches, flatten
-from tracking.uri import artifact_root, is_remote, sqlite_path
+from tracking.uri import artifact_root, is_remote, prepare_database, sqlite_path
 
 STEP_KEYS = ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "step_time_s", "peak_memory_mib", "data_wait_fraction")
 """The per-step figures of a metrics.jsonl record that become MLflow metrics, with the step-time breakdown."""
@@ -59,8 +58,7 @@ def client(uri: str, timeout_s: float = 5.0):
         raise TrackingUnavailable(f"mlflow is not installed in this image ({e})") from e
     db = sqlite_path(uri)
     if db is not None:
-        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new folder: the owner's only
-        create_private(db)  # MLflow would create it readable by everyone (runs, params, paths)
+        prepare_database(db)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 

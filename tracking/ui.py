@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 from common.errors import ConfigError
-from common.private import create_private
 from common.redact import redact
-from tracking.uri import artifact_root, is_remote, resolve_uri, sqlite_path
+from tracking.uri import artifact_root, is_remote, prepare_database, resolve_uri, sqlite_path
 
 
 def ui_command(uri: str, port: int) -> list[str]:
@@ -35,11 +34,8 @@ def serve(port: int = 5000, configured: str = "") -> int:
             "pretrain ui serves a database on this machine only"
         )
     db = sqlite_path(uri)
-    if db is not None:
-        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new folder: the owner's only
-        if not db.exists():
-            print(f"# {db} does not exist yet: the UI starts empty; `pretrain run` records runs there")
-        create_private(db)  # MLflow would create it readable by everyone (runs, params, paths)
+    if db is not None and prepare_database(db):
+        print(f"# {db} does not exist yet: the UI starts empty; `pretrain run` records runs there")
     process = subprocess.Popen(ui_command(uri, port), start_new_session=True)
     print(f"MLflow UI: http://127.0.0.1:{port} over {uri} (Ctrl-C stops it)", flush=True)
     stopping = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from common.private import create_private
 from storage import default_store_uri
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -42,6 +43,15 @@ def sqlite_path(uri: str) -> Path | None:
         return None
     # sqlite:///rel.db is relative to the working folder, sqlite:////abs.db absolute (SQLAlchemy's rule).
     return Path(uri.removeprefix("sqlite:///").partition("?")[0]).resolve()
+
+
+def prepare_database(db: Path) -> bool:
+    """Make the folder (0700 when new) and the file (0600, empty) of a SQLite database before MLflow opens
+    it: MLflow would create it readable by everyone (runs, params, paths). True if there was none."""
+    db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    new = not db.exists()
+    create_private(db)
+    return new
 
 
 def artifact_root(uri: str) -> str:
