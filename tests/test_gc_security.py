@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,58 @@ def test_a_folder_object_is_no_registration_record(s3_store):
     assert s3_store.is_committed("models/gpt/1") and not s3_store.exists("models/gpt/2/_CLAIMED")
     report = "\n".join(retention.report_lines(plan, outcome))
     assert f"{planted}  a key outside the store's layout (has an empty part)" in report, report
+
+
+@pytest.fixture
+def aws_like_store(monkeypatch) -> Iterator[Store]:
+    """A store on moto's S3 server on 127.0.0.1, which keeps ``//`` in keys as AWS S3 does (SeaweedFS,
+    the project's test server, folds it): the store where the planted ``datasets//x`` was found."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for name, value in {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "moto",
+            "AWS_SECRET_ACCESS_KEY": "moto",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            monkeypatch.setenv(name, value)
+        store = open_store("s3://gc-bucket/pretrain")
+        store.client.create_bucket(Bucket="gc-bucket")
+        yield store
+    finally:
+        server.stop()
+
+
+def test_a_doubled_slash_never_names_a_top_folder(aws_like_store):
+    """On a store that keeps ``//``, one planted object ``datasets//x`` made gc form the entry ``datasets/``,
+    call it an uncommitted dataset and delete every committed dataset with it (and ``runs//y`` the runs)."""
+    store = aws_like_store
+    for version in ("v1", "v2"):
+        store.put_json(f"datasets/{version}/manifest.json", {"version": version})
+        store.commit(f"datasets/{version}")
+    store.put_json("runs/r1/checkpoints/step_1/meta.json", {})
+    store.commit("runs/r1/checkpoints/step_1")
+    planted = ["datasets//x", "runs//y", "models//gpt/1/card.json"]
+    for key in planted:
+        store.client.put_object(Bucket=store.bucket, Key=store._key(key), Body=b"{}")
+    assert set(planted) <= set(store.list("")), "the server folded '//': this test would prove nothing"
+    later = time.time() + LATER
+
+    plan = retention.plan(store, now=later, staging_root=Path("/nonexistent"))
+    removed = [e.where for e in plan.removals]
+    assert not any(where.rstrip("/") in ("datasets", "runs", "models", "") for where in removed), removed
+    kept = {e.where: e.reason for e in plan.kept}
+    for key in planted:
+        assert "a key outside the store's layout" in kept.get(key, ""), (key, kept)
+    outcome = retention.apply(store, plan, now=later)
+    assert not outcome.failed, outcome.failed
+    assert store.is_committed("datasets/v1") and store.is_committed("datasets/v2")
+    assert store.is_committed("runs/r1/checkpoints/step_1")
+    assert set(planted) <= set(store.list(""))  # unknown keys are kept, for a person to look at
 
 
 def test_the_store_refuses_to_delete_a_top_folder_whole(store):
