@@ -8,7 +8,8 @@ data, and only to a request signed with the server's credentials:
   filer's HTTP API (assign, lookup, collection delete, file reads and writes); the volume
   server, which the S3 gateway reads and writes chunks through, refuses any read or write
   without a JWT signed with a key in ``security.toml`` (so do the filer's remaining routes);
-  every gRPC port requires mutual TLS with a certificate from a CA made for this server.
+  every gRPC port, and the HTTP ports of the master, volume server, filer and admin server (status
+  pages, metrics), require mutual TLS with a certificate from a CA made for this server.
 - The identities file, ``security.toml`` and the TLS key are created 0600 (exclusive create
   of a temporary name, then rename); the data folder is 0700 and ``weed`` runs with umask
   077, so nothing it writes is readable by other users.
@@ -41,6 +42,8 @@ IDENTITIES = "s3-identities.json"
 SECURITY = "security.toml"
 TLS_DIR = "tls"
 # Components whose gRPC servers and clients present the shared certificate.
+HTTPS_COMPONENTS = ("master", "volume", "filer", "admin")
+"""Their HTTP ports speak TLS only, to clients with this server's certificate (the S3 port serves SigV4)."""
 GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "admin", "worker", "client", "msg_broker", "msg_agent", "mq")
 _SOCKET_PATH_MAX = 100  # AF_UNIX paths hold 108 bytes on Linux
 GRPC_PORT_OFFSET = 10000  # weed's default gRPC port: the HTTP port + 10000
@@ -161,7 +164,8 @@ def _toml_str(value: str | Path) -> str:
 
 
 def security_toml(ca: Path, cert: Path, key: Path) -> str:
-    """SeaweedFS ``security.toml``: fresh JWT keys for every HTTP data path, mTLS for gRPC."""
+    """SeaweedFS ``security.toml``: fresh JWT keys for every HTTP data path, mTLS for gRPC and for the
+    HTTP ports of the master, volume, filer and admin servers."""
     lines = ["# Written by storage/s3server.py for this run; regenerated at every start."]
     for section in ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read"):
         lines += [f"[{section}]", f"key = {_toml_str(secrets.token_urlsafe(32))}", "expires_after_seconds = 10"]
@@ -169,6 +173,12 @@ def security_toml(ca: Path, cert: Path, key: Path) -> str:
     lines += ["[grpc]", f"ca = {_toml_str(ca)}"]
     for component in GRPC_COMPONENTS:
         lines += [f"[grpc.{component}]", f"cert = {_toml_str(cert)}", f"key = {_toml_str(key)}"]
+    # Their HTTP ports too: TLS with a client certificate from the same CA (a `ca` makes weed require one),
+    # else the master's status pages, the volume's /status and the admin's /metrics answer anyone here.
+    tls = [f"cert = {_toml_str(cert)}", f"key = {_toml_str(key)}", f"ca = {_toml_str(ca)}"]
+    for component in HTTPS_COMPONENTS:
+        lines += [f"[https.{component}]", *tls]
+    lines += ["[https.client]", "enabled = true", *tls]  # how the S3 gateway reaches the volume and filer
     return "\n".join(lines) + "\n"
 
 

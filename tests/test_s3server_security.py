@@ -9,6 +9,11 @@ the machine would, and every refusal must be the specific one that listener's gu
   requests signed with SigV4 and the server's keys -> served (the object's bytes).
 - volume: reads, writes, deletes without a JWT, or with one signed by another key or for another
   file -> 401 "wrong jwt"; the same requests with a JWT signed by security.toml's keys -> served.
+- master, volume, filer and admin HTTP ports: TLS only, and only with a client certificate from
+  this server's CA (plaintext -> 400, no certificate -> "certificate required", another CA's ->
+  "unknown CA"), so their status pages (``/``, ``/cluster/status``, ``/status``, ``/metrics``)
+  answer no one else; the probes below then go past TLS with this server's certificate, to test the
+  guards behind it.
 - master, filer (port and socket), admin: ``-disableHttp`` and ``-admin.ui=false`` remove their
   data APIs, so even a correctly signed request finds no route (Go's "404 page not found").
   Control: a reference server, the wrapper's own start with only those two flags dropped, serves
@@ -25,6 +30,7 @@ Afterwards S3 shows the planted objects unchanged. No probe counts a connection 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import http.client
@@ -64,6 +70,7 @@ OWN_RPC = {
     "filer": "/filer_pb.SeaweedFiler/GetFilerConfiguration",
     "volume": "/volume_server_pb.VolumeServer/VolumeServerStatus",
 }
+HTTPS_ROLES = ("master", "volume", "filer", "admin")  # their HTTP ports require this server's client certificate
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 JSON = {"Content-Type": "application/json"}
 
@@ -192,16 +199,38 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def request(where: int | str, method: str, path: str, body: bytes | None = None, headers=None) -> tuple[int, bytes]:
-    """(status, body) from a TCP port on 127.0.0.1 or a unix socket. A connection error is raised:
-    it is never taken for a refusal."""
-    conn = UnixHTTPConnection(where, 5) if isinstance(where, str) else http.client.HTTPConnection("127.0.0.1", where, timeout=5)
+def request(
+    where: int | str, method: str, path: str, body: bytes | None = None, headers=None, tls: ssl.SSLContext | None = None
+) -> tuple[int, bytes]:
+    """(status, body) from a TCP port on 127.0.0.1 (over ``tls`` if given) or a unix socket. A connection
+    error is raised: it is never taken for a refusal."""
+    if isinstance(where, str):
+        conn = UnixHTTPConnection(where, 5)
+    elif tls is not None:
+        conn = http.client.HTTPSConnection("127.0.0.1", where, timeout=5, context=tls)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", where, timeout=5)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
         conn.close()
+
+
+def mtls(srv: S3Server) -> ssl.SSLContext:
+    """TLS as weed's own components speak it to each other's HTTP ports: this server's CA and client certificate."""
+    ca, cert, key = srv.tls_files
+    context = ssl.create_default_context(cafile=str(ca))
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def tls_of(srv: S3Server, where: int | str) -> ssl.SSLContext | None:
+    """The client certificate a listener of ``srv`` requires before any HTTP (its master, volume, filer
+    and admin ports), else None (the S3 port and the unix sockets speak plain HTTP)."""
+    ports = known_ports(srv)
+    return mtls(srv) if where in {ports[role] for role in HTTPS_ROLES} else None
 
 
 def is_refusal(answer: tuple[int, bytes], refusal: tuple[int, bytes]) -> bool:
@@ -318,24 +347,25 @@ def test_s3_port_and_socket_serve_only_sigv4_signed_requests(server, planted):
 
 def test_volume_port_serves_only_requests_with_a_jwt_signed_by_this_server(server, planted):
     volume, keys = known_ports(server)["volume"], jwt_keys(server)
+    past_tls = functools.partial(request, tls=mtls(server))  # what is left to guard: the JWT
     fids = volume_file_ids(server.data_dir / "data")
     assert len(fids) >= 2, fids  # the planted objects' chunks (and whatever else weed stored)
     served = []
     for fid in fids:
         path = f"/{fid}"
-        assert is_refusal(request(volume, "GET", path), WRONG_JWT), path
+        assert is_refusal(past_tls(volume, "GET", path), WRONG_JWT), path
         other = next(f for f in [*fids, "1,1"] if f != fid)
         for label, token in [
             ("the WEED_JWT_SIGNING_KEY of weed's caller", bearer(ATTACKER_JWT_KEY, fid=fid)),
             ("the write key", bearer(keys["volume.write"], fid=fid)),
             ("the read key, for another file", bearer(keys["volume.read"], fid=other)),
         ]:
-            assert is_refusal(request(volume, "GET", path, headers=token), WRONG_JWT), (path, label)
-        assert is_refusal(request(volume, "PUT", path, b"PWNED"), WRONG_JWT), path
-        assert is_refusal(request(volume, "DELETE", path), WRONG_JWT), path
+            assert is_refusal(past_tls(volume, "GET", path, headers=token), WRONG_JWT), (path, label)
+        assert is_refusal(past_tls(volume, "PUT", path, b"PWNED"), WRONG_JWT), path
+        assert is_refusal(past_tls(volume, "DELETE", path), WRONG_JWT), path
         # Control: the same read with a JWT signed by security.toml's read key is served (unless
         # weed deleted the needle meanwhile: the chunk of an object another test deleted).
-        status, body = request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))
+        status, body = past_tls(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))
         if status == 404 and fid not in volume_file_ids(server.data_dir / "data"):
             continue
         assert status == 200, (path, status, body[:100])
@@ -345,16 +375,18 @@ def test_volume_port_serves_only_requests_with_a_jwt_signed_by_this_server(serve
     # Write, read and delete a new file: each refused without a JWT, served with one.
     path = f"/{fids[0].split(',')[0]},{secrets.randbelow(1 << 40) + 1:x}{secrets.randbelow(1 << 32):08x}"
     fid, data = path[1:], b"written-" + secrets.token_hex(8).encode()
-    assert is_refusal(request(volume, "PUT", path, data), WRONG_JWT), path
-    assert is_refusal(request(volume, "PUT", path, data, bearer(ATTACKER_JWT_KEY, fid=fid)), WRONG_JWT), path
-    assert request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))[0] == 404, "an unsigned PUT wrote"
-    assert request(volume, "PUT", path, data, bearer(keys["volume.write"], fid=fid))[0] == 201, path
-    assert is_refusal(request(volume, "GET", path), WRONG_JWT), path
-    assert request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid)) == (200, data), path
-    assert is_refusal(request(volume, "DELETE", path), WRONG_JWT), path
-    assert request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid)) == (200, data), "an unsigned DELETE deleted"
-    assert request(volume, "DELETE", path, headers=bearer(keys["volume.write"], fid=fid))[0] == 202, path
-    assert request(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))[0] == 404, path
+    assert is_refusal(past_tls(volume, "PUT", path, data), WRONG_JWT), path
+    assert is_refusal(past_tls(volume, "PUT", path, data, bearer(ATTACKER_JWT_KEY, fid=fid)), WRONG_JWT), path
+    assert past_tls(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))[0] == 404, "an unsigned PUT wrote"
+    assert past_tls(volume, "PUT", path, data, bearer(keys["volume.write"], fid=fid))[0] == 201, path
+    assert is_refusal(past_tls(volume, "GET", path), WRONG_JWT), path
+    assert past_tls(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid)) == (200, data), path
+    assert is_refusal(past_tls(volume, "DELETE", path), WRONG_JWT), path
+    assert past_tls(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid)) == (200, data), (
+        "an unsigned DELETE deleted"
+    )
+    assert past_tls(volume, "DELETE", path, headers=bearer(keys["volume.write"], fid=fid))[0] == 202, path
+    assert past_tls(volume, "GET", path, headers=bearer(keys["volume.read"], fid=fid))[0] == 404, path
     assert_intact(server, planted)
 
 
@@ -408,10 +440,10 @@ def test_master_filer_and_admin_http_apis_are_removed(server, planted, reference
     for probe in removed_api_probes(ref, ref_objects):
         for where in probe_targets(ref, probe.role):
             if probe.jwt:
-                answer = request(where, probe.method, probe.path, probe.body, probe.headers)
+                answer = request(where, probe.method, probe.path, probe.body, probe.headers, tls_of(ref, where))
                 assert is_refusal(answer, WRONG_JWT), (where, probe.method, probe.path, answer[0], answer[1][:100])
             headers = {**probe.headers, **(bearer(ref_keys[probe.jwt]) if probe.jwt else {})}
-            status, body = request(where, probe.method, probe.path, probe.body, headers)
+            status, body = request(where, probe.method, probe.path, probe.body, headers, tls_of(ref, where))
             assert status == probe.status and probe.shows in body, (where, probe.method, probe.path, status, body[:100])
 
     # This server: the same requests, signed where a signature exists, find no route at all.
@@ -419,16 +451,16 @@ def test_master_filer_and_admin_http_apis_are_removed(server, planted, reference
     for probe in removed_api_probes(server, planted):
         for where in probe_targets(server, probe.role):
             for headers in [probe.headers, {**probe.headers, **bearer(keys[probe.jwt])}] if probe.jwt else [probe.headers]:
-                answer = request(where, probe.method, probe.path, probe.body, headers)
+                answer = request(where, probe.method, probe.path, probe.body, headers, tls_of(server, where))
                 assert is_refusal(answer, NO_ROUTE), (where, probe.method, probe.path, answer[0], answer[1][:100])
     # ... while each listener answers what it keeps, so the probes reached the right one.
     ports = known_ports(server)
     leader = f'"Leader":"127.0.0.1:{ports["master"]}.{ports["master.grpc"]}"'.encode()
-    status, body = request(ports["master"], "GET", "/cluster/status")
+    status, body = request(ports["master"], "GET", "/cluster/status", tls=mtls(server))
     assert status == 200 and leader in body, (status, body[:200])
-    assert request(ports["admin"], "GET", "/health") == (200, b'{"health":"ok"}\n')
+    assert request(ports["admin"], "GET", "/health", tls=mtls(server)) == (200, b'{"health":"ok"}\n')
     for where in probe_targets(server, "filer"):
-        status, body = request(where, "GET", "/seaweedfsstatic/seaweed50x50.png")
+        status, body = request(where, "GET", "/seaweedfsstatic/seaweed50x50.png", tls=tls_of(server, where))
         assert status == 200 and body.startswith(b"\x89PNG"), (where, status, body[:40])
     assert_intact(server, planted)
 
@@ -475,7 +507,7 @@ def test_every_http_listener_refuses_every_unsigned_probe(server, planted):
     wrong = []
     for where, refusal, requests in plan:
         for method, path, body, headers in requests:
-            answer = request(where, method, path, body, headers)
+            answer = request(where, method, path, body, headers, tls_of(server, where))
             if not is_refusal(answer, refusal):
                 wrong.append((where, method, path, answer[0], answer[1][:80]))
     assert not wrong, "\n".join(map(repr, wrong))
@@ -503,6 +535,42 @@ def tls_probe(where: int | str, ca: Path, chain: tuple[Path, Path] | None) -> st
         return e.reason or repr(e)
     finally:
         raw.close()
+
+
+def https_probe(port: int, ca: Path, chain: tuple[Path, Path] | None, path: str) -> tuple[int, bytes] | str:
+    """GET ``path`` over TLS (this server's CA), presenting ``chain`` if given: (status, body), or the
+    TLS alert the server sent (ssl's reason)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if chain:
+        context.load_cert_chain(*chain)
+    try:
+        return request(port, "GET", path, tls=context)
+    except ssl.SSLError as e:
+        return e.reason or repr(e)
+
+
+def test_master_volume_filer_and_admin_http_ports_require_this_servers_client_certificate(server, planted, tmp_path):
+    """Issue 32 item 10: the master's status page (``/``, ``/cluster/status``), the volume server's
+    ``/status`` (the data folder's path, disk use) and the admin's ``/metrics`` answered anyone on the
+    machine. Now each of these ports speaks only TLS and requires a certificate from this server's CA
+    before reading a byte of HTTP; with one, the same pages are served (the probe reached the page)."""
+    ports = known_ports(server)
+    ca, cert, key = server.tls_files
+    foreign = s3server._make_tls(tmp_path / "another-ca")
+    pages = {"master": ["/", "/cluster/status"], "volume": ["/status"], "filer": ["/"], "admin": ["/metrics", "/health"]}
+    shows = {"/": b"SeaweedFS", "/cluster/status": b'"IsLeader":true', "/status": b'"DiskStatuses"', "/health": b"ok"}
+    for role, paths in pages.items():
+        for path in paths:
+            status, body = request(ports[role], "GET", path)  # plaintext HTTP
+            assert status == 400 and b"HTTP request to an HTTPS server" in body, (role, path, status, body[:100])
+            assert https_probe(ports[role], ca, None, path) == "TLSV13_ALERT_CERTIFICATE_REQUIRED", (role, path)
+            assert https_probe(ports[role], ca, (foreign[1], foreign[2]), path) == "TLSV1_ALERT_UNKNOWN_CA", (role, path)
+            answer = https_probe(ports[role], ca, (cert, key), path)  # control: this server's certificate
+            if role == "filer":  # -disableHttp leaves it no page, past TLS: Go's router answers
+                assert answer == NO_ROUTE or answer[0] == 401, (role, path, answer)
+            else:
+                assert answer[0] == 200 and shows.get(path, b"# HELP") in answer[1], (role, path, answer)
+    assert_intact(server, planted)
 
 
 def test_grpc_ports_and_sockets_require_this_servers_client_certificate(server, planted, tmp_path):
