@@ -284,6 +284,10 @@ class DataConfig:
     (their first 8 KB, decompressed for .gz/.zst) as text when that is UTF-8 without NUL bytes;
     false ignores them, counted by suffix. Files named in ``data.sources`` are always read."""
 
+    follow_symlinks: bool = False
+    """Symlinks inside a folder source are followed only when they lead to a place inside that
+    source (counted as ``skipped_symlink_outside`` otherwise); true follows them anywhere (loops still detected)."""
+
     max_documents: int = 0
     """Read the corpus only up to the document that makes this many pass the filters (0 = no
     limit); duplicates among them are then dropped, so a few fewer may be kept. For quick runs."""

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from data_prep.formats import COMPRESSIONS, JSONL_SUFFIXES, PARQUET_SUFFIXES, TEXT_SUFFIXES
 from data_prep.readers import Skips
-from data_prep.sources import RawFile
+from data_prep.sources import HIDDEN, RawFile
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ PROGRESS_INTERVAL_S = 5.0
 MB = 1e6
 EXAMPLES_SHOWN = 3
 SUFFIXES_SHOWN = 5
+_HIDDEN = "hidden files or folders"
 
 # What each skip reason means, and where it is the user's to change, the setting to change.
 REASONS = {
@@ -46,6 +47,7 @@ REASONS = {
     "parquet_null_text": "Parquet rows with a null text",
     "bad_parquet": "unreadable or corrupt Parquet",
     "symlink_loop": "symlinks that lead back to a folder above them",
+    "symlink_outside": "symlinks that lead out of their source (data.follow_symlinks: true follows them)",
     "broken_link": "symlinks to nothing",
     "not_a_regular_file": "not regular files (FIFOs, sockets, devices)",
     "unreadable": "unreadable (permissions, or gone since the listing)",
@@ -177,18 +179,21 @@ def readable_suffixes() -> str:
 
 def skip_summary(skips: Skips, ignored: Counter, name: Callable[[str], str] = str) -> list[tuple[int, str]]:
     """The summary's lines with their logging level: a header, then one line per reason (problems
-    first, then filtering, then files ignored by suffix), each with up to three example names
-    (``name`` shortens them: the names inside the sources). ``ignored`` counts files by suffix
-    (an ``Ignored`` also keeps example names)."""
+    first, then filtering, then files ignored by suffix, then hidden ones), each with up to three
+    example names (``name`` shortens them: the names inside the sources). ``ignored`` counts files
+    by suffix and hidden ones under ``HIDDEN`` (an ``Ignored`` also keeps example names)."""
     counts, problems = skips.counts, skips.problems
     ignored_examples = getattr(ignored, "examples", {})
+    hidden = ignored.get(HIDDEN, 0)
+    by_suffix_counts = Counter({s: n for s, n in ignored.items() if s != HIDDEN})
     skipped, files_ignored = sum(counts.values()), sum(ignored.values())
     if not skipped and not files_ignored:
         return []
     lines: list[tuple[int, str]] = []
     parts = [f"skipped {skipped:,} inputs (files, records or documents)"] if skipped else []
-    if files_ignored:
-        parts.append(f"ignored {files_ignored:,} files by suffix")
+    ignored_parts = [f"{n:,} {what}" for n, what in ((sum(by_suffix_counts.values()), "files by suffix"), (hidden, _HIDDEN)) if n]
+    if ignored_parts:
+        parts.append(f"ignored {' and '.join(ignored_parts)}")
     stats = ", ".join(name for name, n in (("skipped_<reason>", skipped), ("files_ignored", files_ignored)) if n)
     level = logging.WARNING if problems & set(counts) else logging.INFO
     lines.append((level, f"{' and '.join(parts)}, by reason (in the dataset's stats: {stats}):"))
@@ -203,8 +208,8 @@ def skip_summary(skips: Skips, ignored: Counter, name: Callable[[str], str] = st
                 f"  skipped {counts[reason]:,} × {reason} ({what}), e.g. {_examples(names, counts[reason])}{detail}",
             )
         )
-    if files_ignored:
-        by_suffix, names = _by_suffix(ignored, ignored_examples, name)
+    if by_suffix_counts:
+        by_suffix, names = _by_suffix(by_suffix_counts, ignored_examples, name)
         if getattr(ignored, "sniffed_unlisted", False):
             why = (
                 f"a folder's files are read for {readable_suffixes()}, and for other suffixes when they hold UTF-8 "
@@ -215,8 +220,19 @@ def skip_summary(skips: Skips, ignored: Counter, name: Callable[[str], str] = st
                 f"a folder's files are read for {readable_suffixes()} only; set data.sniff_unlisted: true to read the "
                 "ones holding UTF-8 text whatever their suffix, rename them, or name a file in data.sources"
             )
-        lines.append((logging.INFO, f"  ignored {files_ignored:,} files by suffix ({by_suffix}), e.g. {names}: {why}"))
+        n = sum(by_suffix_counts.values())
+        lines.append((logging.INFO, f"  ignored {n:,} files by suffix ({by_suffix}), e.g. {names}: {why}"))
+    if hidden:
+        lines.append((logging.INFO, _hidden_line(hidden, [name(n) for n in ignored_examples.get(HIDDEN, [])])))
     return lines
+
+
+def _hidden_line(hidden: int, names: list[str]) -> str:
+    # Not the suffix advice: renaming or sniffing would not read these; only naming them does.
+    return (
+        f"  ignored {hidden:,} {_HIDDEN} (names starting with '.'), e.g. {_examples(names, hidden)}: "
+        "name them in data.sources to read them"
+    )
 
 
 def _by_suffix(counts: Counter, examples: dict[str, list[str]], name: Callable[[str], str]) -> tuple[str, str]:

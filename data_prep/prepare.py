@@ -80,7 +80,7 @@ class Listing:
 def list_corpus(data: DataConfig, quiet: bool = False) -> Listing:
     """List the sources and cut the listing (every stage lists again: the same listing, in order)."""
     ignored = Ignored(sniff=data.sniff_unlisted)
-    files = list_files(data.sources, ignored, data.sniff_unlisted)
+    files = list_files(data.sources, ignored, data.sniff_unlisted, data.follow_symlinks)
     if not quiet and (sniffed := sniffed_summary(ignored, relative_names(files))):
         log.info("%s", sniffed)
     return Listing(files, ignored, cut(files, data.partitions))

@@ -1,13 +1,21 @@
 """Which files the configured sources name, in a deterministic order.
 
 A source is a local file, folder or glob, an ``s3://`` prefix, or ``python-stdlib``.
-Folders are walked recursively (symlinks followed, loops detected) and keep the files
-whose names say a supported format (``formats.kind_of``). Other files are sniffed when
-``data.sniff_unlisted`` is on (their first 8 KB, decompressed for a ``.gz``/``.zst`` suffix:
-UTF-8 without NUL bytes is text, read as such) and counted as ignored otherwise, by suffix.
-Anything that cannot be listed properly (a symlink loop, a broken link, a FIFO, an unreadable
-folder) becomes an entry with a ``problem``: the reader counts it as a skip, so nothing
-disappears silently. Reading the files is ``data_prep.readers``' job.
+Folders are walked recursively and keep the files whose names say a supported format
+(``formats.kind_of``). Other files are sniffed when ``data.sniff_unlisted`` is on (their first
+8 KB, decompressed for a ``.gz``/``.zst`` suffix: UTF-8 without NUL bytes is text, read as such)
+and counted as ignored otherwise, by suffix.
+
+A listing stays inside its source: a symlink in a walked folder (or a glob match) that leads out
+of the source's root is refused (``symlink_outside``) unless ``data.follow_symlinks`` is on, since
+a link to a home folder would read credentials into the dataset; links inside it are followed,
+loops detected. Names starting with ``.`` in a folder or below an S3 prefix (``.git/``, ``.netrc``)
+are left out, counted as ``(hidden)``; a source may still name one. What is named in
+``data.sources`` is read as named, symlink or not.
+
+Anything that cannot be listed properly (a symlink loop or one out of its source, a broken link,
+a FIFO, an unreadable folder) becomes an entry with a ``problem``: the reader counts it as a skip,
+so nothing disappears silently. Reading the files is ``data_prep.readers``' job.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from data_prep.formats import SNIFF_BYTES, compression_of, kind_of, sniff_text
 from storage import open_store
 
 _STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
+HIDDEN = "(hidden)"
+"""The label an ``Ignored`` counts hidden files and folders under (names starting with ``.``), beside the suffixes."""
 
 
 class DataError(UserError, ValueError):
@@ -37,9 +47,10 @@ class DataError(UserError, ValueError):
 
 
 class Ignored(Counter):
-    """Files left out for their suffix: a count per suffix, and the first few names of each. With
-    sniffing on (``sniffed_unlisted``), those are the unlisted files that are not text, and
-    ``sniffed`` counts the unlisted files read as text, by suffix, with a few names too."""
+    """Files left out for their suffix: a count per suffix, and the first few names of each; hidden
+    files and folders are counted under ``HIDDEN`` the same way. With sniffing on (``sniffed_unlisted``),
+    those are the unlisted files that are not text, and ``sniffed`` counts the unlisted files read as
+    text, by suffix, with a few names too."""
 
     EXAMPLES = 3
 
@@ -72,12 +83,29 @@ def _example(examples: dict[str, list[str]], suffix: str, name: str) -> None:
         names.append(name)
 
 
+def _count_ignored(ignored: Counter, label: str, name: str) -> None:
+    ignored[label] += 1
+    if isinstance(ignored, Ignored):
+        _example(ignored.examples, label, name)
+
+
 def _ignore(ignored: Counter, name: str) -> None:
     """Count a file left out for its suffix (and keep its name, for an ``Ignored``)."""
-    suffix = _suffix(name)
-    ignored[suffix] += 1
-    if isinstance(ignored, Ignored):
-        _example(ignored.examples, suffix, name)
+    _count_ignored(ignored, _suffix(name), name)
+
+
+def _hide(ignored: Counter, name: str) -> None:
+    """Count a hidden file or folder left out (a folder once, not walked)."""
+    _count_ignored(ignored, HIDDEN, name)
+
+
+def _hidden_part(key: str) -> str:
+    """The key up to its first part starting with ``.`` (``a/.git`` of ``a/.git/HEAD``), or ``""``."""
+    parts = key.split("/")
+    for i, part in enumerate(parts):
+        if part.startswith("."):
+            return "/".join(parts[: i + 1])
+    return ""
 
 
 def _sniffed(ignored: Counter, name: str) -> None:
@@ -164,9 +192,30 @@ def _sniff_local(path: Path) -> bool:
         return False  # unreadable now: ignored like any other file that is not text
 
 
-def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile], ignored: Counter, sniff: bool) -> None:
-    """Files under ``folder`` in name order; symlinked folders are followed unless they lead
-    back to one of their own ancestors (a loop)."""
+def _within(path: str, root: str) -> bool:
+    """Whether the real path ``path`` is ``root`` or below it (``/data/corpus2`` is not below ``/data/corpus``)."""
+    return os.path.commonpath([path, root]) == root
+
+
+@dataclass
+class _Lister:
+    """One local source being listed: where its files go, whether unlisted files are sniffed, and
+    the real path of its root, which symlinks may not lead out of (``""`` when they may)."""
+
+    out: list[RawFile]
+    ignored: Counter
+    sniff: bool
+    root: str = ""
+
+    def leads_out(self, path: Path) -> bool:
+        """Whether ``path`` resolves to a place outside the source's root (through a symlink)."""
+        return bool(self.root) and not _within(os.path.realpath(path), self.root)
+
+
+def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], lister: _Lister) -> None:
+    """Files under ``folder`` in name order, hidden names left out; symlinks are followed unless they
+    lead out of the source or back to one of their own ancestors (a loop)."""
+    out, ignored, sniff = lister.out, lister.ignored, lister.sniff
     try:
         names = sorted(os.listdir(folder))
     except OSError as e:
@@ -174,6 +223,12 @@ def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile
         return
     for name in names:
         path = folder / name
+        if name.startswith("."):
+            _hide(ignored, str(path))  # .git/, .ssh/, .netrc: not corpus, and often secret
+            continue
+        if path.is_symlink() and lister.leads_out(path):
+            out.append(_problem(path, "symlink_outside"))
+            continue
         try:
             st = path.stat()  # follows symlinks: a loop raises ELOOP here
         except OSError as e:
@@ -184,7 +239,7 @@ def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile
             if key in ancestors:
                 out.append(_problem(path, "symlink_loop"))
             else:
-                _walk(path, ancestors | {key}, out, ignored, sniff)
+                _walk(path, ancestors | {key}, lister)
         elif not stat.S_ISREG(st.st_mode):
             out.append(_problem(path, "not_a_regular_file"))
         elif kind_of(name):
@@ -196,7 +251,8 @@ def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], out: list[RawFile
             _ignore(ignored, str(path))
 
 
-def _local_path_files(path: Path, out: list[RawFile], ignored: Counter, sniff: bool) -> None:
+def _local_path_files(path: Path, lister: _Lister) -> None:
+    out = lister.out
     try:
         st = path.stat()
     except OSError as e:
@@ -204,22 +260,28 @@ def _local_path_files(path: Path, out: list[RawFile], ignored: Counter, sniff: b
         return
     if stat.S_ISDIR(st.st_mode):
         # A folder is walked whatever its name: "notes.txt/" is a folder of documents.
-        _walk(path, frozenset({(st.st_dev, st.st_ino)}), out, ignored, sniff)
+        _walk(path, frozenset({(st.st_dev, st.st_ino)}), lister)
     elif stat.S_ISREG(st.st_mode):
         out.append(_local(path, st.st_size))  # named explicitly: read even with an unusual suffix
     else:
         out.append(_problem(path, "not_a_regular_file"))
 
 
-def _local_files(source: str, out: list[RawFile], ignored: Counter, sniff: bool) -> None:
+def _local_files(source: str, out: list[RawFile], ignored: Counter, sniff: bool, follow_symlinks: bool) -> None:
     problem = local_source_problem(source)  # the rule `pretrain check` applies to data.sources
     if problem:
         raise DataError(f"corpus source {source!r} {problem}")
+    # The root may itself be a symlink: it was named, so its real path is where the source lives.
+    root = "" if follow_symlinks else os.path.realpath(_root_of(source) or os.curdir)
+    lister = _Lister(out, ignored, sniff, root)
     if any(ch in source for ch in "*?["):
         for match in sorted(glob.glob(os.path.expanduser(source), recursive=True)):
-            _local_path_files(Path(match), out, ignored, sniff)
+            if lister.leads_out(Path(match)):  # a match through a symlink out of the glob's fixed folder
+                out.append(_problem(match, "symlink_outside"))
+            else:
+                _local_path_files(Path(match), lister)
         return
-    _local_path_files(Path(os.path.expanduser(source)), out, ignored, sniff)
+    _local_path_files(Path(os.path.expanduser(source)), lister)
 
 
 def _sniff_s3(store, full_key: str) -> bool:
@@ -237,11 +299,16 @@ def _s3_files(source: str, out: list[RawFile], ignored: Counter, sniff: bool) ->
     found = 0
     paginator = store.client.get_paginator("list_objects_v2")
     prefix = f"{store.prefix}/" if store.prefix else ""
+    hidden_seen: set[str] = set()
     for page in paginator.paginate(Bucket=store.bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
             key = obj["Key"][len(prefix) :]
             found += 1
-            if kind_of(key) or (sniff and sniffable(key) and _sniff_s3(store, obj["Key"])):
+            if hidden := _hidden_part(key):
+                if hidden not in hidden_seen:  # a hidden "folder" counts once, as it does locally
+                    hidden_seen.add(hidden)
+                    _hide(ignored, store.url(hidden))
+            elif kind_of(key) or (sniff and sniffable(key) and _sniff_s3(store, obj["Key"])):
                 out.append(RawFile(store.url(key), int(obj["Size"]), lambda k=key, s=store: s.open_read(k)))
                 if not kind_of(key):
                     _sniffed(ignored, store.url(key))
@@ -251,11 +318,15 @@ def _s3_files(source: str, out: list[RawFile], ignored: Counter, sniff: bool) ->
         raise DataError(f"corpus source {source!r} holds no objects: check the bucket and prefix")
 
 
-def list_files(sources: list[str], ignored: Counter | None = None, sniff: bool = False) -> list[RawFile]:
+def list_files(
+    sources: list[str], ignored: Counter | None = None, sniff: bool = False, follow_symlinks: bool = False
+) -> list[RawFile]:
     """Every file the sources name, in a deterministic order. Files in a folder or prefix whose
     suffix names no supported format are sniffed with ``sniff`` (``data.sniff_unlisted``) and kept
-    when they hold text; the rest are counted in ``ignored`` by suffix (an ``Ignored`` also keeps
-    a few names, inside their source, and counts the sniffed ones)."""
+    when they hold text; the rest are counted in ``ignored`` by suffix, and hidden names under
+    ``HIDDEN`` (an ``Ignored`` also keeps a few names, inside their source, and counts the sniffed
+    ones). Symlinks out of a local source are problem entries unless ``follow_symlinks``
+    (``data.follow_symlinks``)."""
     if not sources:
         raise DataError("no corpus sources configured: set data.sources")
     ignored = Counter() if ignored is None else ignored
@@ -268,7 +339,7 @@ def list_files(sources: list[str], ignored: Counter | None = None, sniff: bool =
         elif source.startswith("s3://"):
             _s3_files(source, files, ignored, sniff)
         else:
-            _local_files(source, files, ignored, sniff)
+            _local_files(source, files, ignored, sniff, follow_symlinks)
         root = _root_of(source)
         files[start:] = [replace(f, relative=_inside(f.name, root)) for f in files[start:]]
         if isinstance(ignored, Ignored):
@@ -322,12 +393,12 @@ def listing_hash(files: list[RawFile]) -> str:
     return digest.hexdigest()
 
 
-def content_fingerprint(sources: list[str], sniff: bool) -> str:
-    """Hash of the content of every listed file (``sniff`` as ``list_files``), streamed (a corpus
-    bigger than memory is fine); problem entries count by name and reason. Independent of where
-    the corpus lives."""
+def content_fingerprint(sources: list[str], sniff: bool, follow_symlinks: bool = False) -> str:
+    """Hash of the content of every listed file (``sniff`` and ``follow_symlinks`` as ``list_files``),
+    streamed (a corpus bigger than memory is fine); problem entries count by name and reason.
+    Independent of where the corpus lives."""
     digest = hashlib.sha256()
-    for raw in list_files(sources, sniff=sniff):
+    for raw in list_files(sources, sniff=sniff, follow_symlinks=follow_symlinks):
         if raw.problem:
             digest.update(f"problem\t{raw.problem}\n".encode())
             continue

@@ -29,7 +29,9 @@ def corpus_hash(data: DataConfig) -> str:
     """The data section with its sources replaced by the content of what they name, so that
     identical data hits prepare's cache from any path, and changed data misses it. Files are
     streamed: a corpus bigger than memory is fine."""
-    return config_hash(dataclasses.replace(data, sources=[]), content_fingerprint(data.sources, data.sniff_unlisted))
+    return config_hash(
+        dataclasses.replace(data, sources=[]), content_fingerprint(data.sources, data.sniff_unlisted, data.follow_symlinks)
+    )
 
 
 @task(**data_task())

@@ -125,6 +125,8 @@ def hostile_folder(root: Path) -> Path:
     os.symlink("..", root / "dir.jsonl" / "up")  # leads back to an ancestor
     os.symlink("missing-target", root / "dangling.txt")
     os.mkfifo(root / "pipe.txt")
+    write_corpus(root.parent, {"outside/secret.txt": "SECRET " * 20})
+    os.symlink(root.parent / "outside", root / "home")  # out of the source: refused, not read
     return root
 
 
@@ -145,6 +147,7 @@ HOSTILE_SKIPS = {
     "bad_parquet": 1,
     "too_long": 1,
     "symlink_loop": 2,
+    "symlink_outside": 1,
     "broken_link": 1,
     "not_a_regular_file": 1,
 }
@@ -175,6 +178,7 @@ def test_hostile_folder_through_prepare_fails_nothing_and_counts_everything(tmp_
     assert sum(skipped.values()) == ref.stats["skipped_total"] == sum(HOSTILE_SKIPS.values())
     assert {k for k in skipped} == set(HOSTILE_SKIPS)
     assert manifest["sources"]["skipped_examples"]["symlink_loop"]
+    assert manifest["sources"]["skipped_examples"]["symlink_outside"] == ["home"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads mode-000 files, so a permission failure cannot be staged as root")
@@ -229,7 +233,7 @@ def test_unlisted_text_files_are_sniffed_and_read(tmp_path, request, where):
     files = list_files([source], ignored, sniff=True)
     docs = {d.source.rsplit("/", 1)[1]: d.text for d in iter_documents(files, "text", CAP, Skips())}
     assert docs == {name.rsplit("/", 1)[-1]: text for name, text in text_files.items()} | {"a.txt": distinct_docs(5)[4]}
-    assert dict(ignored) == {".bz2": 1, ".png": 1, ".dat": 1, ".gz": 1, "(no suffix)": 1}
+    assert dict(ignored) == {".bz2": 1, ".png": 1, ".dat": 1, ".gz": 1, "(hidden)": 1}  # .keep is hidden
     assert dict(ignored.sniffed) == {".gz": 1, "(no suffix)": 1, ".zst": 1, ".log": 1}
     assert ignored.sniffed_examples[".zst"] == ["sub/data.zst"] and ignored.examples[".gz"] == ["table.parquet.gz"]
     # The listing is the same every time, and the same wherever the corpus lives.
@@ -249,20 +253,27 @@ def test_prepare_says_what_it_sniffed_and_what_it_ignored(tmp_path, caplog):
         ref = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0, min_chars=20), tiny_tokenizer(), store)
     assert ref.stats["files_sniffed"] == 4 and ref.stats["files_ignored"] == 5 and ref.stats["files_listed"] == 5
     by_suffix = load_manifest(store, ref)["sources"]["ignored_by_suffix"]
-    assert by_suffix == {"(no suffix)": 1, ".bz2": 1, ".dat": 1, ".gz": 1, ".png": 1}
+    assert by_suffix == {"(hidden)": 1, ".bz2": 1, ".dat": 1, ".gz": 1, ".png": 1}
     assert ref.stats["documents_kept"] == 5  # the four sniffed files and a.txt
     messages = [r.getMessage() for r in caplog.records]
     sniffed = [m for m in messages if m.startswith("read 4 files with unlisted suffixes as text")]
     assert len(sniffed) == 1 and "e.g. LICENSE, notes.1.gz, run.log, …" in sniffed[0], sniffed
     assert "data.sniff_unlisted: false" in sniffed[0]
-    ignored = [m for m in messages if m.startswith("  ignored 5 files by suffix")]
-    assert len(ignored) == 1 and "e.g. .keep, foo.md.bz2, legacy.dat, …" in ignored[0] and "data.sniff_unlisted" in ignored[0]
+    ignored = [m for m in messages if m.startswith("  ignored 4 files by suffix")]
+    assert (
+        len(ignored) == 1
+        and "e.g. foo.md.bz2, legacy.dat, table.parquet.gz, …" in ignored[0]
+        and "data.sniff_unlisted" in ignored[0]
+    )
+    hidden = [m for m in messages if m.startswith("  ignored 1 hidden files or folders")]
+    assert len(hidden) == 1 and "e.g. .keep:" in hidden[0] and "name them in data.sources" in hidden[0], hidden
+    assert "data.sniff_unlisted" not in hidden[0]  # no suffix advice: sniffing would not read it
     caplog.clear()
     data = tiny_data(sources=[str(root)], max_documents=0, min_chars=20, sniff_unlisted=False)
     # Off, one document is left: too few to split, and the summary says which setting reads the rest.
     with caplog.at_level(logging.INFO, logger="data_prep"), pytest.raises(DataError, match="validation"):
         prepare_dataset(data, tiny_tokenizer(), store)
-    ignored = [r.getMessage() for r in caplog.records if r.getMessage().startswith("  ignored 9 files by suffix")]
+    ignored = [r.getMessage() for r in caplog.records if r.getMessage().startswith("  ignored 8 files by suffix")]
     assert len(ignored) == 1 and "set data.sniff_unlisted: true" in ignored[0]
 
 
@@ -296,3 +307,111 @@ def test_a_parquet_bomb_is_read_in_bounded_memory(tmp_path):
     docs, too_long, grown_mib = map(int, out.stdout.split())
     assert (docs, too_long) == (1, 8)
     assert grown_mib < 1024, f"reading the bomb raised the peak by {grown_mib} MiB"
+
+
+# --- a source's listing stays inside it (the security finding: a symlink to a home folder) ------
+def victim_home(tmp_path: Path) -> Path:
+    """A folder like a home directory: credentials in dotfiles, and a token in a plain text file."""
+    return write_corpus(
+        tmp_path / "victim",
+        {
+            ".aws/credentials": "[default]\naws_secret_access_key = SECRET",
+            ".netrc": "machine x password SECRET",
+            "token.txt": "SECRET",
+        },
+    )
+
+
+def test_a_symlink_out_of_the_source_is_refused_not_read(tmp_path):
+    victim = victim_home(tmp_path)
+    corpus = write_corpus(tmp_path / "corpus", {"a.txt": distinct_docs(1)[0]})
+    os.symlink(victim, corpus / "home")
+    files = list_files([str(corpus)])
+    assert [f.relative for f in files if not f.problem] == ["a.txt"], [f.name for f in files]
+    assert not [f for f in files if not f.problem and str(victim) in os.path.realpath(f.name)]
+    assert [(f.relative, f.problem) for f in files if f.problem] == [("home", "symlink_outside")]
+    # Followed on request, the token is read; the victim's dotfiles are still hidden.
+    ignored = Ignored()
+    followed = list_files([str(corpus)], ignored, follow_symlinks=True)
+    assert [f.relative for f in followed] == ["a.txt", "home/token.txt"] and not [f for f in followed if f.problem]
+    assert ignored == {"(hidden)": 2}
+
+
+def test_a_file_symlink_out_of_the_source_is_refused(tmp_path):
+    secret = write_corpus(tmp_path / "elsewhere", {"secret.txt": "SECRET"}) / "secret.txt"
+    corpus = write_corpus(tmp_path / "corpus", {"a.txt": distinct_docs(1)[0]})
+    os.symlink(secret, corpus / "leak.txt")
+    files = list_files([str(corpus)])
+    assert [(f.relative, f.problem) for f in files] == [("a.txt", ""), ("leak.txt", "symlink_outside")]
+    with pytest.raises(OSError, match="symlink_outside"):
+        files[1].open()
+
+
+def test_a_symlink_to_a_place_inside_the_source_is_followed(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", {"sub/b.txt": distinct_docs(1)[0]})
+    os.symlink("sub", corpus / "alias")
+    os.symlink("sub/b.txt", corpus / "c.txt")
+    files = list_files([str(corpus)])
+    assert [(f.relative, f.problem) for f in files] == [("alias/b.txt", ""), ("c.txt", ""), ("sub/b.txt", "")]
+
+
+def test_a_sibling_folder_with_a_shared_prefix_is_outside(tmp_path):
+    write_corpus(tmp_path / "corpus2", {"b.txt": "SECRET"})
+    corpus = write_corpus(tmp_path / "corpus", {"a.txt": distinct_docs(1)[0]})
+    os.symlink("../corpus2", corpus / "next")  # /…/corpus2 starts with /…/corpus, yet is not inside it
+    files = list_files([str(corpus)])
+    assert [(f.relative, f.problem) for f in files] == [("a.txt", ""), ("next", "symlink_outside")]
+
+
+def test_a_source_that_is_itself_a_symlink_is_read(tmp_path):
+    real = write_corpus(tmp_path / "disks" / "big" / "corpus", {"a.txt": distinct_docs(1)[0], "sub/b.txt": "text"})
+    named = tmp_path / "corpus"
+    os.symlink(real, named)  # named in data.sources: where it leads is where the source lives
+    files = list_files([str(named)])
+    assert [(f.relative, f.problem) for f in files] == [("a.txt", ""), ("sub/b.txt", "")]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_hidden_files_and_folders_are_counted_not_read(tmp_path, request, where):
+    corpus = write_corpus(
+        tmp_path / "corpus",
+        {
+            "a.txt": distinct_docs(1)[0],
+            ".env": "TOKEN=SECRET",
+            ".git/HEAD": "ref: refs/heads/main",
+            ".git/objects/ab/cdef.txt": "SECRET",
+            "sub/.netrc": "machine x password SECRET",
+        },
+    )
+    source = str(corpus)
+    if where == "s3":
+        s3_store = request.getfixturevalue("s3_store")
+        s3_store.upload_dir(corpus, "raw")
+        source = s3_store.url("raw")
+    ignored = Ignored(sniff=True)
+    files = list_files([source], ignored, sniff=True)
+    assert [f.relative for f in files] == ["a.txt"]
+    assert dict(ignored) == {"(hidden)": 3}  # .git counted once, as one entry
+    assert ignored.examples["(hidden)"] == [".env", ".git", "sub/.netrc"]
+    # Named explicitly, a dotfile is read.
+    assert [f.relative for f in list_files([str(corpus / ".env")])] == [".env"]
+
+
+def test_a_glob_match_through_a_symlink_out_of_its_folder_is_refused(tmp_path):
+    secret = write_corpus(tmp_path / "elsewhere", {"secret.txt": "SECRET"}) / "secret.txt"
+    corpus = write_corpus(tmp_path / "corpus", {"a.txt": distinct_docs(1)[0]})
+    os.symlink(secret, corpus / "leak.txt")
+    files = list_files([str(corpus / "*.txt")])
+    assert [(f.relative, f.problem) for f in files] == [("a.txt", ""), ("leak.txt", "symlink_outside")]
+    assert [f.problem for f in list_files([str(corpus / "*.txt")], follow_symlinks=True)] == ["", ""]
+
+
+def test_the_fingerprint_covers_what_the_listing_reads_not_what_a_link_leads_to(tmp_path):
+    victim = victim_home(tmp_path)
+    corpus = write_corpus(tmp_path / "corpus", {"a.txt": distinct_docs(1)[0]})
+    os.symlink(victim, corpus / "home")
+    before = content_fingerprint([str(corpus)], True), content_fingerprint([str(corpus)], True, follow_symlinks=True)
+    (victim / "token.txt").write_text("ANOTHER SECRET")
+    after = content_fingerprint([str(corpus)], True), content_fingerprint([str(corpus)], True, follow_symlinks=True)
+    assert after[0] == before[0]  # the token is not read, so it is not fingerprinted
+    assert after[1] != before[1]  # followed, it is read: a change must miss the cache
