@@ -299,6 +299,10 @@ class EvalReport:
     """The baseline's lm-eval figures on the very same examples ({}: no baseline, or no export to run)."""
     lm_eval_examples: dict[str, str] = field(default_factory=dict)
     """sha256 of each lm-eval task's examples (its JSONL): equal digests, the same examples."""
+    export_digests: dict[str, str] = field(default_factory=dict)
+    """sha256 of each file of the Hugging Face export (``hf/``), by path inside it, taken as it was written:
+    registration copies only these bytes, and a baseline's export is checked against them before lm-eval
+    reads it (the store's run folder can be written by the train role)."""
 
 
 @dataclass

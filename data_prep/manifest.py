@@ -10,6 +10,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from common.contracts import DOC_STATS, EOD_TOKEN, MANIFEST, PAD_TOKEN, TOKENIZER, DatasetRef
+from common.digests import file_sha256
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.shards import StoredShard, token_dtype
 from data_prep.sources import DataError
@@ -20,14 +21,6 @@ RUNTIME_ONLY = {"workers", "partitions"}
 # Where the corpus and a given tokenizer live. What they hold is recorded (the listing inside each
 # source, every shard's and the tokenizer's sha256): the same corpus elsewhere is the same dataset.
 LOCATIONS = {"sources", "file"}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def build(

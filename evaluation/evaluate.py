@@ -31,9 +31,9 @@ from common.contracts import (
     card_key,
     eval_prefix,
 )
+from common.digests import file_sha256, folder_digests, require_digests
 from common.errors import local_space
 from common.hashing import config_hash
-from data_prep.manifest import file_sha256
 from evaluation import lm_eval_suite
 from evaluation.config import EvalConfig
 from evaluation.hf_export import export_llama
@@ -132,13 +132,14 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     # computes the same files: whoever commits first, each writer uploaded a whole set before its
     # commit and nothing is deleted here, so the committed outputs are complete.
     if store.is_committed(outputs):
-        # The lm-eval figures of the committed evaluation: not run again (they would be the same).
+        # The lm-eval figures and export digests of the committed evaluation: not run again (they would be the same).
         done = store.get_json(f"{outputs}/{EVAL_RESULTS}")
-        report = dataclasses.replace(report, **{k: done.get(k, {}) for k in LM_EVAL_FIELDS})
+        report = dataclasses.replace(report, **{k: done.get(k, {}) for k in COMMITTED_FIELDS})
     else:
         with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp, local_space(tmp, "the evaluation outputs' staging"):
             staging = Path(tmp)
             export_llama(model, model_cfg, tokenizer_json, manifest["seq_len"], staging / HF_EXPORT)
+            report = dataclasses.replace(report, export_digests=folder_digests(staging / HF_EXPORT))
             extra = {}
             if cfg.lm_eval_tasks:
                 report, extra["lm_eval_results"] = _lm_eval(report, store, cfg, rows, tokenizer, manifest, staging)
@@ -153,6 +154,10 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
 
 LM_EVAL_FIELDS = ("lm_eval", "baseline_lm_eval", "lm_eval_examples")
 """The EvalReport fields that lm-evaluation-harness fills."""
+COMMITTED_FIELDS = (*LM_EVAL_FIELDS, "export_digests")
+"""The EvalReport fields read back from a committed evaluation's results.json."""
+
+
 LM_EVAL_DIR = "lm_eval"
 """The folder of the evaluation outputs that holds each lm-eval task's examples (``<task>.jsonl``)."""
 
@@ -167,9 +172,8 @@ def _lm_eval(report: EvalReport, store, cfg: EvalConfig, rows, tokenizer: Tokeni
     )
     models = {"candidate": staging / HF_EXPORT}
     with tempfile.TemporaryDirectory(prefix="pretrain-eval-baseline-") as tmp:
-        baseline_hf = f"{report.baseline}/{HF_EXPORT}"
-        if report.baseline and store.list(f"{baseline_hf}/"):  # entries registered before the export have none
-            models["baseline"] = store.download_dir(baseline_hf, Path(tmp) / HF_EXPORT)
+        if report.baseline and (baseline := baseline_export(store, report.baseline, Path(tmp) / HF_EXPORT)):
+            models["baseline"] = baseline
         scored = lm_eval_suite.run_suite(models, files, cfg.batch_size, cfg.lm_eval_seed)
     seconds = time.monotonic() - started
     print(f"lm-eval: {', '.join(cfg.lm_eval_tasks)} on {' and '.join(models)} in {seconds:.1f}s", flush=True)
@@ -186,6 +190,22 @@ def _lm_eval(report: EvalReport, store, cfg: EvalConfig, rows, tokenizer: Tokeni
         **scored,
     }
     return report, details
+
+
+def baseline_export(store, entry: str, into: Path) -> Path | None:
+    """The Hugging Face export of the registry ``entry``, downloaded into ``into`` and checked against the
+    digests its evaluation recorded before anything reads it (a mismatch raises IntegrityError); None for an
+    entry without an export, or one registered before exports had digests (a warning says so)."""
+    where = f"{entry}/{HF_EXPORT}"
+    if not store.list(f"{where}/"):
+        return None
+    recorded = store.get_json(f"{entry}/{ENTRY_EVALUATION}").get("export_digests", {})
+    if not recorded:  # registered before exports had digests: unchecked bytes are not run, and that is said
+        print(f"warning: {store.url(where)} has no recorded digests (registered by an older release): not scored", flush=True)
+        return None
+    store.download_dir(where, into)
+    require_digests(into, recorded, f"the Hugging Face export {store.url(where)}", f"export_digests of {ENTRY_EVALUATION}")
+    return into
 
 
 def results_json(report: EvalReport, store, cfg: EvalConfig) -> dict:

@@ -63,6 +63,7 @@ from common.contracts import (
     model_root,
     registration_key,
 )
+from common.digests import require_digests
 from common.errors import local_space
 from common.hashing import config_hash
 from common.names import VERSION, name_problem
@@ -306,6 +307,9 @@ def _write_entry(
                 elif rel.startswith(f"{HF_EXPORT}/"):
                     store.download(key, staging / rel)
                     hf_export = HF_EXPORT
+            if hf_export:  # the evaluation's bytes only: the run folder can be written by the train role
+                what = f"the Hugging Face export {store.url(f'{report.outputs}/{HF_EXPORT}')}"
+                require_digests(staging / HF_EXPORT, report.export_digests, what, "the evaluation report's export_digests")
         # A version's objects are only ever created: one already there is the identical copy.
         for path in sorted(p for p in staging.rglob("*") if p.is_file()):
             _create(store, f"{prefix}/{path.relative_to(staging).as_posix()}", path=path)

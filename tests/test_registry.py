@@ -1,9 +1,12 @@
+import hashlib
 import json
+from dataclasses import replace
 
 import pytest
 
 from cli.main import main as cli
 from common.contracts import ModelCard
+from common.digests import IntegrityError
 from registry.aliases import set_alias
 from registry.gate import gate_decision
 from registry.names import RegistryError
@@ -75,13 +78,49 @@ def test_evaluation_outputs_join_the_entry(populated):
     store.put_bytes(f"{evaluation}/hf/model.safetensors", b"tensors")
     store.put_json(f"{evaluation}/hf/config.json", {"model_type": "llama"})
     store.commit(evaluation)
-    entry = register(store, "gpt", report(3.0, outputs=evaluation))
+    written = {"model.safetensors": sha256(b"tensors"), "config.json": sha256(store.get_bytes(f"{evaluation}/hf/config.json"))}
+    entry = register(store, "gpt", replace(report(3.0, outputs=evaluation), export_digests=written))
     assert entry.version == 1  # the refused attempt left no version behind
     assert store.get_json("models/gpt/1/evaluation.json") == {"val_loss": 3.0}
     assert store.get_bytes("models/gpt/1/hf/model.safetensors") == b"tensors"
     shown = show(store, "gpt:1")
     assert shown.card.hf_export == "hf" and shown.card.lineage.evaluation == store.url(evaluation)
     assert 'from_pretrained("DEST/hf")' in store.get_bytes("models/gpt/1/card.md").decode()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("change", ["overwritten", "added", "removed", "no digests"])
+def test_an_export_changed_after_its_evaluation_is_not_registered(populated, change):
+    """Issue 32 item 10: registration copied ``hf/`` from the run's evaluation folder unchecked, and the
+    train role can write there: weights swapped after the evaluation would have been registered (and
+    loaded by ``from_pretrained``) under the evaluated figures. It copies only the bytes whose digests the
+    evaluation report carries (the report comes from the evaluate task, not from the store)."""
+    store = populated
+    evaluation = "runs/r1/eval/e1"
+    store.put_json(f"{evaluation}/results.json", {"val_loss": 3.0})
+    store.put_bytes(f"{evaluation}/hf/model.safetensors", b"tensors")
+    store.put_bytes(f"{evaluation}/hf/config.json", b"{}")
+    written = {"model.safetensors": sha256(b"tensors"), "config.json": sha256(b"{}")}
+    if change == "overwritten":
+        store.put_bytes(f"{evaluation}/hf/model.safetensors", b"backdoored tensors")
+        expected = r"model\.safetensors has sha256 \w+, the evaluation report's export_digests records \w+"
+    elif change == "added":
+        store.put_bytes(f"{evaluation}/hf/modeling_evil.py", b"import os")
+        expected = r"modeling_evil\.py is not listed in the evaluation report's export_digests"
+    elif change == "removed":
+        written["tokenizer.json"] = sha256(b"{}")
+        expected = r"tokenizer\.json is missing"
+    else:
+        written = {}
+        expected = r"has no recorded digests"
+    store.commit(evaluation)
+    with pytest.raises(IntegrityError, match=expected) as refused:
+        register(store, "gpt", replace(report(3.0, outputs=evaluation), export_digests=written))
+    assert store.url(f"{evaluation}/hf") in str(refused.value)
+    assert store.list("models/gpt/1/") == ["models/gpt/1/_CLAIMED"], store.list("models/")  # no file copied, nothing committed
 
 
 def test_cli_list_and_show(populated, capsys):

@@ -33,7 +33,6 @@ JSON; the load strategies are ours, not chosen by the checkpoint's ``metadata.js
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import json
 import os
@@ -57,6 +56,7 @@ from common.contracts import (
     checkpoint_prefix,
     committed_steps,
 )
+from common.digests import digest_problems, file_sha256, folder_files
 from common.errors import UserError
 from storage import COMMIT_MARKER, AlreadyCommitted, Store
 from training.checkpointing import optimizer_state
@@ -141,16 +141,6 @@ def _optimizer_step(optimizer) -> float:
 
 
 # -- digests: what was committed is what loads ----------------------------------------
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _files(folder: Path) -> list[str]:
-    """Relative paths of the files under ``folder``, sorted."""
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-
-
 def _gather_digests(staging: Path) -> dict[str, str] | None:
     """Collective: the sha256 of every file staged on every node, on rank 0 (None elsewhere).
 
@@ -161,8 +151,8 @@ def _gather_digests(staging: Path) -> dict[str, str] | None:
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    mine = _files(staging)[local_rank::local_world] if local_rank < local_world else []
-    share = {rel: _sha256(staging / rel) for rel in mine}
+    mine = folder_files(staging)[local_rank::local_world] if local_rank < local_world else []
+    share = {rel: file_sha256(staging / rel) for rel in mine}
     group = checkpoint_group()
     shares: list[dict[str, str] | None] = [None] * dist.get_world_size(group) if dist.get_rank() == 0 else []
     dist.gather_object(share, shares if dist.get_rank() == 0 else None, dst=0, group=group)
@@ -194,15 +184,7 @@ def verify(folder: Path, where: str) -> None:
         raise CheckpointIntegrityError(
             f"checkpoint {where}: {CHECKPOINT_DIGESTS} is not a digest list ({e}); nothing was loaded"
         ) from e
-    present = {rel for rel in _files(folder) if rel not in (CHECKPOINT_DIGESTS, COMMIT_MARKER)}
-    problems = [
-        f"{rel} is not listed in {CHECKPOINT_DIGESTS} (not committed with it)" for rel in sorted(present - expected.keys())
-    ]
-    problems += [f"{rel} is missing" for rel in sorted(expected.keys() - present)]
-    for rel in sorted(present & expected.keys()):
-        actual = _sha256(folder / rel)
-        if actual != expected[rel]:
-            problems.append(f"{rel} has sha256 {actual}, {CHECKPOINT_DIGESTS} records {expected[rel]}")
+    problems = digest_problems(folder, expected, CHECKPOINT_DIGESTS, skip=frozenset({CHECKPOINT_DIGESTS, COMMIT_MARKER}))
     if problems:
         raise CheckpointIntegrityError(
             f"checkpoint {where} is not the one committed: {'; '.join(problems)}. "
