@@ -4,12 +4,16 @@ server that is down, the registry mirror's versions and aliases, and ``pretrain 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
 import signal
+import stat
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -20,7 +24,7 @@ from common.contracts import metrics_key
 from pipeline.config import PipelineConfig
 from registry.registry import promote, register
 from storage import open_store
-from tests.helpers import BIN, MlflowServer, free_port, kill_group, registry_inputs, report
+from tests.helpers import BIN, free_port, kill_group, registry_inputs, report
 from tracking.client import client, experiment_id, log_points, start_run, step_metrics
 from tracking.mirror import mirror_promotion, record_execution
 from tracking.params import MAX_PARAM_VALUE, batches, flatten
@@ -151,11 +155,32 @@ def test_ui_refuses_a_remote_server_and_names_it(monkeypatch, capsys):
     assert err.startswith("error: ") and "open https://mlflow.example.org in a browser" in err
 
 
+def http(url: str, password: str | None = None, body: dict | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET (or a JSON POST) as ``pretrain``'s browser would send it, with ``password``."""
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if password is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"pretrain:{password}".encode()).decode()
+    data = json.dumps(body).encode() if body is not None else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
 @pytest.mark.slow
-def test_ui_serves_the_tracking_database_and_stops_with_its_workers(mlflow_tracking_uri, tmp_path):
+def test_ui_serves_the_tracking_database_to_its_user_only_and_stops_with_its_workers(mlflow_tracking_uri, tmp_path):
+    """Issue 32 item 3: ``pretrain ui`` ran ``mlflow server`` with no authentication, and another local user
+    made an experiment whose artifacts were the owner's home, then read ``~/.aws/credentials`` through
+    ``/get-artifact``. Now every request needs the password in a file only the owner can read, and an
+    artifact read must name a file inside the tracking root (links resolved)."""
     mlflow = client(mlflow_tracking_uri)
     name = f"ui-{uuid.uuid4().hex[:8]}"
     experiment_id(mlflow, name, mlflow_tracking_uri)
+    folder = Path(mlflow_tracking_uri.removeprefix("sqlite:///")).parent
+    victim = tmp_path / "victim"
+    (victim / ".aws").mkdir(parents=True)
+    (victim / ".aws" / "credentials").write_text("aws_secret_access_key = the-victims-secret\n")
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
@@ -163,22 +188,66 @@ def test_ui_serves_the_tracking_database_and_stops_with_its_workers(mlflow_track
         start_new_session=True,
     )  # fmt: skip
     try:
-        announced = process.stdout.readline().strip()
-        assert announced == f"MLflow UI: http://127.0.0.1:{port} over {mlflow_tracking_uri} (Ctrl-C stops it)"
-        server = MlflowServer(tmp_path, port)
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                found = server.get("experiments/get-by-name", experiment_name=name)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and process.poll() is None, "pretrain ui did not answer"
-                time.sleep(0.3)
-        assert found["experiment"]["name"] == name
+        announced = process.stdout.readline().strip()  # once the server answers, not before
+        assert announced == f"MLflow UI: http://127.0.0.1:{port} over {mlflow_tracking_uri} (Ctrl-C stops it)", announced
+        password_file = folder / "ui" / "password"
+        assert (
+            process.stdout.readline().strip()
+            == f"sign in as 'pretrain' with the password in {password_file} (readable by you only)"
+        )
+        for path, mode in [
+            (folder / "ui", 0o700),
+            (password_file, 0o600),
+            (folder / "ui" / "auth.ini", 0o600),
+            (folder / "ui" / "auth.db", 0o600),
+        ]:
+            assert stat.S_IMODE(path.stat().st_mode) == mode, (path, oct(path.stat().st_mode))
+        password = password_file.read_text().strip()
+        assert len(password) >= 32
+        base, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api/2.0/mlflow"
+
+        search = f"{api}/experiments/get-by-name?experiment_name={name}"
+        for who in (None, "wrong-password"):  # another local user: no password, or a guess
+            assert http(search, who)[0] == 401, who
+            assert http(f"{api}/experiments/create", who, {"name": "x", "artifact_location": victim.as_uri()})[0] == 401, who
+        status, found = http(search, password)
+        assert status == 200 and json.loads(found)["experiment"]["name"] == name
+
+        # The owner's own browser: a run whose artifacts are outside the root, and a link out of the root.
+        def run_in(artifact_location: str) -> tuple[str, Path]:
+            body = {"name": f"{name}-{uuid.uuid4().hex[:6]}", "artifact_location": artifact_location}
+            status, created = http(f"{api}/experiments/create", password, body)
+            assert status == 200, created
+            status, run = http(f"{api}/runs/create", password, {"experiment_id": json.loads(created)["experiment_id"]})
+            info = json.loads(run)["run"]["info"]
+            return info["run_id"], Path(info["artifact_uri"].removeprefix("file://"))
+
+        outside_run, _ = run_in(victim.as_uri())
+        inside_run, artifacts = run_in((folder / "mlflow-artifacts" / name).as_uri())
+        artifacts.mkdir(parents=True)
+        (artifacts / "store.json").write_text('{"store": "here"}')
+        (artifacts / "leak").symlink_to(victim / ".aws" / "credentials")
+        artifact = f"{base}/get-artifact?run_id={{}}&path={{}}"
+        assert http(artifact.format(inside_run, "store.json"), password) == (200, b'{"store": "here"}')  # control
+        assert http(artifact.format(inside_run, "store.json"), None)[0] == 401
+        for run_id, path in [(outside_run, ".aws/credentials"), (inside_run, "leak")]:
+            status, body = http(artifact.format(run_id, path), password)
+            assert status == 403 and b"outside the tracking root" in body, (run_id, path, status, body[:200])
+        status, listed = http(f"{api}/artifacts/list?run_id={outside_run}", password)
+        assert status == 403 and b"outside the tracking root" in listed, (status, listed[:200])
+        for route in (
+            "model-versions/get-artifact?name=m&version=1&path=x",
+            "ajax-api/2.0/mlflow/get-trace-artifact?request_id=t",
+        ):
+            status, body = http(f"{base}/{route}", password)  # artifact routes the pipeline has no use for
+            assert status == 403 and b"serves run artifacts only" in body, (route, status, body[:200])
+        status, body = http(f"{base}/api/2.0/mlflow-artifacts/artifacts/x", password)  # no proxied artifact store
+        assert status == 503 and b"Artifact serving is disabled" in body, (status, body[:200])
+
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
         with pytest.raises(OSError):  # its workers went with it
-            server.get("experiments/get-by-name", experiment_name=name)
+            urllib.request.urlopen(f"{base}/health", timeout=5)
     finally:
         if process.poll() is None:
             kill_group(process)

@@ -1,31 +1,105 @@
-"""``pretrain ui``: the MLflow UI on 127.0.0.1 over the resolved tracking database."""
+"""``pretrain ui``: the MLflow UI on 127.0.0.1 over the resolved tracking database, for the user who started it
+only (HTTP basic authentication with a password in a file only they can read; ``tracking.ui_app``)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.private import create_private, private_dir, write_private
 from common.redact import redact
-from tracking.uri import artifact_root, is_remote, prepare_database, resolve_uri, sqlite_path
+from tracking.ui_app import ARTIFACT_ROOT_ENV
+from tracking.uri import ARTIFACTS_DIR, artifact_root, default_folder, is_remote, prepare_database, resolve_uri, sqlite_path
+
+UI_DIR = "ui"
+"""Beside the tracking database, private (0700): the UI's password, its auth database and config."""
+UI_USER = "pretrain"
+APP_NAME = "pretrain-ui"
+"""The ``mlflow.app`` entry point (pyproject.toml): tracking.ui_app.create_app."""
+READY_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class UiAccess:
+    """What ``mlflow server`` needs to require the user's password, in the private folder ``folder``."""
+
+    folder: Path
+
+    @property
+    def password_file(self) -> Path:
+        return self.folder / "password"
+
+    @property
+    def config_file(self) -> Path:
+        return self.folder / "auth.ini"
+
+    def password(self) -> str:
+        return self.password_file.read_text().strip()
+
+    def environment(self, artifact_root: str) -> dict[str, str]:
+        """The server's environment: the auth config, a key for its CSRF tokens, where artifacts may lie."""
+        return {
+            "MLFLOW_AUTH_CONFIG_PATH": str(self.config_file),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(self.folder / "flask-secret"),
+            ARTIFACT_ROOT_ENV: artifact_root,
+        }
+
+
+def _secret(path: Path) -> str:
+    """The secret kept in ``path`` (0600), made once: the password stays the one the browser remembered."""
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(24).encode())
+    return path.read_text().strip()
+
+
+def ui_access(folder: Path) -> UiAccess:
+    """The UI's private folder with its password (made once) and auth config (written at every start)."""
+    access = UiAccess(private_dir(folder, "pretrain ui's password and users"))
+    database = folder / "auth.db"
+    create_private(database)  # MLflow would create it readable by everyone
+    config = [
+        "[mlflow]",
+        "default_permission = NO_PERMISSIONS",  # only the admin below: no other account exists or sees anything
+        f"database_uri = sqlite:///{database}",
+        f"admin_username = {UI_USER}",
+        f"admin_password = {_secret(access.password_file)}",
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+    ]
+    write_private(access.config_file, ("\n".join(config) + "\n").encode())
+    return access
 
 
 def ui_command(uri: str, port: int) -> list[str]:
-    """The ``mlflow server`` command serving ``uri`` (a database on this machine) on 127.0.0.1:``port``."""
+    """The ``mlflow server`` command serving ``uri`` (a database on this machine) on 127.0.0.1:``port``, behind
+    a password (``--app-name pretrain-ui``), without the proxied artifact store (runs keep theirs on disk)."""
     mlflow = Path(sys.executable).parent / "mlflow"
     command = [str(mlflow) if mlflow.exists() else "mlflow", "server", "--backend-store-uri", uri]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--app-name", APP_NAME, "--no-serve-artifacts"]
     root = artifact_root(uri)
     if root:  # where the pipeline's runs keep their link files, so the UI shows them
         command += ["--default-artifact-root", root]
     return command
 
 
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def serve(port: int = 5000, configured: str = "") -> int:
-    """Run the MLflow UI until Ctrl-C or SIGTERM; a remote tracking server is refused (its URL is printed)."""
+    """Run the MLflow UI until Ctrl-C or SIGTERM; a remote tracking server is refused (its URL is printed).
+    Only the user who started it can sign in: its password is in a file only they can read."""
     uri = resolve_uri(configured)
     if is_remote(uri):
         raise ConfigError(
@@ -36,8 +110,14 @@ def serve(port: int = 5000, configured: str = "") -> int:
     db = sqlite_path(uri)
     if db is not None and prepare_database(db):
         print(f"# {db} does not exist yet: the UI starts empty; `pretrain run` records runs there")
-    process = subprocess.Popen(ui_command(uri, port), start_new_session=True)
-    print(f"MLflow UI: http://127.0.0.1:{port} over {uri} (Ctrl-C stops it)", flush=True)
+    folder = db.parent if db is not None else default_folder()
+    access = ui_access(folder / UI_DIR)
+    root = str(folder / ARTIFACTS_DIR)
+    env = {**os.environ, **access.environment(root)}
+    log_path = access.folder / "server.log"  # MLflow's own lines, private like the rest (they name paths)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(log_fd, "ab") as log:
+        process = subprocess.Popen(ui_command(uri, port), start_new_session=True, env=env, stdout=log, stderr=log)
     stopping = []
 
     def stop(*_: object) -> None:
@@ -46,7 +126,20 @@ def serve(port: int = 5000, configured: str = "") -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while process.poll() is None and not _answers(port) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if process.poll() is None:  # the URL once it answers, not before
+            print(
+                f"MLflow UI: http://127.0.0.1:{port} over {uri} (Ctrl-C stops it)\n"
+                f"  sign in as {UI_USER!r} with the password in {access.password_file} (readable by you only)\n"
+                f"  server log: {log_path}",
+                flush=True,
+            )
         code = process.wait()
+        if not stopping:
+            tail = log_path.read_text(errors="replace").splitlines()[-15:]
+            print(f"error: the MLflow server exited with status {code}; the end of {log_path}:", *tail, sep="\n", file=sys.stderr)
         return 0 if stopping else code  # stopped by us: a clean exit; else the server's own status
     except KeyboardInterrupt:
         return 0
