@@ -221,14 +221,19 @@ def unlisted_corpus(root: Path) -> tuple[Path, dict[str, str]]:
     return write_corpus(root, files), text_files
 
 
+def source_of(folder: Path, where: str, request) -> str:
+    """The corpus ``folder`` as a source: the folder itself, or a copy under a prefix of the test S3 store."""
+    if where == "local":
+        return str(folder)
+    s3_store = request.getfixturevalue("s3_store")
+    s3_store.upload_dir(folder, "raw")
+    return s3_store.url("raw")
+
+
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_unlisted_text_files_are_sniffed_and_read(tmp_path, request, where):
     root, text_files = unlisted_corpus(tmp_path / "corpus")
-    source = str(root)
-    if where == "s3":
-        s3_store = request.getfixturevalue("s3_store")
-        s3_store.upload_dir(root, "raw")
-        source = s3_store.url("raw")
+    source = source_of(root, where, request)
     ignored = Ignored(sniff=True)
     files = list_files([source], ignored, sniff=True)
     docs = {d.source.rsplit("/", 1)[1]: d.text for d in iter_documents(files, "text", CAP, Skips())}
@@ -383,11 +388,7 @@ def test_hidden_files_and_folders_are_counted_not_read(tmp_path, request, where)
             "sub/.netrc": "machine x password SECRET",
         },
     )
-    source = str(corpus)
-    if where == "s3":
-        s3_store = request.getfixturevalue("s3_store")
-        s3_store.upload_dir(corpus, "raw")
-        source = s3_store.url("raw")
+    source = source_of(corpus, where, request)
     ignored = Ignored(sniff=True)
     files = list_files([source], ignored, sniff=True)
     assert [f.relative for f in files] == ["a.txt"]
