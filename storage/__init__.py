@@ -1,6 +1,6 @@
 """Object storage shared by every stage: local directories and S3-compatible stores."""
 
-from storage.open import default_store_uri, open_store
+from storage.open import default_store_uri, open_store, user_data_folder
 from storage.store import (
     COMMIT_MARKER,
     AlreadyCommitted,
@@ -19,4 +19,5 @@ __all__ = [
     "check_key",
     "default_store_uri",
     "open_store",
+    "user_data_folder",
 ]

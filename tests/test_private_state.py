@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import write_traceback
+from storage import open_store
 from training.checkpointing import staging
 
 
@@ -74,3 +75,17 @@ def test_the_tracking_database_is_private(tmp_path):
     client(f"sqlite:///{db}").create_experiment("private")
     assert db.stat().st_size > 0  # MLflow's tables, in the file made first
     assert mode(db) == 0o600 and mode(db.parent) == 0o700
+
+
+def test_the_per_user_store_is_private_and_a_named_one_keeps_its_modes(tmp_path, monkeypatch):
+    """Issue 32 item 8: the default store (leases naming hosts and pids, run logs with configs, models) was
+    created 0755 under ~/.local/share/pretrain; a store folder the user names keeps the umask's modes."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.delenv("PRETRAIN_STORE", raising=False)
+    open_store().put_json("runs/r1/lease.json", {"host": "here", "pid": 1})
+    assert mode(tmp_path / "data" / "pretrain") == 0o700  # was 0o755
+    named = open_store(str(tmp_path / "team-store"))
+    named.put_json("runs/r1/lease.json", {"host": "here", "pid": 1})
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert mode(tmp_path / "team-store") == 0o777 & ~umask  # as mkdir made it

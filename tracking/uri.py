@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from common.private import create_private
-from storage import default_store_uri
+from storage import default_store_uri, user_data_folder
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DB_NAME = "mlflow.db"
@@ -19,8 +19,7 @@ def default_folder() -> Path:
     ``$PRETRAIN_STORE`` names an S3 store, the per-user data folder that would have held it."""
     store = default_store_uri()
     if "://" in store and not store.startswith("file://"):
-        data_home = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
-        return Path(data_home, "pretrain")
+        return user_data_folder()
     return Path(store.removeprefix("file://")).expanduser().resolve().parent
 
 
