@@ -5,6 +5,7 @@ server that is down, the registry mirror's versions and aliases, and ``pretrain 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,6 +18,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cli.main import main
@@ -249,8 +251,12 @@ def test_ui_serves_the_tracking_database_to_its_user_only_and_stops_with_its_wor
         with pytest.raises(OSError):  # its workers went with it
             urllib.request.urlopen(f"{base}/health", timeout=5)
     finally:
-        if process.poll() is None:
+        if process.poll() is None:  # a failed assertion: the server has a session of its own, stop it too
+            servers = psutil.Process(process.pid).children()
             kill_group(process)
+            for server in servers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.pid, signal.SIGKILL)
 
 
 def test_tracking_sync_replays_a_registered_model_once(tmp_path, mlflow_tracking_uri, capsys):
