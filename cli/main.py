@@ -422,79 +422,114 @@ def _file_lines(files: dict) -> list[str]:
     return out
 
 
+MODEL_SPEC = "NAME[:VERSION|:ALIAS]"
+"""The one grammar of a model on the command line (registry.names.parse_spec); NAME alone is ``latest``."""
+MODEL_HELP = "a registered model: NAME (its latest version), NAME:VERSION or NAME:ALIAS (e.g. gpt-tiny:production)"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each option's help says its default, when it has one worth saying (not a flag's False, nor None or '')."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        said = "%(default)" in text or "(default:" in text
+        if said or default is None or default is False or default == "" or default == argparse.SUPPRESS:
+            return text
+        if not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _store_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--store",
+        metavar="URI",
+        default=os.environ.get("PRETRAIN_STORE", ""),
+        help="the store: a local folder or s3://bucket/prefix (default: $PRETRAIN_STORE, else ~/.local/share/pretrain/store)",
+    )
+
+
+def _json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON, for scripts, instead of text")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pretrain", description="LLM pretraining pipeline")
+    p = argparse.ArgumentParser(prog="pretrain", description="LLM pretraining pipeline", formatter_class=_HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the whole pipeline locally (Flyte local execution)")
-    run.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml")
+    def command(group, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's own word
+        return group.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
+
+    run = command(sub, "run", "run the whole pipeline locally (Flyte local execution)")
+    run.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml (default: the defaults)")
     run.set_defaults(fn=cmd_run)
 
-    check = sub.add_parser("check", help="check a config's settings (exit 2 listing every problem) without running anything")
+    check = command(sub, "check", "check a config's settings (exit 2 listing every problem) without running anything")
     check.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml (default: the defaults)")
     check.set_defaults(fn=cmd_check)
 
-    store = sub.add_parser("store", help="local object store").add_subparsers(dest="store_command", required=True)
-    up = store.add_parser("up", help="start a SeaweedFS S3 server on 127.0.0.1 and print its environment")
-    up.add_argument("--dir", help="data directory (default: a new temp dir)")
-    up.add_argument("--port", type=int, default=8333)
-    up.add_argument("--bucket", default="pretrain")
+    store = command(sub, "store", "local object store").add_subparsers(dest="store_command", required=True)
+    up = command(store, "up", "start a SeaweedFS S3 server on 127.0.0.1 and print its environment")
+    up.add_argument("--dir", help="data directory (default: a new temporary folder)")
+    up.add_argument("--port", type=int, default=8333, help="the S3 port on 127.0.0.1")
+    up.add_argument("--bucket", default="pretrain", help="the bucket to create")
     up.set_defaults(fn=cmd_store_up)
 
-    registry = sub.add_parser("registry", help="the model registry").add_subparsers(dest="registry_command", required=True)
-    ls = registry.add_parser("list", help="every registered model version")
-    ls.add_argument("--json", action="store_true")
-    ls.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    registry = command(sub, "registry", "the model registry").add_subparsers(dest="registry_command", required=True)
+    ls = command(registry, "list", "every registered model version")
+    _json_option(ls)
+    _store_option(ls)
     ls.set_defaults(fn=cmd_registry_list)
-    sh = registry.add_parser("show", help="one model version's card")
-    sh.add_argument("model", metavar="NAME[:VERSION]")
-    sh.add_argument("--json", action="store_true")
-    sh.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    sh = command(registry, "show", "one model version's card")
+    sh.add_argument("model", metavar=MODEL_SPEC, help=MODEL_HELP)
+    _json_option(sh)
+    _store_option(sh)
     sh.set_defaults(fn=cmd_registry_show)
-    pr = registry.add_parser("promote", help="point an alias (e.g. production) at a version")
-    pr.add_argument("model", metavar="NAME:VERSION")
-    pr.add_argument("--alias", default="production")
-    pr.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    pr = command(registry, "promote", "point an alias (e.g. production) at a version")
+    pr.add_argument("model", metavar="NAME:VERSION", help="the version the alias will name")
+    pr.add_argument("--alias", default="production", help="the alias to move")
+    _store_option(pr)
     pr.set_defaults(fn=cmd_registry_promote)
-    dl = registry.add_parser("download", help="copy a version's files (checkpoint, tokenizer, card) to a folder")
-    dl.add_argument("model", metavar="NAME[:VERSION]")
-    dl.add_argument("dest")
-    dl.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    dl = command(registry, "download", "copy a version's files (checkpoint, tokenizer, card) to a folder")
+    dl.add_argument("model", metavar=MODEL_SPEC, help=MODEL_HELP)
+    dl.add_argument("dest", metavar="FOLDER", help="where the files go (created if needed)")
+    _store_option(dl)
     dl.set_defaults(fn=cmd_registry_download)
 
-    runs_cmd = sub.add_parser("runs", help="training runs in the store").add_subparsers(dest="runs_command", required=True)
-    rl = runs_cmd.add_parser("list", help="every training run, most recently changed first")
-    rl.add_argument("--json", action="store_true")
-    rl.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    runs_cmd = command(sub, "runs", "training runs in the store").add_subparsers(dest="runs_command", required=True)
+    rl = command(runs_cmd, "list", "every training run, most recently changed first")
+    _json_option(rl)
+    _store_option(rl)
     rl.set_defaults(fn=cmd_runs_list)
-    rs = runs_cmd.add_parser("show", help="one run: config, layouts, step-time breakdown, ranks, health, traces")
+    rs = command(runs_cmd, "show", "one run: config, layouts, step-time breakdown, ranks, health, traces")
     rs.add_argument("run", metavar="RUN", help="the run id or a unique prefix of it")
-    rs.add_argument("--json", action="store_true")
-    rs.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    _json_option(rs)
+    _store_option(rs)
     rs.set_defaults(fn=cmd_runs_show)
-    rc = runs_cmd.add_parser("compare", help="two runs or more: config differences, figures, loss curves in one image")
+    rc = command(runs_cmd, "compare", "two runs or more: config differences, figures, loss curves in one image")
     rc.add_argument("runs", nargs="+", metavar="RUN", help="run ids or unique prefixes of them")
-    rc.add_argument("--out", help="image file to write (.png, .svg or .pdf; default: loss-<runs>.png in this folder)")
-    rc.add_argument("--json", action="store_true")
-    rc.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    rc.add_argument("--out", help="image file to write: .png, .svg or .pdf (default: loss-<runs>.png in this folder)")
+    _json_option(rc)
+    _store_option(rc)
     rc.set_defaults(fn=cmd_runs_compare)
 
-    ui = sub.add_parser("ui", help="the MLflow UI on 127.0.0.1 over the local tracking database")
-    ui.add_argument("--port", type=int, default=5000)
+    ui = command(sub, "ui", "the MLflow UI on 127.0.0.1 over the local tracking database, for you only")
+    ui.add_argument("--port", type=int, default=5000, help="the port on 127.0.0.1")
     ui.set_defaults(fn=cmd_ui)
-    tracking = sub.add_parser("tracking", help="the MLflow mirror").add_subparsers(dest="tracking_command", required=True)
-    ts = tracking.add_parser("sync", help="replay a registered model's execution into MLflow from the store")
-    ts.add_argument("model", metavar="NAME[:VERSION|:ALIAS]")
-    ts.add_argument("--experiment", default="pretrain", help="MLflow experiment (pretrain)")
-    ts.add_argument("--retry-s", type=float, default=0.0, help="seconds to keep retrying an unreachable server (60)")
-    ts.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    tracking = command(sub, "tracking", "the MLflow mirror").add_subparsers(dest="tracking_command", required=True)
+    ts = command(tracking, "sync", "replay a registered model's execution into MLflow from the store")
+    ts.add_argument("model", metavar=MODEL_SPEC, help=MODEL_HELP)
+    ts.add_argument("--experiment", default="pretrain", help="the MLflow experiment")
+    ts.add_argument("--retry-s", type=float, default=0.0, help="seconds to keep retrying an unreachable server (0: one try)")
+    _store_option(ts)
     ts.set_defaults(fn=cmd_tracking_sync)
 
-    gc = sub.add_parser("gc", help="remove uncommitted leftovers and checkpoints beyond keep (dry run unless --apply)")
+    gc = command(sub, "gc", "remove uncommitted leftovers and checkpoints beyond keep (dry run unless --apply)")
     gc.add_argument("--apply", action="store_true", help="remove what the dry run lists")
-    gc.add_argument("--min-age", type=float, default=60.0, metavar="MINUTES", help="touch nothing written more recently (60)")
-    gc.add_argument("--json", action="store_true")
-    gc.add_argument("--store", default=os.environ.get("PRETRAIN_STORE", ""))
+    gc.add_argument("--min-age", type=float, default=60.0, metavar="MINUTES", help="touch nothing written more recently")
+    _json_option(gc)
+    _store_option(gc)
     gc.set_defaults(fn=cmd_gc)
     return p
 
