@@ -34,6 +34,7 @@ from pathlib import Path
 
 from common.errors import TRACEBACK_LABEL, traceback_note, user_error_in, write_traceback
 from pipeline.config import launch_world, load_config, parse_config
+from registry.card import metric_text
 from registry.registry import download, list_models, promote, resolve, show
 from storage import default_store_uri, open_store
 from training.observe.health import row_ranges
@@ -101,12 +102,18 @@ def cmd_registry_list(args: argparse.Namespace) -> int:
         return 0
     if not rows:
         print(f"no models registered in {_store(args).uri}")
-    for row in rows:
-        metrics = row["metrics"]
-        loss = metrics.get("val_loss")
-        loss_text = f"val_loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
-        print(f"{row['name']}:{row['version']}  {','.join(row['aliases']):<16} {row['registered_at']}  {loss_text}  {row['uri']}")
+        return 0
+    table = [[f"{r['name']}:{r['version']}", ",".join(r["aliases"]) or "-", r["registered_at"]] for r in rows]
+    losses = [metric_text("val_loss", r["metrics"]["val_loss"]) if "val_loss" in r["metrics"] else "-" for r in rows]
+    table = [[*cells, loss, r["uri"]] for cells, loss, r in zip(table, losses, rows, strict=True)]
+    print("\n".join(_table(["MODEL", "ALIASES", "REGISTERED", "VAL_LOSS", "WHERE"], table)))
     return 0
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Rows under a header, each column as wide as its widest cell (the last one left ragged)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    return ["  ".join([*(cell.ljust(w) for cell, w in zip(r, widths, strict=False)), r[-1]]) for r in [header, *rows]]
 
 
 def cmd_registry_show(args: argparse.Namespace) -> int:
@@ -118,8 +125,9 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
     dirty = " (dirty tree)" if card.code.dirty else ""
     aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
     print(f"{card.name}:{card.version}{aliases}  registered {card.registered_at}  commit {card.code.commit}{dirty}")
+    width = max(map(len, [*card.metrics, *vars(card.lineage)]))
     for key, value in sorted(card.metrics.items()):
-        print(f"  {key:<22} {value:.4f}" if isinstance(value, float) else f"  {key:<22} {value}")
+        print(f"  {key:<{width}}  {metric_text(key, value)}")
     if card.gate is not None:
         print(f"quality gate: {card.gate.reason}")
     print("trained by:")
@@ -129,7 +137,7 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
         print(f"  not recorded (card format {card.format}: only the config's parallel section, which may not be what trained it)")
     print("lineage:")
     for key, value in sorted(vars(card.lineage).items()):
-        print(f"  {key:<22} {value}")
+        print(f"  {key:<{width}}  {value if value not in ('', None) else '-'}")
     for label, text in (("greedy", card.sample), ("sampled", card.sampled)):
         if text:
             print(f"sample ({label}):")

@@ -3,12 +3,13 @@ importing the libraries (and torch) that raise them."""
 
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,6 +37,13 @@ class NoSpaceError(UserError):
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 """A full filesystem, or the user's quota on it: the same remedy either way."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the one of ``choices`` a mistyped ``word`` begins or is closest to; '' when none is."""
+    choices = sorted(choices)
+    close = [c for c in choices if word and c.startswith(word)] or difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def first_line(error: BaseException) -> str:

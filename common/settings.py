@@ -14,7 +14,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from common.errors import ConfigError
+from common.errors import ConfigError, did_you_mean
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -84,7 +84,8 @@ def _build(cls: type, values: Any, where: str, problems: list[str]) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     prefix = f"{where}." if where else ""
     for name in sorted(set(values) - known, key=str):
-        problems.append(f"unknown setting {prefix}{name}; known: {', '.join(sorted(known))}")
+        hint = did_you_mean(f"{prefix}{name}", (prefix + k for k in known)) if isinstance(name, str) else ""
+        problems.append(f"unknown setting {prefix}{name}{hint}; known: {', '.join(sorted(known))}")
     kwargs = {}
     before = len(problems)
     for name, value in values.items():

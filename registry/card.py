@@ -50,6 +50,19 @@ def check_continuable(store: Store, entry: str, model: dict[str, Any]) -> None:
         raise ConfigError(problem)
 
 
+COUNTS = frozenset({"parameters", "tokens_trained", "world_size", "val_tokens"})
+"""Card metrics that are counts: the training summary carries them as floats (its Flyte type), shown as integers."""
+
+
+def metric_text(key: str, value: object) -> str:
+    """A card metric as a person reads it: a count as an integer, any other figure to 4 decimals."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if key in COUNTS and value.is_integer() else f"{value:.4f}"
+    return str(value)
+
+
 def card_markdown(card: ModelCard) -> str:
     lines = [
         f"# {card.name} v{card.version}",
@@ -57,7 +70,7 @@ def card_markdown(card: ModelCard) -> str:
         f"Registered {card.registered_at} from commit `{card.code.commit}`" + (" (dirty tree)" if card.code.dirty else ""),
         "",
         "## Metrics",
-        *[f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in sorted(card.metrics.items())],
+        *[f"- {k}: {metric_text(k, v)}" for k, v in sorted(card.metrics.items())],
         "",
         "## Trained by",
         *([f"- {span.describe()}" for span in card.layouts] or ["- not recorded"]),

@@ -64,7 +64,7 @@ from common.contracts import (
     registration_key,
 )
 from common.digests import require_digests
-from common.errors import local_space
+from common.errors import did_you_mean, local_space
 from common.hashing import config_hash
 from common.names import VERSION, name_problem
 from common.redact import redacted
@@ -386,16 +386,29 @@ def list_models(store: Store) -> list[dict[str, Any]]:
     return rows
 
 
+def _not_found(store: Store, name: str, version: int | None, alias: str) -> RegistryError:
+    """What a spec that names nothing gets: the models there are (or the model's aliases, or versions),
+    with the closest one to a typo."""
+    models = [m for m in store.children(MODELS) if not name_problem(m)]
+    if name not in models:
+        listed = f"; models: {', '.join(sorted(models))}" if models else " (no models registered)"
+        return RegistryError(f"no model {name!r} in {store.uri}{did_you_mean(name, models)}{listed}")
+    if version is None:
+        aliases = aliases_of(store, name)
+        known = f"; its aliases: {', '.join(sorted(aliases)) or 'none'}"
+        return RegistryError(f"model {name!r} has no alias {alias!r} in {store.uri}{did_you_mean(alias, aliases)}{known}")
+    versions = ", ".join(map(str, _versions(store, name))) or "none"
+    return RegistryError(f"model {name}:{version} does not exist in {store.uri}; its versions: {versions}")
+
+
 def resolve(store: Store, spec: str) -> tuple[str, int]:
     """``NAME``, ``NAME:VERSION`` or ``NAME:ALIAS`` → (name, version); NAME alone means latest.
     A name or alias outside ``common.names`` is refused before the store is read."""
     name, version, which = parse_spec(spec)
     if version is None:
         version = read_alias(store, name, which)[0]
-        if version is None:
-            raise RegistryError(f"model {name!r} has no alias {which!r} in {store.uri}")
-    if not store.is_committed(model_prefix(name, version)):
-        raise RegistryError(f"model {name}:{version} does not exist in {store.uri}")
+    if version is None or not store.is_committed(model_prefix(name, version)):
+        raise _not_found(store, name, version, which)
     return name, version
 
 

@@ -76,7 +76,7 @@ def test_partial_preset_keeps_defaults(tmp_path):
 @pytest.mark.parametrize(
     "text,message",
     [
-        ("train:\n  stepz: 3\n", "unknown setting train.stepz; known: "),
+        ("train:\n  stepz: 3\n", r"unknown setting train.stepz \(did you mean train.steps\?\); known: "),
         ("model:\n  num_layers: four\n", "model.num_layers must be int, got 'four'"),
         ("data:\n  sources: /one/path\n", "data.sources must be a list"),
         ("data: [1, 2]\n", "data must be a mapping"),
@@ -97,9 +97,10 @@ def test_every_unknown_key_and_bad_type_is_reported_at_once(tmp_path):
         load_config(path)
     assert str(caught.value).splitlines() == [
         f"the settings in {path} have 4 problems:",
-        "  - unknown setting registri; known: data, evaluation, model, parallel, registry, store, tokenizer, tracking, train, "
-        "validation",
-        "  - unknown setting train.stepz; known: " + ", ".join(sorted(f.name for f in dataclasses.fields(TrainConfig))),
+        "  - unknown setting registri (did you mean registry?); known: data, evaluation, model, parallel, registry, store, "
+        "tokenizer, tracking, train, validation",
+        "  - unknown setting train.stepz (did you mean train.steps?); known: "
+        + ", ".join(sorted(f.name for f in dataclasses.fields(TrainConfig))),
         "  - train.lr must be float, got 'fast'",
         "  - model.kernels is 'cuda': use one of triton, torch",
     ]

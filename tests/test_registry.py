@@ -123,6 +123,39 @@ def test_an_export_changed_after_its_evaluation_is_not_registered(populated, cha
     assert store.list("models/gpt/1/") == ["models/gpt/1/_CLAIMED"], store.list("models/")  # no file copied, nothing committed
 
 
+def test_a_spec_that_names_nothing_says_what_there_is(populated):
+    """Issue 33: ``registry show gpt-tny`` said "model 'gpt-tny' has no alias 'latest'"."""
+    store = populated
+    register(store, "gpt-tiny", report(3.0), gate_alias="production")
+    with pytest.raises(RegistryError, match=r"^no model 'gpt-tny' in .* \(did you mean gpt-tiny\?\); models: gpt-tiny$"):
+        resolve(store, "gpt-tny")
+    aliases = r"its aliases: latest, production$"
+    with pytest.raises(RegistryError, match=r"has no alias 'prod' in .* \(did you mean production\?\); " + aliases):
+        resolve(store, "gpt-tiny:prod")
+    with pytest.raises(RegistryError, match=r"^model gpt-tiny:7 does not exist in .*; its versions: 1$"):
+        resolve(store, "gpt-tiny:7")
+    with pytest.raises(RegistryError, match=r"^no model 'other' in .*; models: gpt-tiny$"):  # nothing close: no guess
+        resolve(store, "other")
+
+
+def test_cli_list_is_a_table_and_show_prints_counts_as_integers(populated, capsys):
+    store = populated
+    counted = report(3.0)  # the training summary's counts are floats, as its Flyte type says
+    summary = {"parameters": 1901696.0, "world_size": 2.0, "mfu": 0.25}
+    register(store, "gpt", replace(counted, checkpoint=replace(counted.checkpoint, summary=summary)))
+    register(store, "gpt-longer-name", report(2.5))
+    assert cli(["registry", "list", "--store", store.uri]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split() == ["MODEL", "ALIASES", "REGISTERED", "VAL_LOSS", "WHERE"]
+    assert len(lines) == 2 and {line.index(store.url("models")) for line in lines} == {header.index("WHERE")}  # aligned
+    assert lines[0].split()[:2] == ["gpt:1", "latest"] and lines[0].split()[3] == "3.0000"
+    assert cli(["registry", "show", "gpt:1", "--store", store.uri]) == 0
+    shown = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
+    assert shown["parameters"] == ["1901696"] and shown["world_size"] == ["2"] and shown["mfu"] == ["0.2500"]
+    assert shown["val_tokens"] == ["100"] and shown["training_steps"] == ["10"] and shown["val_loss"] == ["3.0000"]
+    assert shown["base_model"] == ["-"]  # an empty lineage value is a dash, not a blank
+
+
 def test_cli_list_and_show(populated, capsys):
     store = populated
     register(store, "gpt", report(3.0))
