@@ -25,8 +25,8 @@ def _entry(store: str, spec: str) -> str:
     """``models/<name>/<version>`` that ``spec`` names right now, or '' if it names nothing yet."""
     try:
         name, version = resolve(open_store(store), spec)
-    except RegistryError as e:
-        print(f"{e}: none")
+    except RegistryError as e:  # a first run: nothing is registered under that name or alias yet
+        print(f"{spec} names no registered model yet ({e})")
         return ""
     return model_prefix(name, version)
 
