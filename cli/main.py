@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from common.errors import TRACEBACK_LABEL, traceback_note, user_error_in, write_traceback
-from pipeline.config import launch_world, load_config, parse_config
+from pipeline.config import PipelineConfig, launch_world, load_config
 from registry.card import metric_text
 from registry.registry import download, list_models, promote, resolve, show
 from storage import default_store_uri, open_store
@@ -45,8 +45,13 @@ def _store(args: argparse.Namespace):
     return open_store(args.store or default_store_uri())
 
 
+def _config(args: argparse.Namespace) -> PipelineConfig:
+    """The config ``--config`` names (or the defaults) with every ``--set KEY=VALUE``, checked."""
+    return load_config(args.config, overrides=args.set)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load_config(args.config) if args.config else parse_config({}, source="the defaults")
+    config = _config(args)
     open_store(config.store).check()  # bad credentials or paths fail before anything is written
     from workflows.pretrain import pretrain
 
@@ -58,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Every rule ``pretrain run`` and ``pyflyte run`` apply before anything runs; one line if all pass."""
-    config = load_config(args.config) if args.config else parse_config({}, source="the defaults")
+    config = _config(args)
     world, where = launch_world()
     tp, pp, train = config.parallel.tensor_parallel, config.parallel.pipeline_parallel, config.train
     dp = world // (tp * pp)
@@ -436,15 +441,14 @@ MODEL_HELP = "a registered model: NAME (its latest version), NAME:VERSION or NAM
 
 
 class _HelpFormatter(argparse.HelpFormatter):
-    """Each option's help says its default, when it has one worth saying (not a flag's False, nor None or '')."""
+    """Each option's help says its default, when it has one worth saying (not a flag's False, None or empty)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
         said = "%(default)" in text or "(default:" in text
-        if said or default is None or default is False or default == "" or default == argparse.SUPPRESS:
-            return text
-        if not action.option_strings:
+        empty = default is None or default is False or (isinstance(default, (str, list, tuple)) and not default)
+        if said or empty or default == argparse.SUPPRESS or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -470,11 +474,17 @@ def parser() -> argparse.ArgumentParser:
         return group.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
 
     run = command(sub, "run", "run the whole pipeline locally (Flyte local execution)")
-    run.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml (default: the defaults)")
-    run.set_defaults(fn=cmd_run)
-
     check = command(sub, "check", "check a config's settings (exit 2 listing every problem) without running anything")
-    check.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml (default: the defaults)")
+    for p_ in (run, check):
+        p_.add_argument("--config", help="YAML preset, e.g. configs/tiny-cpu.yaml (default: the defaults)")
+        p_.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override one setting of the preset, e.g. --set train.steps=10 (repeatable; the value is read as YAML)",
+        )
+    run.set_defaults(fn=cmd_run)
     check.set_defaults(fn=cmd_check)
 
     store = command(sub, "store", "local object store").add_subparsers(dest="store_command", required=True)

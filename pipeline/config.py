@@ -176,12 +176,41 @@ def parse_config(values: Any, source: str = "", launch: bool = True) -> Pipeline
     return config
 
 
-def load_config(path: str | Path, launch: bool = True) -> PipelineConfig:
-    """A YAML preset as a checked PipelineConfig (see ``parse_config``)."""
-    try:
-        values = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError as e:
-        raise ConfigError(f"config file {path} does not exist") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
-    return parse_config(values, source=str(path), launch=launch)
+def load_config(path: str | Path | None, launch: bool = True, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """A YAML preset (None: the defaults) with ``KEY=VALUE`` overrides as a checked PipelineConfig (see
+    ``parse_config``)."""
+    values: Any = {}
+    if path is not None:
+        try:
+            values = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError as e:
+            raise ConfigError(f"config file {path} does not exist") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+    source = str(path) if path is not None else "the defaults"
+    if overrides:
+        values = with_overrides(values, overrides)
+        source += f" with {' '.join(f'--set {item}' for item in overrides)}"
+    return parse_config(values, source=source, launch=launch)
+
+
+def with_overrides(values: Any, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``values`` (a preset's mapping) with each ``section.key=value`` set; the value is read as YAML
+    (``10`` an int, ``true`` a bool, ``[a, b]`` a list), and checked with the rest by ``parse_config``."""
+    values = dict(values) if isinstance(values, dict) else {}
+    for item in overrides:
+        key, equals, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not equals or not all(parts):
+            raise ConfigError(f"--set {item!r}: write KEY=VALUE with a dotted key, e.g. --set train.steps=10")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML: {e}") from e
+        node = values
+        for part in parts[:-1]:
+            child = node.get(part)
+            node[part] = dict(child) if isinstance(child, dict) else {}
+            node = node[part]
+        node[parts[-1]] = value
+    return values

@@ -7,6 +7,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,8 +36,8 @@ def test_every_option_says_what_it_is_and_its_default():
             label = f"pretrain {' '.join(path)} {'/'.join(action.option_strings) or action.dest}"
             if not action.help:
                 missing.append(label)
-            worth_saying = action.default not in (None, "", argparse.SUPPRESS) and action.default is not False
-            if action.option_strings and worth_saying and f"(default: {action.default})" not in text:
+            empty = action.default in (None, "", [], argparse.SUPPRESS) or action.default is False
+            if action.option_strings and not empty and f"(default: {action.default})" not in text:
                 no_default.append(label)
     assert not missing, f"options without a description: {missing}"
     assert not no_default, f"options whose help hides their default: {no_default}"
@@ -67,3 +68,17 @@ def test_help_and_store_reads_import_no_heavy_library(argv, tmp_path):
     assert done.returncode in (0, 2), done.stderr[-2000:]  # 2: `registry show x` of an empty store, a user error
     imported = json.loads(done.stderr.strip().splitlines()[-1])
     assert imported == [], f"pretrain {' '.join(argv)} imported {imported}"
+
+
+def test_set_overrides_one_setting_and_is_checked_like_the_preset(capsys):
+    from cli.main import main
+
+    preset = str(Path(__file__).parents[1] / "configs" / "tiny-cpu.yaml")
+    assert main(["check", "--config", preset, "--set", "train.steps=7", "--set", "data.seq_len=64"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("; 7 steps of 64 tokens")
+    assert main(["check", "--set", "train.stpes=7", "--set", "train.lr=fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the settings in the defaults with --set train.stpes=7 --set train.lr=fast have 2 problems:")
+    assert "unknown setting train.stpes (did you mean train.steps?)" in err and "train.lr must be float, got 'fast'" in err
+    assert main(["check", "--set", "steps"]) == 2
+    assert "write KEY=VALUE with a dotted key, e.g. --set train.steps=10" in capsys.readouterr().err
