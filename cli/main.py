@@ -32,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+from common.contracts import HF_EXPORT
 from common.errors import TRACEBACK_LABEL, traceback_note, user_error_in, write_traceback
 from pipeline.config import PipelineConfig, launch_world, load_config
 from registry.card import metric_text
@@ -193,7 +194,14 @@ def cmd_tracking_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_registry_download(args: argparse.Namespace) -> int:
-    print(download(_store(args), args.model, args.dest))
+    store = _store(args)
+    name, version = resolve(store, args.model)  # the version now: an alias may move while files copy
+    folder = download(store, f"{name}:{version}", args.dest)
+    named = "" if args.model == f"{name}:{version}" else f"{args.model} is {name}:{version}; "
+    print(f"{named}{name}:{version} downloaded to {folder}: {', '.join(sorted(p.name for p in folder.iterdir()))}")
+    if (folder / HF_EXPORT).is_dir():
+        print(f'  transformers: AutoModelForCausalLM.from_pretrained("{folder / HF_EXPORT}")')
+    print(f"  continue pretraining from it: pretrain run --set train.init_from={name}:{version}")
     return 0
 
 

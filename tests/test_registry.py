@@ -156,6 +156,15 @@ def test_cli_list_is_a_table_and_show_prints_counts_as_integers(populated, capsy
     assert shown["base_model"] == ["-"]  # an empty lineage value is a dash, not a blank
 
 
+def test_cli_download_says_what_it_resolved_and_how_to_use_it(populated, capsys, tmp_path):
+    store = populated
+    register(store, "gpt", report(3.0))
+    assert cli(["registry", "download", "gpt", str(tmp_path / "dest"), "--store", store.uri]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"gpt is gpt:1; gpt:1 downloaded to {tmp_path / 'dest'}: card.json, card.md, checkpoint, tokenizer.json"
+    assert lines[1:] == ["  continue pretraining from it: pretrain run --set train.init_from=gpt:1"]  # no hf/: no transformers
+
+
 def test_cli_list_and_show(populated, capsys):
     store = populated
     register(store, "gpt", report(3.0))
