@@ -57,8 +57,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workflows.pretrain import pretrain
 
     args.started = True  # from here on, a failure's traceback is worth a log file
-    ref = pretrain(config=config)
-    print(json.dumps({"name": ref.name, "version": ref.version, "uri": f"{ref.store.rstrip('/')}/{ref.prefix}"}))
+    ref = pretrain(config=config)  # its last task prints the summary
+    if args.json:
+        print(json.dumps({"name": ref.name, "version": ref.version, "uri": f"{ref.store.rstrip('/')}/{ref.prefix}"}))
     return 0
 
 
@@ -492,6 +493,7 @@ def parser() -> argparse.ArgumentParser:
             metavar="KEY=VALUE",
             help="override one setting of the preset, e.g. --set train.steps=10 (repeatable; the value is read as YAML)",
         )
+    run.add_argument("--json", action="store_true", help="end with the registered model as one JSON line, for scripts")
     run.set_defaults(fn=cmd_run)
     check.set_defaults(fn=cmd_check)
 

@@ -12,6 +12,7 @@ from flytekit import Deck, task
 
 from common.contracts import ModelRef, TrackingRef
 from pipeline.config import PipelineConfig
+from pipeline.summary import run_summary
 from registry.card import code_revision, read_card
 from storage import Store, open_store
 from tasks.decks import FIELDS as DECK_FIELDS
@@ -74,12 +75,22 @@ def track_run(tracking: TrackingRef, model: ModelRef, config: PipelineConfig) ->
     """Make the execution's MLflow run whole from the store (every step record, the evaluation
     figures, lineage tags, links to the outputs), creating it if the first task could not, and
     mirror the registered version and the registry's aliases. An unreachable server is retried for
-    ``tracking.retry_s``, then one WARNING line: the pipeline succeeds all the same."""
+    ``tracking.retry_s``, then one WARNING line: the pipeline succeeds all the same. Last, the run's
+    summary in words (``pipeline.summary``): every execution ends with it, ``pyflyte run`` too."""
     store = open_store(model.store)
     try:
         _comparison_deck(store, model)
     except Exception as e:  # a Deck is a view: never worth the execution
         _warn(f"no comparison Deck ({describe(e)})")
+    _mirror(tracking, store, model, config)
+    try:
+        print("\n".join(run_summary(store, model)), flush=True)
+    except Exception as e:  # the summary is a view too
+        _warn(f"no summary ({describe(e)})")
+
+
+def _mirror(tracking: TrackingRef, store: Store, model: ModelRef, config: PipelineConfig) -> None:
+    """The execution's MLflow run made whole and the registry mirrored (nothing when tracking is off)."""
     if not tracking.uri:
         return
     settings = config.tracking

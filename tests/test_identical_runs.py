@@ -109,7 +109,7 @@ def start(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
     # Its own process group (session): the ranks, forked inside it, are stopped, resumed or killed with it.
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [str(BIN / "pretrain"), "run", "--config", str(config)],
+            [str(BIN / "pretrain"), "run", "--config", str(config), "--json"],
             cwd=ROOT,
             env=env,
             stdout=out,

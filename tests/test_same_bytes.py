@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def demo_runs(roots: list[Path], config: Path) -> list[tuple]:
         env = {**os.environ, "HOME": str(root / "home"), "PRETRAIN_STORE": str(root / "store"), "PYTHONUNBUFFERED": "1"}
         root.mkdir(parents=True)
         with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
-            command = [str(BIN / "pretrain"), "run", "--config", str(config)]
+            command = [str(BIN / "pretrain"), "run", "--config", str(config), "--json"]
             procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err))
     try:
         codes = [proc.wait(timeout=900) for proc in procs]
@@ -66,10 +67,29 @@ def demo_runs(roots: list[Path], config: Path) -> list[tuple]:
         output = (root / "stdout").read_text(errors="replace")
         assert code == 0, output[-3000:] + (root / "stderr").read_text(errors="replace")[-3000:]
         registered = json.loads(output.strip().splitlines()[-1])
+        assert_summary(output, registered)
         store = open_store(str(root / "store"))
         entry = registered["uri"].removeprefix(f"{store.uri.rstrip('/')}/")
         results.append((store, store.get_json(f"{entry}/{CARD}")))
     return results
+
+
+def assert_summary(output: str, registered: dict) -> None:
+    """Issue 33: a run ends with what it made, in words (pipeline.summary, printed by track_run), before
+    the JSON line ``--json`` adds."""
+    lines = output.strip().splitlines()
+    head = f"pretrain: registered {registered['name']}:{registered['version']} (latest"
+    (start,) = [i for i, line in enumerate(lines) if line.startswith(head)]
+    summary = lines[start:-1]
+    labels = [line.split()[0] for line in summary[1:] if line.startswith("  ") and not line.startswith("  pretrain")]
+    assert labels == ["data", "validation", "training", "evaluation", "gate"], summary  # no lm-eval tasks here
+    assert re.search(r"^  data +\d[\d,]* of \d[\d,]* documents kept", summary[1]), summary
+    assert summary[2].startswith("  validation  PASS: ") and "expectations met" in summary[2], summary
+    training = r"12 steps, loss \d+\.\d{3} → \d+\.\d{3}, [\d,]+ tokens/s, MFU [\d.]+%; steps 1-12: tensor_parallel=2"
+    assert re.search(training, summary[3]), summary
+    assert re.search(r"^  evaluation  val_loss \d+\.\d{4}, perplexity [\d.]+, bits_per_byte [\d.]+$", summary[4]), summary
+    assert "next:" in summary and any(line.startswith("  pretrain runs show ") for line in summary), summary
+    assert not any(line.startswith("{") for line in lines[:-1])  # no JSON but the --json line
 
 
 @pytest.mark.long("two whole demo pipelines (stdlib corpus, TP 2), side by side")

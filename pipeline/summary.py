@@ -1,0 +1,76 @@
+"""What a run made, in words: the lines ``track_run`` prints at the end of every execution (``pretrain run``
+and ``pyflyte run`` alike), read back from the store: the dataset, its validation, the training, the
+evaluation, the registered version, and where to look next."""
+
+from __future__ import annotations
+
+from common.contracts import MANIFEST, VALIDATION_RESULT, ModelRef, dataset_prefix, validation_prefix
+from registry.card import metric_text
+from registry.registry import show
+from storage import Store, open_store
+
+SKIPS_SHOWN = 4
+
+
+def _count(n: float) -> str:
+    return f"{int(n):,}"
+
+
+def _data_line(store: Store, version: str) -> str:
+    stats = store.get_json(f"{dataset_prefix(version)}/{MANIFEST}")["stats"]
+    skips = sorted(
+        ((k.removeprefix("skipped_"), n) for k, n in stats.items() if k.startswith("skipped_") and k != "skipped_total" and n),
+        key=lambda kv: -kv[1],
+    )
+    why = ", ".join(f"{reason} {_count(n)}" for reason, n in skips[:SKIPS_SHOWN]) + (", …" if len(skips) > SKIPS_SHOWN else "")
+    tokens = stats.get("train_tokens", 0) + stats.get("val_tokens", 0)
+    return (
+        f"  data        {_count(stats['documents_kept'])} of {_count(stats['documents_read'])} documents kept"
+        + (f" (skipped: {why})" if why else "")
+        + f", {_count(tokens)} tokens; dataset {version}"
+    )
+
+
+def _validation_line(store: Store, version: str) -> str:
+    key = f"{validation_prefix(dataset_prefix(version))}/{VALIDATION_RESULT}"
+    if not store.exists(key):
+        return "  validation  not recorded"
+    result = store.get_json(key)
+    outcomes = result.get("outcomes", [])
+    failed = [o for o in outcomes if not o.get("success", True)]
+    verdict = "PASS" if result.get("success") else "FAIL"
+    return f"  validation  {verdict}: {len(outcomes) - len(failed)} of {len(outcomes)} expectations met"
+
+
+def run_summary(store: Store, model: ModelRef) -> list[str]:
+    """The end-of-run summary of the execution that registered ``model``."""
+    entry = show(store, f"{model.name}:{model.version}")
+    card, m = entry.card, entry.card.metrics
+    aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
+    lines = [f"pretrain: registered {card.name}:{card.version}{aliases}"]
+    lines.append(_data_line(store, card.lineage.dataset_version))
+    lines.append(_validation_line(store, card.lineage.dataset_version))
+    train = f"  training    {card.lineage.training_steps} steps"
+    if "first_train_loss" in m and "final_train_loss" in m:
+        train += f", loss {m['first_train_loss']:.3f} → {m['final_train_loss']:.3f}"
+    if "tokens_per_second" in m:
+        train += f", {m['tokens_per_second']:,.0f} tokens/s"
+    if "mfu" in m:
+        train += f", MFU {m['mfu']:.1%}"
+    lines.append(train + (f"; {card.layouts[-1].describe()}" if card.layouts else ""))
+    figures = [f"{k} {metric_text(k, m[k])}" for k in ("val_loss", "perplexity", "bits_per_byte") if k in m]
+    lines.append(f"  evaluation  {', '.join(figures)}")
+    lm_eval = [f"{k.removeprefix('lm_eval.')} {metric_text(k, v)}" for k, v in sorted(m.items()) if k.startswith("lm_eval.")]
+    if lm_eval:
+        lines.append(f"  lm-eval     {', '.join(lm_eval)}")
+    if card.gate is not None:
+        lines.append(f"  gate        {card.gate.reason}")
+    run_id = card.lineage.training_run.rsplit("/", 1)[-1]
+    store_flag = "" if store.uri == open_store().uri else f" --store {store.uri}"
+    lines += [
+        "next:",
+        f"  pretrain runs show {run_id}{store_flag}   (step times, ranks, health, traces)",
+        f"  pretrain registry show {card.name}:{card.version}{store_flag}   (the card, lineage, files)",
+        "  pretrain ui   (MLflow: every run, its metrics, comparisons)",
+    ]
+    return lines
