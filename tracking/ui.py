@@ -41,9 +41,6 @@ class UiAccess:
     def config_file(self) -> Path:
         return self.folder / "auth.ini"
 
-    def password(self) -> str:
-        return self.password_file.read_text().strip()
-
     def environment(self, artifact_root: str) -> dict[str, str]:
         """The server's environment: the auth config, a key for its CSRF tokens, where artifacts may lie."""
         return {
