@@ -4,10 +4,12 @@ evaluation, the registered version, and where to look next."""
 
 from __future__ import annotations
 
+import os
+
 from common.contracts import MANIFEST, VALIDATION_RESULT, ModelRef, dataset_prefix, validation_prefix
 from registry.card import metric_text
 from registry.registry import show
-from storage import Store, open_store
+from storage import Store, default_store_uri
 
 SKIPS_SHOWN = 4
 
@@ -66,7 +68,8 @@ def run_summary(store: Store, model: ModelRef) -> list[str]:
     if card.gate is not None:
         lines.append(f"  gate        {card.gate.reason}")
     run_id = card.lineage.training_run.rsplit("/", 1)[-1]
-    store_flag = "" if store.uri == open_store().uri else f" --store {store.uri}"
+    default = default_store_uri()  # the store the commands read without --store (not opened: nothing is made)
+    store_flag = "" if store.uri in (default, os.path.abspath(os.path.expanduser(default))) else f" --store {store.uri}"
     lines += [
         "next:",
         f"  pretrain runs show {run_id}{store_flag}   (step times, ranks, health, traces)",
