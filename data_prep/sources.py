@@ -344,7 +344,20 @@ def list_files(
         files[start:] = [replace(f, relative=_inside(f.name, root)) for f in files[start:]]
         if isinstance(ignored, Ignored):
             ignored.relative_to(root, since)
+    if not any(not f.problem for f in files):
+        raise DataError(_nothing_to_read(sources, files, ignored))
     return files
+
+
+def _nothing_to_read(sources: list[str], files: list[RawFile], ignored: Counter) -> str:
+    """Why a listing holds no file to read, and what to do: said at listing, before anything is written."""
+    found = [f"{n} ignored as {label}" for label, n in sorted(ignored.items(), key=lambda kv: (-kv[1], kv[0]))]
+    found += [f"{n} {reason}" for reason, n in Counter(f.problem for f in files).most_common()]
+    what = ", ".join(found) if found else "no files at all"
+    return (
+        f"the corpus sources {sources} hold no file to read ({what}): put text (.txt .md .py …), JSONL or Parquet "
+        "files there, set data.sniff_unlisted: true to read text with other suffixes, or name the files in data.sources"
+    )
 
 
 def _root_of(source: str) -> str:

@@ -14,7 +14,7 @@ from common.hashing import config_hash
 from data_prep import prepare as stages
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from data_prep.shards import ShardInfo
-from data_prep.sources import content_fingerprint
+from data_prep.sources import content_fingerprint, list_files
 from data_prep.validation import Validation, ValidationFailed, check_dataset, report_html
 from storage import Store, open_store
 from tasks import decks
@@ -37,7 +37,10 @@ def corpus_hash(data: DataConfig) -> str:
 @task(**data_task())
 @as_messages
 def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(corpus_hash)]:
-    """Pass the data section on, keyed for caching by the corpus content rather than its paths."""
+    """Pass the data section on, keyed for caching by the corpus content rather than its paths. A corpus
+    with no file to read stops here, at listing, before anything is written (the hash would say it too,
+    wrapped in Flyte's output conversion)."""
+    list_files(data.sources, sniff=data.sniff_unlisted, follow_symlinks=data.follow_symlinks)
     return data
 
 

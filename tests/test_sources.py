@@ -416,3 +416,16 @@ def test_the_fingerprint_covers_what_the_listing_reads_not_what_a_link_leads_to(
     after = content_fingerprint([str(corpus)], True), content_fingerprint([str(corpus)], True, follow_symlinks=True)
     assert after[0] == before[0]  # the token is not read, so it is not fingerprinted
     assert after[1] != before[1]  # followed, it is read: a change must miss the cache
+
+
+def test_a_corpus_with_nothing_to_read_stops_at_listing(tmp_path):
+    """Issue 33: an empty corpus folder failed after 45.7 s, at resolve_documents, advising to lower
+    data.min_chars; now the listing says it, with what it found."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match=r"hold no file to read \(no files at all\): put text"):
+        list_files([str(empty)])
+    other = write_corpus(tmp_path / "other", {"logo.png": b"\x89PNG", ".env": "TOKEN=x"})
+    with pytest.raises(DataError, match=r"hold no file to read \(1 ignored as \(hidden\), 1 ignored as \.png\)"):
+        list_files([str(other)])
+    assert [f.relative for f in list_files([str(other / "logo.png")])] == ["logo.png"]  # named: read as named

@@ -280,6 +280,20 @@ def test_missing_corpus_fails_before_writing(s3_server, flyte_env, tmp_path):
     assert open_store(store_uri).list("") == []
 
 
+def test_an_empty_corpus_stops_at_listing_and_writes_nothing(s3_server, flyte_env, tmp_path):
+    """Issue 33: an empty corpus folder failed after 45.7 s at resolve_documents (advising to lower
+    data.min_chars) and left datasets/work-… in the store; now the first data task's listing stops it."""
+    store_uri = f"s3://{s3_server.bucket}/empty-corpus"
+    (tmp_path / "empty").mkdir()
+    config = write_config(tmp_path / "empty.yaml", store_uri, data={"sources": [str(tmp_path / "empty")]})
+    result = run([str(BIN / "pretrain"), "run", "--config", str(config)], flyte_env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: fingerprint_corpus: the corpus sources [")
+    assert "hold no file to read (no files at all)" in error
+    assert "min_chars" not in error and open_store(store_uri).list("") == []
+
+
 def test_rejected_credentials_fail_in_one_line(s3_server, flyte_env, tmp_path):
     store_uri = f"s3://{s3_server.bucket}/bad-credentials"
     config = write_config(tmp_path / "bad.yaml", store_uri)
