@@ -110,11 +110,14 @@ def cmd_registry_list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no models registered in {_store(args).uri}")
         return 0
-    table = [[f"{r['name']}:{r['version']}", ",".join(r["aliases"]) or "-", r["registered_at"]] for r in rows]
-    losses = [metric_text("val_loss", r["metrics"]["val_loss"]) if "val_loss" in r["metrics"] else "-" for r in rows]
-    table = [[*cells, loss, r["uri"]] for cells, loss, r in zip(table, losses, rows, strict=True)]
-    print("\n".join(_table(["MODEL", "ALIASES", "REGISTERED", "VAL_LOSS", "WHERE"], table)))
+    print("\n".join(_table(["MODEL", "ALIASES", "REGISTERED", "VAL_LOSS", "WHERE"], [_registry_row(r) for r in rows])))
     return 0
+
+
+def _registry_row(row: dict) -> list[str]:
+    """One ``registry list`` row: MODEL, ALIASES, REGISTERED, VAL_LOSS, WHERE."""
+    loss = metric_text("val_loss", row["metrics"]["val_loss"]) if "val_loss" in row["metrics"] else "-"
+    return [f"{row['name']}:{row['version']}", ",".join(row["aliases"]) or "-", row["registered_at"], loss, row["uri"]]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -192,11 +192,6 @@ def _sniff_local(path: Path) -> bool:
         return False  # unreadable now: ignored like any other file that is not text
 
 
-def _within(path: str, root: str) -> bool:
-    """Whether the real path ``path`` is ``root`` or below it (``/data/corpus2`` is not below ``/data/corpus``)."""
-    return os.path.commonpath([path, root]) == root
-
-
 @dataclass
 class _Lister:
     """One local source being listed: where its files go, whether unlisted files are sniffed, and
@@ -209,7 +204,8 @@ class _Lister:
 
     def leads_out(self, path: Path) -> bool:
         """Whether ``path`` resolves to a place outside the source's root (through a symlink)."""
-        return bool(self.root) and not _within(os.path.realpath(path), self.root)
+        # is_relative_to compares whole parts: /data/corpus2 is not inside /data/corpus.
+        return bool(self.root) and not Path(os.path.realpath(path)).is_relative_to(self.root)
 
 
 def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], lister: _Lister) -> None:

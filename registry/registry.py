@@ -362,12 +362,15 @@ def _write_entry(
     return card
 
 
+def _model_names(store: Store) -> list[str]:
+    """The registry's model names: its folders, less any no registration could have made."""
+    return [name for name in store.children(MODELS) if not name_problem(name)]
+
+
 def list_models(store: Store) -> list[dict[str, Any]]:
     """One row per committed version: name, version, aliases, key metrics."""
     rows = []
-    for name in store.children(MODELS):
-        if name_problem(name):  # a folder no registration could have made
-            continue
+    for name in _model_names(store):
         aliases = aliases_of(store, name)
         for version in _versions(store, name):
             card = read_card(store, model_prefix(name, version))
@@ -389,7 +392,7 @@ def list_models(store: Store) -> list[dict[str, Any]]:
 def _not_found(store: Store, name: str, version: int | None, alias: str) -> RegistryError:
     """What a spec that names nothing gets: the models there are (or the model's aliases, or versions),
     with the closest one to a typo."""
-    models = [m for m in store.children(MODELS) if not name_problem(m)]
+    models = _model_names(store)
     if name not in models:
         listed = f"; models: {', '.join(sorted(models))}" if models else " (no models registered)"
         return RegistryError(f"no model {name!r} in {store.uri}{did_you_mean(name, models)}{listed}")

@@ -12,6 +12,7 @@ store, uploads, trace and logged-model artifacts, presigned URLs) are refused wh
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 ARTIFACT_ROOT_ENV = "PRETRAIN_UI_ARTIFACT_ROOT"
@@ -31,10 +32,6 @@ def create_app():
     return served
 
 
-def within(path: str, root: str) -> bool:
-    return os.path.commonpath([path, root]) == root
-
-
 def artifact_refusal(path: str, artifact_uri: str | None, requested: str, root: str) -> str:
     """Why the request for ``requested`` (a path inside a run's artifacts at ``artifact_uri``) on the route
     ``path`` is refused, or '' when the file it names lies inside ``root`` (links resolved)."""
@@ -47,7 +44,7 @@ def artifact_refusal(path: str, artifact_uri: str | None, requested: str, root: 
         return "the run's artifacts are not on this machine"
     location = unquote(parsed.path) if parsed.scheme else artifact_uri
     target = os.path.realpath(os.path.join(location, requested.lstrip("/")))
-    if not within(target, os.path.realpath(root)):
+    if not Path(target).is_relative_to(os.path.realpath(root)):
         return "the run's artifacts lie outside the tracking root"
     return ""
 
