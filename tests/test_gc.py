@@ -295,7 +295,10 @@ def test_gc_again_and_again_while_a_run_trains_is_killed_and_resumes(tiny_datase
             in_flight = [e for e in plan.kept if e.reason.startswith("its run is live")]
             # The run's id as the ranks computed it (the code version is part of it: read from the store).
             run = in_flight[0].run if in_flight else ""
-            if run and len(ckpt.committed_steps(store, run)) >= 3:
+            committed = ckpt.committed_steps(store, run) if run else []
+            # The plan is a moment older than this listing: the checkpoint it saw in flight may have committed
+            # since (CI: step 3 in flight in the plan, committed in the listing). Kill only on a consistent view.
+            if len(committed) >= 3 and in_flight[0].where == checkpoint_prefix(run, committed[-1] + 1):
                 break
             time.sleep(0.2)  # a 2-core machine: leave the ranks the CPU
     finally:
