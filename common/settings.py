@@ -69,11 +69,19 @@ def from_dict(cls: type, values: dict[str, Any], where: str = "", source: str = 
     """Build dataclass ``cls`` from nested dicts. Unknown keys, values of the wrong type and
     strings that name no choice of an Enum field are all collected and raised together as one
     ConfigError, each by its full path (``source`` names the file in the summary line)."""
-    problems: list[str] = []
-    built = _build(cls, values, where, problems)
+    built, problems = read_settings(cls, values, where)
     if problems:
         raise problems_error(problems, source)
     return built
+
+
+def read_settings(cls: type, values: Any, where: str = "") -> tuple[Any, list[str]]:
+    """``cls`` built from nested dicts with every setting that could be read, and the problems of
+    those that could not (unknown keys, wrong types: the defaults stand in for them), so that a
+    caller can check the values it did read as well and report every problem at once. The
+    object is None when ``values`` is not a mapping."""
+    problems: list[str] = []
+    return _build(cls, values, where, problems), problems
 
 
 def _build(cls: type, values: Any, where: str, problems: list[str]) -> Any:
@@ -87,18 +95,18 @@ def _build(cls: type, values: Any, where: str, problems: list[str]) -> Any:
         hint = did_you_mean(f"{prefix}{name}", (prefix + k for k in known)) if isinstance(name, str) else ""
         problems.append(f"unknown setting {prefix}{name}{hint}; known: {', '.join(sorted(known))}")
     kwargs = {}
-    before = len(problems)
     for name, value in values.items():
         if name not in known:
             continue
         hint = hints[name]
         path = prefix + name
+        before = len(problems)
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value or {}, path, problems)
+            read = _build(hint, value or {}, path, problems)
         else:
-            kwargs[name] = _check_scalar(hint, value, path, problems)
-    if len(problems) > before or set(values) - known:
-        return None
+            read = _check_scalar(hint, value, path, problems)
+        if read is not None and (dataclasses.is_dataclass(hint) or len(problems) == before):
+            kwargs[name] = read  # a value that could not be read keeps the default
     return cls(**kwargs)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,7 +26,7 @@ import yaml
 from common.docfields import documented
 from common.errors import ConfigError
 from common.names import spec_problem
-from common.settings import from_dict, problems_error
+from common.settings import from_dict, problems_error, read_settings
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from evaluation.config import EvalConfig
 from evaluation.lm_eval_catalog import parse_metric_name, shipped_tasks
@@ -74,6 +75,9 @@ class PipelineConfig:
     """Model registration."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """Experiment tracking in MLflow."""
+    cluster_profile: str = ""
+    """The cluster profile this config is written for (a name under configs/cluster/, e.g. gpu-2x8);
+    launched under another one ($PRETRAIN_CLUSTER) it warns. '' = any profile."""
 
     def __post_init__(self) -> None:
         # A config built in Python (by hand, or by flytekit from a task's input) must be able to run; the
@@ -144,13 +148,30 @@ class PipelineConfig:
             raise click.BadParameter(str(e)) from e
 
 
+def launch_profile(path: str | None = None) -> str:
+    """The cluster profile a run is launched under: ``path``, else ``$PRETRAIN_CLUSTER``, else 'local'."""
+    return path or os.environ.get(CLUSTER_ENV, "") or "local"
+
+
 def launch_world(path: str | None = None) -> tuple[int, str]:
     """Ranks of the train task and where the number comes from: the cluster profile at ``path``
     or ``$PRETRAIN_CLUSTER`` (nodes × ranks per node), else the local one (one node, two ranks)."""
     cluster = load_cluster(path)
-    profile = path or os.environ.get(CLUSTER_ENV, "") or "local"
     world = cluster.nnodes * cluster.nproc_per_node
-    return world, f"{cluster.nnodes} node(s) × {cluster.nproc_per_node} ranks of cluster profile {profile}"
+    return world, f"{cluster.nnodes} node(s) × {cluster.nproc_per_node} ranks of cluster profile {launch_profile(path)}"
+
+
+def profile_warning(config: PipelineConfig, source: str, profile: str) -> str:
+    """The warning line when ``config`` is written for another cluster profile than ``profile``
+    (a path or 'local'), else ''. Profiles compare by name: configs/cluster/gpu-2x8.yaml is gpu-2x8."""
+    wanted = config.cluster_profile
+    if not wanted or Path(wanted).stem == Path(profile).stem:
+        return ""
+    return (
+        f"WARNING: {source} is written for cluster profile {Path(wanted).stem!r} but this launch uses {profile!r}: "
+        f"set PRETRAIN_CLUSTER=configs/cluster/{Path(wanted).stem}.yaml (the layout and batch were checked "
+        "against the world size of the profile in use, not the one the config is tuned for)"
+    )
 
 
 @contextmanager
@@ -167,12 +188,19 @@ def parse_config(values: Any, source: str = "", launch: bool = True) -> Pipeline
     problem in one ConfigError. ``launch`` adds the rules of the machine it is launched from
     (local corpus paths, the cluster profile's world size)."""
     with _building():
-        config = from_dict(PipelineConfig, values if values is not None else {}, source=source)
+        config, problems = read_settings(PipelineConfig, values if values is not None else {})
+    if config is None:  # not a mapping: nothing else to check
+        raise problems_error(problems, source)
+    # Every problem at once: what could not be read, and the rules on what could (defaults standing in).
     if launch:
         world, where = launch_world()
-        config.check(world, f"; {world} = {where}", source)
+        problems += config.problems(world, f"; {world} = {where}")
     else:
-        config.check(source=source)
+        problems += config.problems()
+    if problems:
+        raise problems_error(problems, source)
+    if launch and (warning := profile_warning(config, source, launch_profile())):
+        print(warning, file=sys.stderr, flush=True)
     return config
 
 

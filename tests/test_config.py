@@ -5,6 +5,7 @@ check``) or ``pyflyte run … --config`` fails with all of them, one line each, 
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -97,13 +98,45 @@ def test_every_unknown_key_and_bad_type_is_reported_at_once(tmp_path):
         load_config(path)
     assert str(caught.value).splitlines() == [
         f"the settings in {path} have 4 problems:",
-        "  - unknown setting registri (did you mean registry?); known: data, evaluation, model, parallel, registry, store, "
-        "tokenizer, tracking, train, validation",
+        "  - unknown setting registri (did you mean registry?); known: cluster_profile, data, evaluation, model, parallel, "
+        "registry, store, tokenizer, tracking, train, validation",
         "  - unknown setting train.stepz (did you mean train.steps?); known: "
         + ", ".join(sorted(f.name for f in dataclasses.fields(TrainConfig))),
         "  - train.lr must be float, got 'fast'",
         "  - model.kernels is 'cuda': use one of triton, torch",
     ]
+
+
+def test_unreadable_settings_and_broken_rules_are_reported_together(tmp_path):
+    # A typo'd key beside values that read but break a rule: one error lists both kinds, so a user fixes
+    # everything in one go (the rules run on what was read, with defaults standing in for the rest).
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  stpes: 3\n  lr: -1\nmodel:\n  hidden_size: 0\n  kernels: cuda\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, overrides=["evaluation.batch_size=x"])
+    lines = str(caught.value).splitlines()
+    assert lines[0] == f"the settings in {path} with --set evaluation.batch_size=x have 5 problems:"
+    assert [re.search(r"\w+\.\w+", line).group() for line in lines[1:]] == [
+        "train.stpes",
+        "model.kernels",
+        "evaluation.batch_size",
+        "model.hidden_size",
+        "train.lr",
+    ]
+
+
+def test_a_preset_for_another_cluster_profile_warns(monkeypatch, capsys):
+    # The GPU presets say which profile they are tuned for; launched under another one they warn (and still load).
+    monkeypatch.delenv("PRETRAIN_CLUSTER", raising=False)
+    config = load_config(ROOT / "configs" / "gpt-350m.yaml")
+    assert config.cluster_profile == "gpu-2x8"
+    err = capsys.readouterr().err
+    assert "WARNING: " in err and "is written for cluster profile 'gpu-2x8' but this launch uses 'local'" in err
+    assert "PRETRAIN_CLUSTER=configs/cluster/gpu-2x8.yaml" in err
+    monkeypatch.setenv("PRETRAIN_CLUSTER", str(GPU_2X8))
+    load_config(ROOT / "configs" / "gpt-350m.yaml")
+    load_config(ROOT / "configs" / "nightly.yaml")  # written for any profile
+    assert capsys.readouterr().err == ""
 
 
 def test_missing_or_broken_file_is_named(tmp_path):
