@@ -14,6 +14,15 @@ TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 """The shipped task definitions, one ``<task>.yaml`` each."""
 METRIC_PREFIX = "lm_eval"
 """Flattened figures are named ``lm_eval.<task>.<metric>`` (EvalReport, the card, MLflow)."""
+CONTINUATION_CHOICES = 4
+"""Endings per heldout_continuation example: the true one and three from other documents."""
+CHANCE = {
+    ("heldout_continuation", "acc"): 1 / CONTINUATION_CHOICES,
+    ("heldout_continuation", "acc_norm"): 1 / CONTINUATION_CHOICES,
+    # Greedy decoding must produce the exact held-out word (3+ characters) among the vocabulary's.
+    ("heldout_cloze", "acc"): 0.0,
+}
+"""What a model that guesses scores on each shipped accuracy: a figure means something only above it."""
 
 
 def shipped_tasks() -> dict[str, list[str]]:
@@ -27,6 +36,13 @@ def shipped_tasks() -> dict[str, list[str]]:
 
 def metric_name(task: str, metric: str) -> str:
     return f"{METRIC_PREFIX}.{task}.{metric}"
+
+
+def chance_level(name: str) -> float | None:
+    """The score of guessing for the figure named ``lm_eval.<task>.<metric>`` (lm-eval's ``acc,none``
+    spelling too), or None when it has none (perplexity, tasks not shipped here)."""
+    parsed = parse_metric_name(name)
+    return CHANCE.get((parsed[0], parsed[1].partition(",")[0])) if parsed else None
 
 
 def parse_metric_name(name: str) -> tuple[str, str] | None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from evaluation.lm_eval_catalog import TASKS_DIR, metric_name
+from evaluation.lm_eval_catalog import CONTINUATION_CHOICES, TASKS_DIR, metric_name
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,8 +42,7 @@ if TYPE_CHECKING:
 
 __data__ = ("lm_eval_tasks",)
 """Folders beside this module whose files its results depend on (``common.codeversion`` hashes them)."""
-CHOICES = 4
-"""Endings per continuation example: the true one and three from other documents."""
+CHOICES = CONTINUATION_CHOICES
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 """Set in the child that runs lm-eval: nothing is downloaded, every file is local."""
 _WORD = re.compile(r"[^\W\d]\w{2,}")

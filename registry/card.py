@@ -16,6 +16,7 @@ from common.contracts import (
     card_key,
 )
 from common.errors import ConfigError
+from evaluation.lm_eval_catalog import chance_level
 from registry.names import RegistryError
 from storage import Store
 
@@ -55,12 +56,18 @@ COUNTS = frozenset({"parameters", "tokens_trained", "world_size", "val_tokens"})
 
 
 def metric_text(key: str, value: object) -> str:
-    """A card metric as a person reads it: a count as an integer, any other figure to 4 decimals."""
+    """A card metric as a person reads it: a count as an integer, any other figure to 4 decimals, an
+    lm-eval accuracy with the score of guessing beside it."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, float):
-        return str(int(value)) if key in COUNTS and value.is_integer() else f"{value:.4f}"
-    return str(value)
+    if not isinstance(value, float):
+        return str(value)
+    if key in COUNTS and value.is_integer():
+        return str(int(value))
+    chance = chance_level(key)
+    if chance is None:
+        return f"{value:.4f}"
+    return f"{value:.4f} (chance {chance:.2f})" if chance else f"{value:.4f} (chance ≈ 0)"
 
 
 def card_markdown(card: ModelCard) -> str:

@@ -18,7 +18,9 @@ from common.errors import ConfigError
 from data_prep.shards import pack
 from data_prep.tokenizer import train_tokenizer
 from evaluation import lm_eval_suite as suite
+from evaluation.lm_eval_catalog import chance_level, metric_name, shipped_tasks
 from pipeline.config import parse_config
+from registry.card import metric_text
 from tests.helpers import distinct_docs, tiny_tokenizer
 
 SEQ_LEN = 32
@@ -65,6 +67,8 @@ def test_examples_are_deterministic_and_sound(heldout, tmp_path):
     assert len(continuation) == 20
     for r in continuation:
         assert len(r["choices"]) == suite.CHOICES == len(set(r["choices"]))
+        # The chance level shown beside the accuracies (lm_eval_catalog.CHANCE) is that of these examples.
+        assert chance_level("lm_eval.heldout_continuation.acc") == 1 / len(r["choices"])
         assert r["context"] + r["choices"][r["label"]] in decoded[r["doc"]]  # the true ending is the passage's own
         assert r["choice_docs"][r["label"]] == r["doc"]
         for i, (choice, doc) in enumerate(zip(r["choices"], r["choice_docs"], strict=True)):
@@ -163,6 +167,20 @@ def test_lm_eval_on_a_tiny_export_matches_a_hand_computation_offline(heldout, tm
     for task in TASKS:
         assert scored[task]["n_samples"]["effective"] == 12
         assert any(key.endswith("_stderr,none") for key in scored[task]["results"])
+
+
+def test_every_shipped_accuracy_is_shown_with_its_chance_level():
+    accuracies = [metric_name(t, m) for t, metrics in shipped_tasks().items() for m in metrics if m.startswith("acc")]
+    assert sorted(accuracies) == [
+        "lm_eval.heldout_cloze.acc",
+        "lm_eval.heldout_continuation.acc",
+        "lm_eval.heldout_continuation.acc_norm",
+    ]
+    assert all(chance_level(name) is not None for name in accuracies)
+    assert metric_text("lm_eval.heldout_continuation.acc_norm", 0.3125) == "0.3125 (chance 0.25)"
+    assert metric_text("lm_eval.heldout_cloze.acc", 0.05) == "0.0500 (chance ≈ 0)"
+    assert metric_text("lm_eval.heldout_cloze.perplexity", 812.5) == "812.5000"  # no chance level for a perplexity
+    assert metric_text("val_loss", 5.25) == "5.2500"
 
 
 def test_task_list_and_gate_metric_are_checked():
