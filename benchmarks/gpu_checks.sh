@@ -9,8 +9,8 @@
 # Wheels in .whl/ (e.g. megatron-core, liger-kernel for a machine that lacks them) are installed
 # into a private folder first. Each step's log goes to OUT_DIR (default ./gpu-checks); a
 # failing step is reported and the next one still runs. At the end every step's last JSON
-# line is gathered into benchmarks/results/<device>-<date>.json (and OUT_DIR), which the
-# README quotes.
+# line is gathered into benchmarks/results/<device>-<date>.json (and OUT_DIR), the file the
+# README's Performance section and docs/performance.md quote once it is committed.
 set -u
 out=${1:-gpu-checks}
 mkdir -p "$out"

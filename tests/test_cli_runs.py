@@ -134,7 +134,7 @@ def test_show_prints_the_run_for_a_person(profiled_run, capsys):
     store = open_store(profiled_run.store)
     status, out, _ = pretrain(capsys, "runs", "show", run_id(profiled_run), "--store", store.uri)
     assert status == 0
-    print(out)  # the text the README quotes
+    print(out)  # the text a person reads (docs/troubleshooting.md describes it)
     lines = out.splitlines()
     assert lines[0].startswith(f"run {run_id(profiled_run)}  {store.url(profiled_run.run)}")
     assert "  steps 1-8: 2 ranks, tensor_parallel=1, pipeline_parallel=1, data_parallel=2, distributed_optimizer=false" in lines

@@ -45,7 +45,7 @@ def flyte_read(domain: str) -> set[str]:
 
 
 def task_role_spec(role: str, d: str) -> RoleSpec:
-    """What a task role of domain ``d`` may do. The store layout is README "Storage": datasets/, runs/,
+    """What a task role of domain ``d`` may do. The store layout is docs/running.md "Storage": datasets/, runs/,
     models/; _probe/ is where Store.check() (called by prepare_data) writes and deletes one object.
     Each lists exactly where it reads: its code lists and HEADs there (a HEAD of a missing key is a
     404 only to a caller that may list with that key as s3:prefix), and nowhere else."""
