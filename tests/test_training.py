@@ -22,6 +22,7 @@ from common.contracts import Layout, LayoutSpan
 from common.errors import ConfigError
 from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
+from evaluation.tensorboard_log import event_file
 from storage import open_store
 from tests.helpers import final_weights, fresh_copy, layout_facts, losses, records, tiny_model, train_recording_layout
 from training.checkpointing import checkpoint
@@ -31,7 +32,8 @@ from training.model.gpt import build_gpt
 from training.train import train
 
 MODEL = tiny_model()
-STEPS = TrainConfig(steps=8, micro_batch_size=4, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=4)
+# val_every=4: the held-out loss at steps 4 and 8 (training.observe.validation), compared across layouts too.
+STEPS = TrainConfig(steps=8, micro_batch_size=4, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=4, val_every=4)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,10 @@ def test_tensor_parallel_training_learns_and_commits(tp2_run, tp2_facts):
     facts = layout_facts(tp2_facts)
     assert [layout_summary(f) for f in facts] == [built(tp=2)] * 2 and [f["recompute"] for f in facts] == [None] * 2
     assert all(math.isfinite(n) and n > 0 for n in grad_norms(tp2_run))
+    held_out = val_losses(tp2_run)
+    assert list(held_out) == [4, 8] and all(math.isfinite(v) and v > 0 for v in held_out.values()), held_out
+    assert held_out[8] < held_out[4], held_out  # the model learned something that carries to unseen rows
+    assert all(r["val_time_s"] > 0 for r in records(tp2_run) if "val_loss" in r)
 
 
 # Tolerances. Float noise between layouts measured (8 steps): losses <= 4.8e-7, gradient norms
@@ -122,6 +128,10 @@ def grad_norms(ref) -> list[float]:
     return [r["grad_norm"] for r in records(ref)]
 
 
+def val_losses(ref) -> dict[int, float]:
+    return {r["step"]: r["val_loss"] for r in records(ref) if "val_loss" in r}
+
+
 def check_built_layout(name: str, facts: list[dict]) -> None:
     """The ranks built the layout ``name`` asked for, from facts of the built model and optimizer."""
     nproc, _, _, expected = LAYOUTS[name]
@@ -153,7 +163,12 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
     facts_dir = tmp_path / "facts"
     facts_dir.mkdir()
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
-    steps = dataclasses.replace(STEPS, checkpoint_every=STEPS.steps, recompute=recompute)  # one save: the final weights
+    # One save: the final weights. The single-process run measures no held-out loss: its weights matching the TP=2
+    # run's (which does, at steps 4 and 8) show that the measurement changes nothing of the training.
+    validate = name != "single-process"
+    steps = dataclasses.replace(
+        STEPS, checkpoint_every=STEPS.steps, recompute=recompute, val_every=STEPS.val_every if validate else 0
+    )
     ref = launch(train_recording_layout, nproc, str(facts_dir), dataset, MODEL, parallel, steps)
     recorded = Layout(nproc, parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer)
     assert ref.layouts == [LayoutSpan(1, STEPS.steps, recorded)]
@@ -167,10 +182,16 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
         "grad_norm_rel": max(abs(a - b) / b for a, b in zip(grad_norms(ref), grad_norms(tp2_run), strict=True)),
         "weights": max((weights[k] - tp2_weights[k]).abs().max().item() for k in weights),
     }
+    if validate:  # forward only, through LocalStep.evaluate or MegatronStep.evaluate: the same held-out loss
+        assert val_losses(ref).keys() == val_losses(tp2_run).keys(), val_losses(ref)
+        diffs["val_loss"] = max(abs(a - b) for a, b in zip(val_losses(ref).values(), val_losses(tp2_run).values(), strict=True))
+    else:
+        assert val_losses(ref) == {}
     print(f"{name}: {diffs}")
     assert diffs["loss"] <= LOSS_TOL, diffs
     assert diffs["grad_norm_rel"] <= GRAD_NORM_RTOL, diffs
     assert diffs["weights"] <= WEIGHT_TOL, diffs
+    assert diffs.get("val_loss", 0.0) <= LOSS_TOL, diffs
 
 
 def test_recompute_setting_is_checked():
@@ -206,6 +227,8 @@ def test_evaluation_loads_tp2_checkpoint_at_tp1(tp2_run):
     assert results["val_loss"] == report.val_loss and results["step"] == tp2_run.step and results["sample"] == report.sample
     exported = {key.rsplit("/", 1)[1] for key in store.list(f"{report.outputs}/hf")}
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= exported
+    # Each evaluation's val/* and the run's hparams in its TensorBoard (read back in tests/test_tensorboard_eval.py).
+    assert all(store.exists(event_file(tp2_run.run, e.outputs.rsplit("/", 1)[1])) for e in (report, again))
 
 
 def test_a_twin_evaluating_after_its_twin_registered_gets_the_same_version(tp2_run, tmp_path):

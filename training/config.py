@@ -169,6 +169,11 @@ class TrainConfig:
     init_from: str = ""
     """Continue pretraining from a registered model: NAME, NAME:VERSION or NAME:ALIAS
     ('' = from scratch). Its tokenizer is reused and the model section must match it."""
+    val_every: int = 100
+    """Measure the validation loss every N steps and at the last step (0 = off): forward only, on the same
+    ``val_batches`` global batches of the validation split each time; the curves get held-out points."""
+    val_batches: int = 2
+    """Global batches of the validation split each of those measurements reads."""
     tensorboard: bool = True
     """Also write the per-step metrics as TensorBoard event files to <run>/tensorboard/."""
     peak_flops: float = 0.0
@@ -236,6 +241,8 @@ class TrainConfig:
         out += at_least("train.shuffle_window_shards", self.shuffle_window_shards, 1)
         out += at_least("train.peak_flops", self.peak_flops, 0, " (0 = the device's data-sheet figure)")
         out += at_least("train.log_every", self.log_every, 1)
+        out += at_least("train.val_every", self.val_every, 0, " (0 = off)")
+        out += at_least("train.val_batches", self.val_batches, 1)
         if self.profile.strip() and self.profile_window() is None:
             out.append(f"train.profile is {self.profile!r}: give steps as 'FIRST-LAST' or 'STEP' (1-based), e.g. '11-13'")
         elif self.profile_window() and self.profile_window()[0] > self.steps:
@@ -259,6 +266,8 @@ class TrainConfig:
 
 
 OBSERVING_FIELDS = (
+    "val_every",
+    "val_batches",
     "tensorboard",
     "peak_flops",
     "log_every",

@@ -4,7 +4,8 @@
 belongs to components built from their own config, each owning its cadence and state: the checkpoint
 manager (``training.checkpointing.manager``: resume, start from a base model, save, the run's lease),
 the run log (``training.runs.runlog``: metrics, step times, health events) and the step callbacks
-(``training.callbacks``: profiler, stragglers, loss health, metrics, step lines, the MLflow sender).
+(``training.callbacks``: loss health, validation loss, stragglers, metrics, profiler, step lines, the
+MLflow sender).
 
 Launch it under torchrun, a Flyte ``Elastic`` task, or ``training.launch.spawn``: it
 reads RANK/WORLD_SIZE/MASTER_* from the environment. The run id is a hash of the dataset
@@ -49,6 +50,7 @@ from training.observe.metrics import StepMetrics
 from training.observe.profiling import WindowProfiler
 from training.observe.stragglers import StragglerMonitor
 from training.observe.timing import StepTimer, phase_key
+from training.observe.validation import Validator
 from training.observe.watchdog import Progress, Watchdog, explain
 from training.runs.runlog import RunLog
 
@@ -129,6 +131,11 @@ class Trainer:
             dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards
         )
         self.seq_len = manifest["seq_len"]
+        self.val_loader = None  # the validation split's, for the Validator (none when the split is empty or it is off)
+        if cfg.val_every > 0 and manifest["splits"].get("val", {}).get("shards"):
+            self.val_loader, _ = StreamingLoader.for_split(
+                dataset, "val", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards
+            )
         self.tokens_per_step = cfg.global_batch_size * self.seq_len
         self.step = build_step(model_cfg, parallel, cfg, manifest["vocab_size"], self.seq_len)
         self.store = open_store(dataset.store)
@@ -188,6 +195,7 @@ class Trainer:
         self.log.events = self.health.events
         callbacks = [
             self.health,
+            Validator(cfg, self.step, self.val_loader, self.dp_rank, self.dp_size),
             StragglerMonitor(cfg, param.device, self.progress, self.log.add_step_times, self.rank0),
             StepMetrics.for_training(self.model_cfg, cfg, self.seq_len, world, param, self.store, self.run_prefix, self.rank0),
             self.log,

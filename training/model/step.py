@@ -74,6 +74,11 @@ class TrainStep(Protocol):
         """Parameters of the whole model, over all tensor- and pipeline-parallel ranks."""
         ...
 
+    def evaluate(self, batch: torch.Tensor) -> float:
+        """Mean loss of this rank's rows of a global batch, forward only (no gradient, no state changed),
+        averaged over the data-parallel ranks: the same number on every rank."""
+        ...
+
 
 def micro_batches(cfg: TrainConfig, dp_size: int) -> int:
     """Micro-batches per rank per step (gradient accumulation / pipeline micro-batches)."""
@@ -144,6 +149,14 @@ class LocalStep:
 
     def num_parameters(self) -> int:
         return count_parameters(self.model)
+
+    @torch.no_grad()
+    def evaluate(self, batch: torch.Tensor) -> float:
+        micros = batch.split(self.cfg.micro_batch_size)
+        total = torch.zeros((), device=self.params[0].device)
+        for micro in micros:
+            total += mean_loss(self.model, micro).float()
+        return _mean_over_data_parallel(total / len(micros))
 
     def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
         from megatron.core import parallel_state as ps
@@ -249,6 +262,34 @@ class MegatronStep:
     def num_parameters(self) -> int:
         return count_parameters(self.model)
 
+    @torch.no_grad()
+    def evaluate(self, batch: torch.Tensor) -> float:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        micros = batch.split(self.cfg.micro_batch_size)
+        losses = get_forward_backward_func()(
+            forward_step_func=self._forward_step,
+            data_iterator=iter(micros),
+            model=[self.ddp],
+            num_microbatches=len(micros),
+            seq_length=self.seq_len,
+            micro_batch_size=self.cfg.micro_batch_size,
+            forward_only=True,
+        )
+        return self._mean_loss(losses)
+
+    def _mean_loss(self, losses: list[dict[str, torch.Tensor]]) -> float:
+        """The last stage's mean over the micro-batches, told to the other stages, averaged over DP."""
+        from megatron.core import parallel_state as ps
+
+        loss = torch.zeros((), dtype=torch.float32, device=next(self.model.parameters()).device)
+        if self.last_stage:
+            loss += torch.stack([m["loss"] for m in losses]).float().mean()
+        pp_group = ps.get_pipeline_model_parallel_group()
+        if dist.get_world_size(pp_group) > 1:
+            dist.broadcast(loss, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
+        return _mean_over_data_parallel(loss)
+
     def _finalize_grads(self, *args, **kwargs):
         # Called inside the schedule: its time is the collectives', not forward+backward's.
         with self._timer.phase("collective"):
@@ -269,7 +310,6 @@ class MegatronStep:
         return output, _report_loss
 
     def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
-        from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         for group in self.optimizer.param_groups:
@@ -288,15 +328,8 @@ class MegatronStep:
                 micro_batch_size=self.cfg.micro_batch_size,
                 forward_only=False,
             )
-        # Only the last stage computed the loss: it tells the other stages.
-        loss = torch.zeros((), dtype=torch.float32, device=next(self.model.parameters()).device)
-        if self.last_stage:
-            loss += torch.stack([m["loss"] for m in losses]).float().mean()
-        with timer.phase("collective"):
-            pp_group = ps.get_pipeline_model_parallel_group()
-            if dist.get_world_size(pp_group) > 1:
-                dist.broadcast(loss, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
-            mean = _mean_over_data_parallel(loss)
+        with timer.phase("collective"):  # only the last stage computed the loss: it tells the other stages
+            mean = self._mean_loss(losses)
         if not accept(mean):
             return StepResult(mean, float("nan"), False)  # the next step zeroes the gradient buffers
         # The optimizer's own collectives (gradient norm, the distributed optimizer's all-gather) count here.

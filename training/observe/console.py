@@ -14,6 +14,8 @@ def step_line(record: Record, steps: int) -> str:
     if record.get("mfu") is not None:
         line += f" | MFU {record['mfu']:.1%}"
     line += f" | data {record['data_wait_fraction']:.0%}"
+    if "val_loss" in record:
+        line += f" | val_loss {record['val_loss']:.4f}"
     if "slowest_rank" in record:  # a straggler exchange ended with this step
         line += f" | slowest rank {record['slowest_rank']} ({record['slowest_ratio']:.2f}× the others)"
     if "skipped" in record:
