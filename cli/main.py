@@ -10,8 +10,9 @@
     pretrain runs list [--json] [--store URI]
     pretrain runs show RUN [--json] [--store URI]
     pretrain runs compare RUN_A RUN_B [...] [--out FILE.png|.svg] [--json] [--store URI]
+    pretrain runs report RUN [--out FILE.html] [--store URI]
     pretrain gc [--apply] [--min-age MINUTES] [--json] [--store URI]
-    pretrain ui [--port 5000]
+    pretrain ui [--port 5000] [--run MLFLOW_RUN_ID]
     pretrain tracking sync NAME[:VERSION|:ALIAS] [--store URI]
 
 Errors the user can fix are printed as one line (``error: …``) with exit status 2; ``pretrain run`` also
@@ -173,7 +174,7 @@ def cmd_registry_promote(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from tracking.ui import serve
 
-    return serve(args.port)
+    return serve(args.port, run_id=args.run)
 
 
 def cmd_tracking_sync(args: argparse.Namespace) -> int:
@@ -274,6 +275,21 @@ def cmd_runs_compare(args: argparse.Namespace) -> int:
         return 0
     for line in _compare_lines(compared, names):
         print(line)
+    return 0
+
+
+def cmd_runs_report(args: argparse.Namespace) -> int:
+    """One run as one self-contained HTML page (``pipeline.run_report``), written to a file."""
+    from pipeline.run_report import run_report_html
+
+    store = _store(args)
+    run_id = runs.resolve_run(store, args.run)
+    out = Path(args.out) if args.out else Path.cwd() / f"run-{run_id[: runs.SHORT_ID]}.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")  # a page half written never sits under its name
+    partial.write_text(run_report_html(store, run_id), encoding="utf-8")
+    partial.replace(out)
+    print(f"report of run {run_id}: {out.resolve()} ({out.stat().st_size:,} bytes; opens offline)")
     return 0
 
 
@@ -544,9 +560,17 @@ def parser() -> argparse.ArgumentParser:
     _json_option(rc)
     _store_option(rc)
     rc.set_defaults(fn=cmd_runs_compare)
+    rr = command(runs_cmd, "report", "one run as one HTML page: curves, step time by phase and rank, warnings, dataset")
+    rr.add_argument("run", metavar="RUN", help="the run id or a unique prefix of it")
+    rr.add_argument("--out", help="the HTML file to write (default: run-<id>.html in this folder)")
+    _store_option(rr)
+    rr.set_defaults(fn=cmd_runs_report)
 
     ui = command(sub, "ui", "the MLflow UI on 127.0.0.1 over the local tracking database, for you only")
     ui.add_argument("--port", type=int, default=5000, help="the port on 127.0.0.1")
+    ui.add_argument(
+        "--run", default="", metavar="MLFLOW_RUN_ID", help="also print the page of this MLflow run (a run's summary names it)"
+    )
     ui.set_defaults(fn=cmd_ui)
     tracking = command(sub, "tracking", "the MLflow mirror").add_subparsers(dest="tracking_command", required=True)
     ts = command(tracking, "sync", "replay a registered model's execution into MLflow from the store")

@@ -2,8 +2,10 @@
 
 Three tables are checked: per-document statistics (``doc_stats.csv``), per-shard
 statistics (the manifest, with every shard's sha256 and size read back from storage), and
-one row of dataset-level fractions. The results, and GE's HTML Data Docs, are stored under
-``datasets/<version>/validation/`` (pass or fail) before a failure is raised.
+one row of dataset-level fractions. The results, the suite and our own report (``report.html``:
+self-contained, every value escaped) are stored under ``datasets/<version>/validation/`` (pass or fail)
+before a failure is raised. GE's Data Docs are not built: their pages load bootstrap and jQuery from
+CDNs (empty and unstyled offline) and print data values unescaped.
 """
 
 from __future__ import annotations
@@ -12,11 +14,7 @@ import hashlib
 import io
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
-from html import escape
-from pathlib import Path
 
 import pandas as pd
 
@@ -24,16 +22,16 @@ from common.contracts import (
     DOC_STATS,
     VALIDATION_REPORT,
     VALIDATION_RESULT,
-    VALIDATION_SITE,
     VALIDATION_SUITES,
     DatasetRef,
     validation_prefix,
 )
-from common.errors import UserError, local_space
+from common.errors import UserError
 from data_prep.config import ValidationConfig
 from data_prep.manifest import load_manifest
 from data_prep.shards import check_digest, parse_shard
 from data_prep.sources import DataError
+from data_prep.validation_report import Outcome, report_html, report_section
 from storage import AlreadyCommitted, Store, StoreError
 
 
@@ -44,22 +42,6 @@ class ValidationFailed(UserError, RuntimeError):
     def __init__(self, message: str, validation: Validation | None = None) -> None:
         super().__init__(message)
         self.validation = validation
-
-
-@dataclass
-class Outcome:
-    """One expectation's verdict, in words a user can act on."""
-
-    suite: str
-    expectation: str
-    column: str
-    success: bool
-    observed: str
-    expected: str
-
-    def line(self) -> str:
-        where = f"{self.suite}.{self.column}" if self.column else self.suite
-        return f"{where}: {self.expectation} failed (observed {self.observed}; expected {self.expected})"
 
 
 @dataclass
@@ -244,25 +226,13 @@ def _observed(result: dict) -> str:
     return "n/a"
 
 
-def _run_suites(tables: dict[str, pd.DataFrame], suites: dict[str, list], site: Path) -> list[Outcome]:
-    """Validate each table against its suite with GE, building Data Docs into ``site``."""
+def _run_suites(tables: dict[str, pd.DataFrame], suites: dict[str, list]) -> list[Outcome]:
+    """Validate each table against its suite with GE (an ephemeral context: nothing written to disk; no
+    Data Docs, see the module's docstring)."""
     gx = great_expectations()
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = {"globally": False}
-    # The ephemeral context makes a default docs site in a fresh temp dir and never
-    # removes it: drop it, and keep our own site in a directory we own.
-    for name, site_config in dict(context.variables.data_docs_sites or {}).items():
-        shutil.rmtree(site_config["store_backend"]["base_directory"], ignore_errors=True)
-        context.delete_data_docs_site(name)
-    context.add_data_docs_site(
-        site_name="pretrain",
-        site_config={
-            "class_name": "SiteBuilder",
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site)},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-        },
-    )
     source = context.data_sources.add_pandas("dataset")
     outcomes = []
     for name, expectations in suites.items():
@@ -271,33 +241,25 @@ def _run_suites(tables: dict[str, pd.DataFrame], suites: dict[str, list], site: 
         for expectation in expectations:
             suite.add_expectation(expectation)
         definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=suite))
-        checkpoint = context.checkpoints.add(
-            gx.Checkpoint(
-                name=f"check-{name}",
-                validation_definitions=[definition],
-                actions=[gx.checkpoint.UpdateDataDocsAction(name="docs", site_names=["pretrain"])],
-            )
-        )
-        result = checkpoint.run(batch_parameters={"dataframe": tables[name]})
-        for run in result.run_results.values():
-            for r in run.results:
-                kwargs = dict(r.expectation_config.kwargs)
-                outcomes.append(
-                    Outcome(
-                        suite=name,
-                        expectation=r.expectation_config.type,
-                        column=str(kwargs.get("column", kwargs.get("column_A", ""))),
-                        success=bool(r.success),
-                        observed=_observed(r.result),
-                        expected=_expected(kwargs),
-                    )
+        result = definition.run(batch_parameters={"dataframe": tables[name]})
+        for r in result.results:
+            kwargs = dict(r.expectation_config.kwargs)
+            outcomes.append(
+                Outcome(
+                    suite=name,
+                    expectation=r.expectation_config.type,
+                    column=str(kwargs.get("column", kwargs.get("column_A", ""))),
+                    success=bool(r.success),
+                    observed=_observed(r.result),
+                    expected=_expected(kwargs),
                 )
+            )
     return outcomes
 
 
 def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> Validation:
-    """Run the suites; store the results, the suite, the report and GE's Data Docs under
-    ``<dataset>/validation/`` (pass or fail); return what was computed (no failures = pass).
+    """Run the suites; store the results, the suite and the report under ``<dataset>/validation/``
+    (pass or fail); return what was computed (no failures = pass).
 
     Re-entrant, and safe at the same moment as an identical twin: the suites always run (a shard
     modified since is always caught), but a committed report that says the same (same outcomes,
@@ -312,34 +274,32 @@ def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) ->
     prefix = validation_prefix(ref.prefix)
     # The suite as run, thresholds included, recorded with the dataset it judged.
     recorded = {name: [e.configuration.to_json_dict() for e in expectations] for name, expectations in suites.items()}
-    with tempfile.TemporaryDirectory(prefix="pretrain-gx-") as tmp, local_space(tmp, "the validation report's staging"):
-        site = Path(tmp) / VALIDATION_SITE
-        outcomes = _run_suites(tables, suites, site)
-        result = {
-            "success": all(o.success for o in outcomes),
-            "outcomes": [asdict(o) for o in outcomes],
-            "config": asdict(config),
-            "modified": list(modified),
-        }
-        result, recorded = json.loads(json.dumps(result)), json.loads(json.dumps(recorded))  # as they read back
-        for _ in range(3):
-            stored = _committed_report(store, prefix)
-            if stored == (result, recorded):
-                break
-            if stored is not None:
-                store.delete_prefix(prefix)  # another config's report: the marker goes first
-            _write_report(store, prefix, site, result, recorded, report_html(ref, outcomes, modified))
-            try:
-                store.commit(prefix, {"success": result["success"]})
-                break
-            except AlreadyCommitted:
-                continue  # a twin committed first: the same report (kept) or another config's (written again)
-        else:
-            if _committed_report(store, prefix) != (result, recorded):
-                raise StoreError(
-                    f"{store.url(prefix)} kept being rewritten by validations of dataset {ref.version} with other "
-                    "settings at the same time; run this one again once they are done"
-                )
+    outcomes = _run_suites(tables, suites)
+    result = {
+        "success": all(o.success for o in outcomes),
+        "outcomes": [asdict(o) for o in outcomes],
+        "config": asdict(config),
+        "modified": list(modified),
+    }
+    result, recorded = json.loads(json.dumps(result)), json.loads(json.dumps(recorded))  # as they read back
+    for _ in range(3):
+        stored = _committed_report(store, prefix)
+        if stored == (result, recorded):
+            break
+        if stored is not None:
+            store.delete_prefix(prefix)  # another config's report: the marker goes first
+        _write_report(store, prefix, result, recorded, report_html(ref, outcomes, modified))
+        try:
+            store.commit(prefix, {"success": result["success"]})
+            break
+        except AlreadyCommitted:
+            continue  # a twin committed first: the same report (kept) or another config's (written again)
+    else:
+        if _committed_report(store, prefix) != (result, recorded):
+            raise StoreError(
+                f"{store.url(prefix)} kept being rewritten by validations of dataset {ref.version} with other "
+                "settings at the same time; run this one again once they are done"
+            )
     return Validation([Outcome(**o) for o in result["outcomes"]], result["modified"])
 
 
@@ -353,46 +313,11 @@ def _committed_report(store: Store, prefix: str) -> tuple[dict, dict] | None:
         return {}, {}  # committed but unreadable: written again
 
 
-def _write_report(store: Store, prefix: str, site: Path, result: dict, recorded: dict, html: str) -> None:
-    """Every file of the report, the Data Docs' index after the pages it links to (a twin writing
-    the same folder at once never leaves an index pointing at pages not yet there)."""
-    index = site / "index.html"
-    for path in sorted(p for p in site.rglob("*") if p.is_file() and p != index):
-        store.put_file(f"{prefix}/{VALIDATION_SITE}/{path.relative_to(site).as_posix()}", path)
-    if index.is_file():
-        store.put_file(f"{prefix}/{VALIDATION_SITE}/index.html", index)
+def _write_report(store: Store, prefix: str, result: dict, recorded: dict, html: str) -> None:
+    """Every file of the report (the commit marker follows, in ``validate_dataset``)."""
     store.put_json(f"{prefix}/{VALIDATION_SUITES}", recorded)
     store.put_bytes(f"{prefix}/{VALIDATION_REPORT}", html.encode())
     store.put_json(f"{prefix}/{VALIDATION_RESULT}", result)
-
-
-def report_html(ref: DatasetRef, outcomes: list[Outcome], modified: list[str] = ()) -> str:
-    """A self-contained page (no CDN assets: it must render in a Flyte Deck and offline); every
-    value in it is escaped (shard names, observed values: they come from the data)."""
-    failed = sum(not o.success for o in outcomes)
-    verdict = f"FAILED: {failed} of {len(outcomes)} expectations" if failed else f"PASSED: all {len(outcomes)} expectations"
-    rows = "\n".join(
-        f"<tr class={'ok' if o.success else 'bad'}><td>{'✓' if o.success else '✗'}</td><td>{escape(o.suite)}</td>"
-        f"<td>{escape(o.column)}</td><td>{escape(o.expectation)}</td><td>{escape(o.observed)}</td><td>{escape(o.expected)}</td></tr>"
-        for o in sorted(outcomes, key=lambda o: o.success)
-    )
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Validation of dataset {escape(ref.version)}</title>
-<style>body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
-.bad td{{background:#fde8e8}} .ok td{{background:#eefbea}} h2.bad{{color:#b00}} h2.ok{{color:#070}}</style></head><body>
-<h1>Dataset {escape(ref.version)}</h1><h2 class="{"bad" if failed else "ok"}">{verdict}</h2>
-<table><tr><th></th><th>suite</th><th>column</th><th>expectation</th><th>observed</th><th>expected</th></tr>
-{rows}</table>
-{_modified_html(modified)}
-<p>Great Expectations Data Docs for every suite: <code>validation/site/index.html</code> beside this report.</p>
-</body></html>"""
-
-
-def _modified_html(modified: list[str]) -> str:
-    if not modified:
-        return ""
-    items = "".join(f"<li>{escape(line)}</li>" for line in modified)
-    return f'<h3 class="bad">Shards modified after the dataset was committed</h3><ul>{items}</ul>'
 
 
 def check_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> Validation:
@@ -411,4 +336,13 @@ def check_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) -> Va
     return validation
 
 
-__all__ = ["Validation", "ValidationConfig", "ValidationFailed", "check_dataset", "report_html", "validate_dataset"]
+__all__ = [
+    "Outcome",
+    "Validation",
+    "ValidationConfig",
+    "ValidationFailed",
+    "check_dataset",
+    "report_html",
+    "report_section",
+    "validate_dataset",
+]

@@ -3,7 +3,8 @@
 Besides the report it commits ``<run>/eval/<key>/``: ``results.json``, the model in Hugging Face
 layout (``hf/``), which registration copies into the registry entry, and the examples of the
 lm-evaluation-harness tasks (``lm_eval/<task>.jsonl``, see ``evaluation.lm_eval_suite``), on which
-the export (and the baseline's export, for the quality gate) was scored.
+the export (and the baseline's export, for the quality gate) was scored. Its figures also go to the
+run's TensorBoard (``evaluation.tensorboard_log``: ``val/*`` at the checkpoint's step, the run's hparams).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from common.hashing import config_hash
 from evaluation import lm_eval_suite
 from evaluation.config import EvalConfig
 from evaluation.hf_export import export_llama
+from evaluation.tensorboard_log import log_evaluation
 from storage import AlreadyCommitted, open_store
 from training.checkpointing import checkpoint
 from training.config import ModelConfig, ParallelConfig
@@ -101,7 +103,7 @@ def baseline_for(store, ckpt: CheckpointRef, holder: str) -> str:
     if not holder:
         return holder
     card = ModelCard.from_dict(store.get_json(card_key(holder)))
-    if card.lineage.checkpoint != store.url(ckpt.prefix):
+    if card.lineage.checkpoint not in (ckpt.prefix, store.url(ckpt.prefix)):  # a key; a URL on cards of before
         return holder
     key = f"{holder}/{ENTRY_EVALUATION}"
     return store.get_json(key).get("baseline", "") if store.exists(key) else ""
@@ -127,7 +129,8 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
         baseline=baseline,
         baseline_bits_per_byte=_baseline_bits_per_byte(store, baseline, model_cfg, manifest, rows, cfg) if baseline else -1.0,
     )
-    outputs = eval_prefix(ckpt.run, config_hash(ckpt.prefix, cfg, baseline))
+    key = config_hash(ckpt.prefix, cfg, baseline)
+    outputs = eval_prefix(ckpt.run, key)
     # A rerun of the same evaluation, or an identical execution evaluating at the same moment,
     # computes the same files: whoever commits first, each writer uploaded a whole set before its
     # commit and nothing is deleted here, so the committed outputs are complete.
@@ -149,6 +152,8 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
             store.commit(outputs)
         except AlreadyCommitted:
             pass  # the identical evaluation committed first
+    figures = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}
+    log_evaluation(store, ckpt, figures, key)  # val/* at this step and the run's hparams, in its TensorBoard
     return dataclasses.replace(report, outputs=outputs)
 
 

@@ -1,41 +1,29 @@
 """Charts of training runs drawn with matplotlib: the loss (raw, smoothed, validation points) of one run or
-several, one metric against the step, and the step time stacked by phase.
+several, one metric against the step, and several series as lines (a log axis for the step time's phases).
 
-Used by ``pretrain runs compare`` (PNG/SVG files) and by the Flyte Decks (``tasks.run_decks``: SVG inlined in
-HTML), so it knows nothing of Flyte. matplotlib is imported inside the functions: ``pretrain`` starts
-without paying for it (about a second), and the slim data image, whose Decks draw no chart, needs no
-matplotlib. Only ``matplotlib.figure.Figure`` is used, never pyplot: no GUI backend is ever chosen, no
-global figure state is kept (PNG goes through the Agg canvas, SVG through matplotlib's SVG writer).
+Used by ``pretrain runs compare`` (PNG/SVG files) and by the Decks and ``pretrain runs report``
+(``pipeline.run_html``: SVG inlined in HTML), so it knows nothing of Flyte. The settings and the output are
+``pipeline.plotting``'s (``svg``, ``png`` and ``save`` are taken from there), the dataset's charts are
+``pipeline.data_charts``.
 
 Every drawn series carries an SVG id (matplotlib's ``gid``) naming what it is, so that a test, or a person
 reading the SVG, can find it: ``raw-<i>``, ``smooth-<i>``, ``validation-<i>`` for run ``i``'s loss,
-``series`` for a single metric, ``area-<i>`` for phase ``i`` of a stacked chart.
+``series`` for a single metric, ``line-<i>`` for series ``i`` of a line chart.
 """
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from pipeline.plotting import COLORS, axes, integer_steps, png, save, svg, text
 
 SMOOTHING_FRACTION = 0.05
 """The moving average spans this fraction of a run's steps (at least ``MIN_WINDOW``, odd)."""
 MIN_WINDOW = 3
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 RAW_ALPHA = 0.3
 """The raw curve is drawn faint beside its smoothed curve: visible noise, readable trend."""
-SIZE = (7.5, 3.6)
-"""Inches; 100 dpi in PNG, 72 pt per inch in SVG: about 750×360 on screen."""
-DPI = 100
-_RC = {
-    "svg.fonttype": "none",  # text as <text> elements: searchable, smaller, escaped by the SVG writer
-    "font.size": 9,
-    "font.sans-serif": ["DejaVu Sans", "Arial", "Helvetica"],  # one short font list on every <text>
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-}
 
 
 @dataclass
@@ -76,14 +64,14 @@ def loss_figure(curves: list[Curve], title: str = "training loss") -> Any:
     validation losses as markers at their steps; a legend names the runs and the three kinds of line."""
     from matplotlib.lines import Line2D
 
-    fig, ax = _axes(title, "step", "loss")
+    fig, ax = axes(title, "step", "loss")
     widths = set()
     for i, curve in enumerate(curves):
         color = COLORS[i % len(COLORS)]
         width = window_for(len(curve.loss))
         widths.add(width)
         ax.plot(curve.steps, curve.loss, color=color, alpha=RAW_ALPHA, linewidth=1.0, gid=f"raw-{i}")
-        ax.plot(curve.steps, smooth(curve.loss, width), color=color, linewidth=1.8, gid=f"smooth-{i}", label=_text(curve.label))
+        ax.plot(curve.steps, smooth(curve.loss, width), color=color, linewidth=1.8, gid=f"smooth-{i}", label=text(curve.label))
         if curve.validation:
             steps, values = zip(*curve.validation, strict=True)
             ax.plot(
@@ -105,111 +93,55 @@ def loss_figure(curves: list[Curve], title: str = "training loss") -> Any:
         kinds.append(Line2D([], [], color="gray", linestyle="none", marker="o", markeredgecolor="black", label="validation loss"))
     handles = ax.get_legend_handles_labels()[0] + kinds
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    _integer_steps(ax)
+    integer_steps(ax)
     return fig
 
 
 def series_figure(steps: list[int], values: list[float], title: str, y_label: str) -> Any:
     """One metric against the step."""
-    fig, ax = _axes(title, "step", y_label)
+    fig, ax = axes(title, "step", y_label)
     ax.plot(steps, values, color=COLORS[0], linewidth=1.2, gid="series")
-    _integer_steps(ax)
+    integer_steps(ax)
     return fig
 
 
-def stacked_figure(
-    steps: list[int], series: list[tuple[str, list[float]]], title: str, y_label: str, x_label: str = "step"
+def lines_figure(
+    x: list[float], series: list[tuple[str, list[float]]], title: str, y_label: str, x_label: str = "step", log: bool = False
 ) -> Any:
-    """Series stacked as filled areas, the first at the bottom (the top edge is their sum), with a legend.
-    A single step is drawn as a band one step wide, so that it is seen."""
-    fig, ax = _axes(title, x_label, y_label)
-    xs = list(steps) if len(steps) > 1 else [steps[0] - 0.5, steps[0] + 0.5]
-    below = [0.0] * len(xs)
+    """One line per series, in its color, with a legend naming them. With ``log`` the y axis is logarithmic:
+    series an order of magnitude apart are each readable (a linear axis, or a stack, gives the largest the
+    whole height), and a value that is not positive (a phase that took no time that step: checkpoint saves
+    between saves) is left out of its line. A series with such gaps, or a single step, is drawn with markers
+    too, so that a value with no neighbour to join is still seen."""
+    fig, ax = axes(title, x_label, y_label)
+    shown = []
     for i, (label, values) in enumerate(series):
-        values = list(values) if len(steps) > 1 else list(values) * 2
-        above = [b + v for b, v in zip(below, values, strict=True)]
-        ax.fill_between(
-            xs, below, above, color=COLORS[i % len(COLORS)], alpha=0.85, linewidth=0, label=_text(label), gid=f"area-{i}"
+        ys = [v if isinstance(v, (int, float)) and math.isfinite(v) and (v > 0 or not log) else math.nan for v in values]
+        shown += [v for v in ys if not math.isnan(v)]
+        gaps = len(x) < 2 or any(math.isnan(v) for v in ys)
+        ax.plot(
+            x,
+            ys,
+            color=COLORS[i % len(COLORS)],
+            linewidth=1.2,
+            marker="o" if gaps else None,
+            markersize=3,
+            label=text(label),
+            gid=f"line-{i}",
         )
-        below = above
-    ax.set_xlim(xs[0], xs[-1])
-    ax.set_ylim(bottom=0)
-    _clip_outliers(ax, steps, below[: len(steps)])
-    handles, labels = ax.get_legend_handles_labels()  # listed top of the stack first, as the areas lie
-    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    _integer_steps(ax)
+    if log and shown:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.01, not 10^-2 in math text
+        ax.yaxis.set_major_formatter(plain)
+        # Within one decade there may be no power of ten to label: then the minor ticks (0.02, 0.03, ...) are.
+        ax.yaxis.set_minor_formatter(plain if max(shown) < 10 * min(shown) else NullFormatter())
+    if len(x) == 1:
+        ax.set_xlim(x[0] - 1, x[0] + 1)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    integer_steps(ax)
     return fig
 
 
-OUTLIER_FACTOR = 5.0
-"""A stacked chart's y axis stops at 1.5× the 95th percentile of the totals when a few steps (a checkpoint
-save, the first step's warm-up) exceed it this many times over: otherwise they flatten every other step."""
-
-
-def _clip_outliers(ax: Any, steps: list[int], totals: list[float]) -> None:
-    if len(totals) < 20:
-        return
-    usual = sorted(totals)[int(0.95 * (len(totals) - 1))]
-    if usual <= 0 or max(totals) <= OUTLIER_FACTOR * usual:
-        return
-    ax.set_ylim(0, 1.5 * usual)
-    over = sorted(((t, s) for s, t in zip(steps, totals, strict=True) if t > 1.5 * usual), reverse=True)
-    shown = ", ".join(f"step {s}: {t:.3g}" for t, s in over[:3]) + (f" and {len(over) - 3} more" if len(over) > 3 else "")
-    ax.text(0.99, 0.97, f"off the chart: {shown}", transform=ax.transAxes, ha="right", va="top", fontsize=8, gid="clipped")
-
-
-# -- output -----------------------------------------------------------------------------------------
-def svg(fig: Any) -> str:
-    """The figure as an ``<svg>`` element to inline in HTML (without the XML prolog and doctype)."""
-    text = _render(fig, "svg").decode()
-    return text[text.index("<svg") :]
-
-
-def png(fig: Any) -> bytes:
-    return _render(fig, "png")
-
-
-def save(fig: Any, path: Path) -> Path:
-    """Write the figure to ``path``; the suffix picks the format (.png, .svg, .pdf)."""
-    fmt = path.suffix.lstrip(".").lower() or "png"
-    data = _render(fig, fmt)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
-
-
-def _render(fig: Any, fmt: str) -> bytes:
-    import matplotlib
-
-    out = io.BytesIO()
-    with matplotlib.rc_context(_RC):
-        # No creation date or software version in the file: the same data gives the same picture.
-        metadata = {"Date": None} if fmt in ("svg", "pdf") else {"Software": None}
-        fig.savefig(out, format=fmt, dpi=DPI, bbox_inches="tight", metadata=metadata)
-    return out.getvalue()
-
-
-def _axes(title: str, x_label: str, y_label: str) -> tuple[Any, Any]:
-    import matplotlib
-    from matplotlib.figure import Figure
-
-    with matplotlib.rc_context(_RC):  # the grid and font settings are read when the axes are made
-        fig = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
-        ax = fig.add_subplot()
-    ax.set_title(_text(title))
-    ax.set_xlabel(_text(x_label))
-    ax.set_ylabel(_text(y_label))
-    return fig, ax
-
-
-def _integer_steps(ax: Any) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
-def _text(text: str) -> str:
-    """Shown as written: a '$' would start matplotlib's math mode (and fail on an unpaired one), and the
-    legend hides labels that start with '_'."""
-    text = str(text).replace("$", r"\$")
-    return f" {text}" if text.startswith("_") else text
+__all__ = ["Curve", "loss_figure", "lines_figure", "png", "save", "series_figure", "smooth", "svg", "window_for"]

@@ -16,6 +16,7 @@ from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from data_prep.shards import ShardInfo
 from data_prep.sources import content_fingerprint, list_files
 from data_prep.validation import Validation, ValidationFailed, check_dataset, report_html
+from pipeline.dataset_html import dataset_html
 from storage import Store, open_store
 from tasks import decks
 from tasks.caching import cache_version
@@ -144,8 +145,10 @@ def pack_shards(prep: stages.Preparation, job: stages.PackJob) -> list[ShardInfo
 @as_messages
 def commit_dataset(prep: stages.Preparation, packed: list[list[ShardInfo]]) -> DatasetRef:
     """The manifest and the commit marker: the dataset, whole, under its version."""
-    ref = stages.commit_stage(prep, _store(prep), packed)
-    Deck("Dataset", decks.table({"version": ref.version, "uri": f"{ref.store}/{ref.prefix}", **ref.stats}, "Dataset"))
+    store = _store(prep)
+    ref = stages.commit_stage(prep, store, packed)
+    # Its figures, documents skipped by reason and document lengths, from what the dataset holds.
+    Deck("Dataset", dataset_html(store, ref.version))
     return ref
 
 
@@ -167,6 +170,5 @@ def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetR
 def _validation_decks(dataset: DatasetRef, result: Validation) -> None:
     """The gate's report as a Deck (pass or fail), rendered here from the outcomes this task
     computed, every value escaped: never HTML read back from the bucket, which anyone who can
-    write there could have replaced. GE's Data Docs pages are not shown: they are stored beside
-    the report, and GE's templates do not escape the data values they show."""
+    write there could have replaced."""
     Deck("Data validation", report_html(dataset, result.outcomes, result.modified))

@@ -1,10 +1,8 @@
-"""HTML for Flyte Decks: self-contained (no CDN assets, no scripts), every value escaped; the Decks
-every task may show. The training run's charts and comparisons are in ``tasks.run_decks``, which
-data tasks do not import (their cache keys stay clear of the training code)."""
+"""The Decks every task shows besides its own: flytekit's, less three. Our own Decks are HTML made by
+``pipeline`` (``deck_html``: style and tables; ``run_html``: a training run's; ``dataset_html``: a dataset's),
+self-contained (no CDN assets, no scripts), every value escaped, and shared with ``pretrain runs report``."""
 
 from __future__ import annotations
-
-from html import escape
 
 from flytekit.deck import DeckField
 
@@ -14,17 +12,3 @@ from flytekit.deck import DeckField
 # a launch-form setting such as evaluation.prompt, or text the model generated, became HTML that runs in
 # whoever opens the Deck. Our own Decks escape every value (``table``).
 FIELDS = (DeckField.SOURCE_CODE, DeckField.TIMELINE)
-
-STYLE = (
-    "<style>body{font-family:sans-serif} table{border-collapse:collapse}"
-    " td,th{border:1px solid #ccc;padding:3px 8px;text-align:left} pre{background:#f6f6f6;padding:8px}</style>"
-)
-
-
-def table(rows: dict[str, object], title: str) -> str:
-    body = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(fmt(v))}</td></tr>" for k, v in rows.items())
-    return f"{STYLE}<h3>{escape(title)}</h3><table>{body}</table>"
-
-
-def fmt(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)

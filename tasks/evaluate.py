@@ -9,6 +9,7 @@ from flytekit import Cache, Deck, task
 from common.contracts import CheckpointRef, EvalReport
 from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
+from pipeline.deck_html import table
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
@@ -43,5 +44,5 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
     if report.baseline:
         summary |= {f"baseline {report.baseline} {k}": v for k, v in report.baseline_lm_eval.items()}
     sample = f"<h3>Greedy</h3><pre>{escape(report.sample)}</pre><h3>Sampled</h3><pre>{escape(report.sampled)}</pre>"
-    Deck("Evaluation", decks.table(summary | checkpoint.summary, "Evaluation") + sample)
+    Deck("Evaluation", table(summary | checkpoint.summary, "Evaluation") + sample)
     return report

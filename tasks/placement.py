@@ -27,7 +27,7 @@ CUDA_BASE = "nvcr.io/nvidia/pytorch:25.01-py3"
 
 # mlflow: the tracking mirror (start_tracking and track_run in the slim image, the live feed of the train task).
 COMMON_PACKAGES = ["flytekit", "boto3", "tokenizers", "huggingface-hub", "webdataset", "numpy", "pandas", "pyyaml", "mlflow"]
-# matplotlib: the last task (track_run, slim image) draws the Comparison Deck (tasks.run_decks.run_comparison).
+# matplotlib: prepare's Dataset Deck (pipeline.data_charts) and the last task's Comparison Deck (track_run, slim image).
 # py3langid: prepare_data's language allow-list (data.languages; data_prep.language imports it on first use).
 DATA_PACKAGES = [*COMMON_PACKAGES, "great-expectations", "matplotlib", "py3langid"]
 # matplotlib draws the train task's Decks (pipeline.charts).

@@ -4,15 +4,15 @@ Its error names the rank that failed first and that rank's own error (``tasks.el
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 
 from flytekit import Cache, Deck, task
 
-from common.contracts import CheckpointRef, DatasetRef, TrackingRef, metrics_key
+from common.contracts import CheckpointRef, DatasetRef, TrackingRef
+from pipeline.run_html import run_sections
 from storage import open_store
-from tasks import decks, run_decks
+from tasks import decks
 from tasks.caching import cache_version
 from tasks.elastic import FirstFailureElastic
 from tasks.placement import CLUSTER, train_task
@@ -20,7 +20,6 @@ from tasks.user_errors import as_messages
 from tracking.config import TrackingConfig
 from tracking.sender import LiveSender
 from training.config import ModelConfig, ParallelConfig, TrainConfig
-from training.observe.timing import BREAKDOWN_KEYS
 from training.train import train
 
 VERSION = cache_version(__name__)
@@ -56,9 +55,7 @@ def train_model(
         if sender is not None:
             sender.close()  # bounded; what is left is replayed by the last task
     if os.environ.get("RANK", "0") == "0":  # the launcher keeps rank 0's Decks only
-        lines = open_store(ref.store).get_bytes(metrics_key(ref.run)).decode().splitlines()
-        records = [json.loads(line) for line in lines]
-        Deck("Training curves", run_decks.training_curves(records))
-        Deck("Step time", run_decks.step_time_breakdown(records, BREAKDOWN_KEYS))
-        Deck("Warnings", run_decks.run_warnings(records))
+        # From the run's files: the loss with its committed evaluations, every rank's step times.
+        for title, html in run_sections(open_store(ref.store), ref.run.removeprefix("runs/")).items():
+            Deck(title, html)
     return ref

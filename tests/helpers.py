@@ -1381,20 +1381,24 @@ def elastic_train_with_data_problem(dataset: DatasetRef, fail_step: int, fail_ra
     return train_with_data_problem(fail_step, fail_rank, dataset, tiny_model(), parallel, cfg)
 
 
-def fill_once_present(proc: subprocess.Popen, marker: str, root: Path, disk: Path, leave: int, timeout: float = 600) -> Path:
-    """Wait (while ``proc`` runs) until a file matching the glob ``marker`` is under ``root``, then fill the
-    filesystem of ``disk`` with ``disk/filler`` so that only ``leave`` bytes stay free: whatever the stages
-    before it wrote, the space runs out in what comes after. Returns the filler; fails if ``proc`` ends first."""
+def fill_once_present(
+    proc: subprocess.Popen, marker: str, root: Path, disk: Path, leave: int, timeout: float = 600, gone: str = ""
+) -> Path:
+    """Wait (while ``proc`` runs) until a file matching the glob ``marker`` is under ``root`` (and, with ``gone``,
+    nothing matching that glob is left: files the stage removes after its marker, which would free space), then
+    fill the filesystem of ``disk`` with ``disk/filler`` so that only ``leave`` bytes stay free: whatever the
+    stages before it wrote, the space runs out in what comes after. Returns the filler; fails if ``proc`` ends
+    first."""
     import time
 
     deadline = time.monotonic() + timeout
-    while not list(root.glob(marker)):
+    while not list(root.glob(marker)) or (gone and list(root.glob(gone))):
         assert proc.poll() is None, f"the command ended (status {proc.returncode}) before {marker} appeared under {root}"
         assert time.monotonic() < deadline, f"{marker} did not appear under {root} within {timeout:g} s"
         time.sleep(0.05)
-    stat = os.statvfs(disk)
     filler = disk / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb") as f:  # emptied before measuring: an earlier step's filler is space to fill again
+        stat = os.statvfs(disk)
         remaining = stat.f_bavail * stat.f_frsize - leave
         while remaining > 0:
             remaining -= f.write(b"\0" * min(remaining, 1 << 20))
@@ -1455,6 +1459,17 @@ def svg_lines(group) -> list[list[tuple[float, float]]]:
 def svg_marks(group) -> list[tuple[float, float]]:
     """Where the markers of ``group`` are drawn: the (x, y) of each <use>."""
     return [(float(u.get("x", 0)), float(u.get("y", 0))) for u in group.iter(f"{SVG}use")]
+
+
+def html_charts(html: str) -> list:
+    """Every chart inlined in a Deck or report page, parsed (each must be well-formed SVG)."""
+    return [svg_root(svg) for svg in re.findall(r"<svg.*?</svg>", html, re.DOTALL)]
+
+
+def html_table(html: str, css_class: str) -> list[list[str]]:
+    """The cells of each row (the header's <th> included) of the page's table of that class, as HTML text."""
+    body = re.search(rf"<table class='{css_class}'>(.*?)</table>", html, re.DOTALL).group(1)
+    return [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row) for row in body.split("</tr>")[:-1]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1733,7 +1748,8 @@ ALL_TASKS = {"prepare", "validate", "train", "evaluate", "register"}
 # are imported by every stage. The data stages' own code (filters, dedup, the encoder, validation)
 # reaches prepare and validate only: training reads a dataset through data_prep.manifest and
 # data_prep.shards, and pipeline.config takes ValidationConfig from data_prep.config. The run's
-# charts and comparisons (tasks.run_decks, training.runs.catalog) reach the train task only.
+# charts and comparisons (pipeline.run_html) reach the train task only; training.runs.catalog reaches
+# train and evaluate (the evaluation's TensorBoard hparams: evaluation.tensorboard_log).
 CACHE_KEY_TABLE = {
     "kernels/rmsnorm.py": ({"train", "evaluate", "run id"}, {"train", "evaluate", "register"}),
     "data_prep/clean.py": ({"prepare", "validate"}, {"prepare", "validate"}),
@@ -1745,8 +1761,10 @@ CACHE_KEY_TABLE = {
     "common/contracts.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
     "cli/main.py": (set(), set()),
     "tasks/decks.py": ({"prepare", "validate", "train", "evaluate"}, {"prepare", "validate", "train", "evaluate"}),
-    "tasks/run_decks.py": ({"train"}, {"train"}),
-    "training/runs/catalog.py": ({"train"}, {"train"}),
+    "pipeline/run_html.py": ({"train"}, {"train"}),  # the run's Decks: the data tasks never draw a run
+    # The Dataset Deck is drawn by prepare's commit task (tasks.data, prepare's and validate's module).
+    "pipeline/dataset_html.py": ({"prepare", "validate"}, {"prepare", "validate"}),
+    "training/runs/catalog.py": ({"train", "evaluate"}, {"train", "evaluate"}),
     # A data file of evaluation.lm_eval_suite (its __data__): the evaluation only, not every task that checks settings.
     "evaluation/lm_eval_tasks/heldout_cloze.yaml": ({"evaluate"}, {"evaluate"}),
 }

@@ -1,5 +1,5 @@
-"""`pretrain runs list` and `pretrain runs show` on a real 2-rank run: profiled, with one step whose loss
-was NaN (skipped), its straggler exchanges and checkpoints, read from a local folder and from S3."""
+"""`pretrain runs list`, `pretrain runs show` and `pretrain runs report` on a real 2-rank run: profiled, with one
+step whose loss was NaN (skipped), its straggler exchanges and checkpoints, read from a local folder and from S3."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import gzip
 import json
 import math
 import os
+import re
 import statistics
 import time
 from dataclasses import asdict
@@ -15,9 +16,21 @@ from pathlib import Path
 import pytest
 
 from cli.main import main as cli
-from common.contracts import diagnostics_prefix, eval_prefix, profile_prefix
+from common.contracts import diagnostics_prefix, eval_prefix, profile_prefix, validation_prefix
+from pipeline import run_html
 from storage import open_store
-from tests.helpers import copy_run, fresh_copy, run_metrics, tiny_model, train_with_bad_loss
+from tests.helpers import (
+    copy_run,
+    fresh_copy,
+    html_charts,
+    html_table,
+    run_metrics,
+    svg_group,
+    svg_marks,
+    svg_texts,
+    tiny_model,
+    train_with_bad_loss,
+)
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
 
@@ -205,3 +218,55 @@ def test_runs_sort_newest_first_and_a_bad_run_id_is_one_line_with_status_2(profi
 
     status, out, _ = pretrain(capsys, "runs", "show", "abc2", "--json", "--store", store.uri)
     assert status == 0 and json.loads(out)["id"] == newer
+
+
+VALIDATION_RESULT = {
+    "success": True,
+    "outcomes": [
+        {
+            "suite": "dataset",
+            "expectation": "expect_column_max_to_be_between",
+            "column": "skipped_fraction",
+            "success": True,
+            "observed": "0.1",
+            "expected": "max_value=0.5",
+        }
+    ],
+    "modified": [],
+}
+
+
+def test_report_is_one_offline_page_of_the_runs_decks_its_dataset_and_validation(profiled_run, tmp_path, capsys):
+    store = open_store(fresh_copy(profiled_run.dataset, tmp_path / "store").store)  # the run's dataset, committed
+    run = copy_run(open_store(profiled_run.store), profiled_run.run, store)
+    for step, val_loss in ((4, 5.9), (8, 5.4)):  # two evaluations, committed as evaluate_model commits them
+        store.put_json(f"{eval_prefix(run, f'k{step}')}/results.json", {"step": step, "val_loss": val_loss, "perplexity": 2.7})
+        store.commit(eval_prefix(run, f"k{step}"))
+    store.put_json(f"{validation_prefix(profiled_run.dataset.prefix)}/result.json", VALIDATION_RESULT)
+    store.commit(validation_prefix(profiled_run.dataset.prefix))
+
+    # The train task's Decks take the run's committed evaluations as the loss chart's validation points.
+    decks = run_html.run_sections(store, run.removeprefix("runs/"))
+    assert list(decks) == ["Training curves", "Step time", "Warnings"]
+    (loss, *_) = html_charts(decks["Training curves"])
+    assert len(svg_marks(svg_group(loss, "validation-0"))) == 2
+
+    out = tmp_path / "reports" / "run.html"
+    status, printed, _ = pretrain(capsys, "runs", "report", run_id(profiled_run)[:6], "--out", str(out), "--store", store.uri)
+    assert status == 0 and printed.startswith(f"report of run {run_id(profiled_run)}: {out}")
+    html = out.read_text()
+    sections = re.findall(r"<h2>(.*?)</h2>", html)
+    assert sections[:5] == ["Run", "Training curves", "Step time", "Warnings", "Dataset"] and "Data validation" in sections
+    # The loss chart with the two validation points, the higher loss (step 4) drawn higher up.
+    (loss,) = [c for c in html_charts(html) if svg_group(c, "validation-0") is not None]
+    (early, late) = svg_marks(svg_group(loss, "validation-0"))
+    assert early[0] < late[0] and early[1] < late[1] and "validation loss" in svg_texts(loss)
+    # The phase table `runs show` prints and a row per rank.
+    phases = [row[0] for row in html_table(html, "phases")[1:]]
+    assert phases == ["data", "forward+backward", "collective", "optimizer", "checkpoint", "other"]
+    assert [row[:2] for row in html_table(html, "ranks")[1:]] == [["0", "8"], ["1", "8"]]
+    assert "<td>6</td><td>nan</td><td>skipped</td>" in html  # the NaN step, among the warnings
+    assert "documents skipped, by reason" in html and "PASSED: all 1 expectations" in html
+    # Self-contained: no script, and no address but the SVG namespaces' (names, never fetched).
+    assert "<script" not in html.lower() and "<link" not in html.lower()
+    assert not re.findall(r"https?://", re.sub(r'xmlns(:\w+)?="http://www\.w3\.org/[^"]*"', "", html))

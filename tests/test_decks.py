@@ -1,5 +1,6 @@
-"""The train task's Decks: the training curves and the stacked step-time plot (matplotlib SVG, read back as
-XML), the straggler and loss-health tables."""
+"""The train task's Decks (``pipeline.run_html``, which ``pretrain runs report`` shares): the training curves, the
+step time (the phase table, a row per rank, phases on a log axis, each rank's step time), the straggler and
+loss-health tables. Charts are matplotlib SVG, read back as XML."""
 
 from __future__ import annotations
 
@@ -8,71 +9,105 @@ import re
 
 import pytest
 
-from tasks import run_decks
-from tests.helpers import svg_group, svg_ids, svg_lines, svg_marks, svg_root, svg_texts
+from pipeline import charts, run_html
+from pipeline.deck_html import chart
+from tests.helpers import html_charts, html_table, svg_group, svg_ids, svg_lines, svg_marks, svg_texts
 from training.observe.timing import BREAKDOWN_KEYS
 
 LABELS = ["data", "forward+backward", "collective", "optimizer", "checkpoint", "other"]
-SVG = re.compile(r"<svg.*?</svg>", re.DOTALL)
+SECONDS = [0.01, 0.2, 0.05, 0.03, 0.0, 0.01]  # per phase, in BREAKDOWN_KEYS' order
 
 
 def breakdown_records(n: int) -> list[dict]:
     """Steps 1..n with a per-phase breakdown; step 4 checkpoints, step 3 is the slowest overall."""
     records = []
     for step in range(1, n + 1):
-        seconds = dict(zip(BREAKDOWN_KEYS, [0.01, 0.2, 0.05, 0.03, 0.0, 0.01], strict=True))
+        seconds = dict(zip(BREAKDOWN_KEYS, SECONDS, strict=True))
         if step == 3:
             seconds["time_forward_backward_s"] = 0.9
         if step == 4:
             seconds["time_checkpoint_s"] = 0.4
-        records.append({"step": step, "loss": 5.0 - step / 10, **seconds})
+        records.append({"step": step, "loss": 5.0 - step / 10, "step_time_s": sum(seconds.values()), **seconds})
     return records
 
 
-def charts_of(html: str) -> list:
-    """Every inline chart of a Deck, parsed (each must be well-formed SVG)."""
-    return [svg_root(svg) for svg in SVG.findall(html)]
+def rank_lines(n: int, ranks: int = 2) -> list[dict]:
+    """step_times.jsonl of ``ranks`` ranks over steps 1..n: rank r's step lasts 0.3 + 0.1·r s."""
+    phases = {k: v for k, v in zip(BREAKDOWN_KEYS, SECONDS, strict=True) if k != "time_checkpoint_s"}
+    return [{"step": s, "rank": r, "step_s": 0.3 + 0.1 * r, **phases} for s in range(1, n + 1) for r in range(ranks)]
 
 
-def edges(root, gid: str) -> dict[float, tuple[float, float]]:
-    """A filled area's (top, bottom) SVG y at each x it spans (y grows downwards)."""
-    (outline,) = svg_lines(svg_group(root, gid))
-    by_x: dict[float, list[float]] = {}
-    for x, y in outline:
-        by_x.setdefault(round(x, 3), []).append(round(y, 3))
-    return {x: (min(ys), max(ys)) for x, ys in sorted(by_x.items())}
+def line_y(root, gid: str) -> float:
+    """The SVG y of a constant line (every vertex of its path at one height; y grows downwards)."""
+    path = svg_lines(svg_group(root, gid))[0]
+    assert len({round(y, 3) for _, y in path}) == 1, path
+    return path[0][1]
 
 
-def test_stacked_plot_has_one_area_per_phase_a_legend_and_axis_labels():
+def test_step_time_shows_the_phase_table_every_rank_and_small_phases():
     records = [{"step": 0, "loss": 9.0}] + breakdown_records(5)  # a record without a breakdown is left out
-    (root,) = charts_of(run_decks.step_time_breakdown(records, BREAKDOWN_KEYS))
-    assert svg_ids(root, "area-") == [f"area-{i}" for i in range(6)] and len(BREAKDOWN_KEYS) == 6
-    texts = svg_texts(root)
-    assert texts[-6:] == LABELS[::-1]  # the legend lists the top of the stack first
-    assert {"step", "seconds per step", "step time by phase (rank 0)"} <= set(texts)
-    assert {"1", "5"} <= set(texts) and "0" not in texts and "6" not in texts  # the x axis spans steps 1 to 5
-    areas = [edges(root, f"area-{i}") for i in range(6)]
-    assert all(len(area) == 5 for area in areas)  # one x per step
-    # Stacked: each area's lower edge is the one below's upper edge, the first sits on the axis.
-    assert len({bottom for _, bottom in areas[0].values()}) == 1
-    for below, above in zip(areas, areas[1:], strict=False):
-        assert [bottom for _, bottom in above.values()] == [top for top, _ in below.values()]
-    # The top edge is the step time: highest (smallest y) at the slow step 3, then the checkpoint step 4.
-    top = [t for t, _ in areas[-1].values()]
-    assert sorted(range(5), key=top.__getitem__)[:2] == [2, 3]
-    # The checkpoint's area has height only at step 4, and in proportion: 0.4 s against step 3's 1.0 s top.
-    checkpoint = areas[BREAKDOWN_KEYS.index("time_checkpoint_s")]
-    heights = [bottom - t for t, bottom in checkpoint.values()]
-    assert [h > 0 for h in heights] == [False, False, False, True, False]
-    axis = next(iter(areas[0].values()))[1]
-    assert heights[3] / (axis - top[2]) == pytest.approx(0.4 / 1.0, rel=1e-3)
+    html = run_html.step_time(records, rank_lines(5))
+    header, *phases = html_table(html, "phases")  # as `pretrain runs show` prints it
+    assert header == ["phase", "median s", "total s", "share"]
+    assert [row[0] for row in phases] == LABELS
+    by_phase = {row[0]: row for row in phases}
+    assert by_phase["optimizer"][1:3] == ["0.0300", "0.150"] and by_phase["forward+backward"][1] == "0.2000"
+    wall = sum(r["step_time_s"] for r in records[1:])
+    assert by_phase["checkpoint"][3] == f"{0.4 / wall:.1%}"
+    header, *ranks = html_table(html, "ranks")  # a row per rank, from step_times.jsonl
+    assert header[:3] == ["rank", "steps", "median step s"] and header[-1] == "busy s (all steps)"
+    assert [row[:3] for row in ranks] == [["0", "5", "0.3000"], ["1", "5", "0.4000"]]
+    assert "slowest rank 1: busy" in html
+
+    phases_chart, ranks_chart = html_charts(html)
+    assert svg_ids(phases_chart, "line-") == [f"line-{i}" for i in range(6)]
+    assert {"step", "seconds (log scale)", "step time by phase (rank 0)", *LABELS} <= set(svg_texts(phases_chart))
+    # A log axis: the 0.01 s data wait sits as far below the 0.03 s optimizer step, relative to the 0.2 s
+    # forward+backward, as log(3)/log(20) (a linear axis, or a stack, squeezes it to 0.02/0.19 of that).
+    data, optimizer = line_y(phases_chart, "line-0"), line_y(phases_chart, "line-3")
+    forward = svg_lines(svg_group(phases_chart, "line-1"))[0][0][1]  # step 1, before step 3's 0.9 s
+    assert (data - optimizer) / (data - forward) == pytest.approx(math.log(3) / math.log(20), rel=1e-3)
+    # The checkpoint phase took time at step 4 only: a marker there, no line through the steps without a save.
+    assert len(svg_marks(svg_group(phases_chart, "line-4"))) == 1
+    assert svg_ids(ranks_chart, "line-") == ["line-0", "line-1"]
+    assert {"rank 0", "rank 1", "step time by rank"} <= set(svg_texts(ranks_chart))
+    assert line_y(ranks_chart, "line-1") < line_y(ranks_chart, "line-0")  # rank 1's longer step, higher up
 
 
-def test_a_run_without_a_breakdown_says_so():
-    assert "no data" in run_decks.step_time_breakdown([{"step": 1, "loss": 3.0}], BREAKDOWN_KEYS)
-    (single,) = charts_of(run_decks.step_time_breakdown(breakdown_records(1), BREAKDOWN_KEYS))
-    assert svg_ids(single, "area-") == [f"area-{i}" for i in range(6)]  # one step still draws every phase
-    assert all(len(edges(single, f"area-{i}")) == 2 for i in range(6))  # as a band one step wide
+def test_a_rare_slow_step_does_not_flatten_the_others():
+    records = breakdown_records(40)
+    records[19]["time_checkpoint_s"] = 9.0  # step 20: a save thirty times an ordinary step
+    (root, _) = html_charts(run_html.step_time(records, rank_lines(2)))
+    data, optimizer = line_y(root, "line-0"), line_y(root, "line-3")
+    forward = svg_lines(svg_group(root, "line-1"))[0][0][1]
+    assert (data - optimizer) / (data - forward) == pytest.approx(math.log(3) / math.log(20), rel=1e-3)
+    assert data - optimizer > 20  # points apart on the page, not squeezed against the axis
+
+
+def test_a_long_run_of_many_ranks_keeps_every_rank_in_the_table_and_the_charts_small():
+    html = run_html.step_time(breakdown_records(3000), rank_lines(30, ranks=16))
+    assert [row[0] for row in html_table(html, "ranks")[1:]] == [str(r) for r in range(16)]  # every rank listed
+    _, ranks = html_charts(html)
+    assert svg_ids(ranks, "line-") == ["line-0", "line-1", "line-2"]  # 16 lines would be a tangle
+    assert {"median of the 16 ranks", "slowest: rank 15", "fastest: rank 0"} <= set(svg_texts(ranks))
+    assert line_y(ranks, "line-1") < line_y(ranks, "line-0") < line_y(ranks, "line-2")  # the slowest on top
+
+
+def test_a_long_run_is_drawn_in_windows_of_steps():
+    steps = list(range(1, 3001))
+    thinned_steps, ((label, values),) = run_html.thin(steps, [("data", [float(s % 3) for s in steps])])
+    assert len(thinned_steps) == run_html.MOST_POINTS == 1000 and thinned_steps[:2] == [3, 6] and thinned_steps[-1] == 3000
+    assert label == "data" and values == [1.0] * 1000  # each window's median: of 1, 2 and 0
+    assert run_html.thin(steps[:1000], [("x", [1.0] * 1000)]) == (steps[:1000], [("x", [1.0] * 1000)])
+
+
+def test_a_run_without_a_breakdown_or_exchanges_says_so():
+    html = run_html.step_time([{"step": 1, "loss": 3.0}], [])
+    assert "no data" in html and "no step times exchanged" in html and not html_charts(html)
+    (single, _) = html_charts(run_html.step_time(breakdown_records(1), rank_lines(1)))
+    assert svg_ids(single, "line-") == [f"line-{i}" for i in range(6)]  # one step still draws every phase...
+    assert all(len(svg_marks(svg_group(single, f"line-{i}"))) == 1 for i in (0, 1, 2, 3, 5))  # ...as a marker
+    assert not svg_marks(svg_group(single, "line-4"))  # the checkpoint phase took no time: nothing to draw
 
 
 def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_the_other_series():
@@ -81,8 +116,8 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
         for s in range(1, 21)
     ]
     records[9] |= {"loss": math.nan, "skipped": True}  # a refused step: its NaN is not drawn
-    html = run_decks.training_curves(records, validation=[(10, 5.5), (20, 4.2)])
-    loss, *others = charts_of(html)
+    html = run_html.training_curves(records, validation=[(10, 5.5), (20, 4.2)])
+    loss, *others = html_charts(html)
     assert len(others) == 3  # lr, grad norm, tokens/s; no MFU in these records
     assert {"step", "loss"} <= set(svg_texts(loss)) and "validation loss" in svg_texts(loss)
     (raw,) = svg_lines(svg_group(loss, "raw-0"))
@@ -100,7 +135,15 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
     assert [round(x, 2) for x, _ in marks] == [round(x1 + (s - 1) * (x20 - x1) / 19, 2) for s in (10, 20)]
     assert marks[0][1] < marks[1][1]  # 5.5 above 4.2
     assert [svg_texts(c)[-1] for c in others] == ["learning rate", "gradient norm", "tokens/s"]  # titles
-    assert run_decks.training_curves([]).count("no data") == 1
+    assert run_html.training_curves([]).count("no data") == 1
+
+
+def test_mfu_is_charted_in_percent():
+    records = [{"step": s, "loss": 5.0, "mfu": 0.3 + s / 1000, "peak_flops": 1e12, "peak_flops_source": "cfg"} for s in range(10)]
+    _, mfu = html_charts(run_html.training_curves(records))
+    assert {"model FLOPs utilisation", "MFU (%)"} <= set(svg_texts(mfu))
+    y_ticks = [float(t) for t in svg_texts(svg_group(mfu, "matplotlib.axis_2")) if re.fullmatch(r"[\d.]+", t)]
+    assert y_ticks and 29.5 < min(y_ticks) and max(y_ticks) < 31.5  # 30.0 % to 30.9 %, not 0.300 to 0.309
 
 
 def test_straggler_warnings_and_health_events_are_listed():
@@ -116,7 +159,7 @@ def test_straggler_warnings_and_health_events_are_listed():
             "batch": {"shards": [{"shard": "s3://b/datasets/v/shards/train-00003.tar", "rows": [4, 5, 6]}]},
         },
     }
-    html = run_decks.run_warnings(records)
+    html = run_html.run_warnings(records)
     stragglers = re.search(r"<table class='stragglers'>(.*?)</table>", html).group(1)
     assert stragglers.count("<tr>") == 2  # the header and step 4's warning
     assert "<td>4</td><td>1</td><td>2.5</td><td>rank 1 has been the slowest for 2 windows</td>" in stragglers
@@ -127,7 +170,7 @@ def test_straggler_warnings_and_health_events_are_listed():
 
 
 def test_a_quiet_run_says_none_twice():
-    html = run_decks.run_warnings(breakdown_records(3))
+    html = run_html.run_warnings(breakdown_records(3))
     assert html.count("<p>none</p>") == 2 and "<table class='stragglers'>" not in html and "<table class='health'>" not in html
 
 
@@ -138,23 +181,12 @@ def test_strings_are_escaped():
     records[1] |= {
         "health": {"step": 2, "loss": 1.0, "problem": hostile, "action": hostile, "batch": {"shards": [{"shard": hostile}]}}
     }
-    html = run_decks.run_warnings(records)
+    html = run_html.run_warnings(records)
     assert "<script>" not in html and "alert('x')" not in html
     assert html.count("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;") == 5
-    chart = run_decks.stacked_area_chart([1, 2], [(hostile, [1.0, 2.0])], hostile, hostile, hostile)
-    (root,) = charts_of(chart)
-    assert "<script>" not in chart and not list(root.iter("{http://www.w3.org/2000/svg}script"))
+    drawn = chart(charts.lines_figure([1, 2], [(hostile, [1.0, 2.0])], hostile, hostile, hostile, log=True))
+    (root,) = html_charts(drawn)
+    assert "<script>" not in drawn and not list(root.iter("{http://www.w3.org/2000/svg}script"))
     assert svg_texts(root).count(hostile) == 4  # title, legend, both axes: shown as text, escaped in the SVG
-    dollars = run_decks.stacked_area_chart([1, 2], [("cost $x", [1.0, 2.0])], "a $ b", "_hidden", "y")
-    assert {"cost $x", "a $ b"} <= set(svg_texts(charts_of(dollars)[0]))  # no math mode, no error on an odd '$'
-
-
-def test_a_rare_slow_step_does_not_flatten_the_others():
-    records = breakdown_records(40)
-    records[19]["time_checkpoint_s"] = 9.0  # step 20: a save thirty times an ordinary step
-    (root,) = charts_of(run_decks.step_time_breakdown(records, BREAKDOWN_KEYS))
-    assert "off the chart: step 20: 9.3" in svg_texts(root)  # its total, named (step 3's 1.0 s and 4's 0.7 s are not)
-    y_ticks = [float(t) for t in svg_texts(root) if re.fullmatch(r"\d+\.\d+", t)]
-    assert max(y_ticks) < 2.0  # the axis stops near the usual steps, not at 9.3
-    (quiet,) = charts_of(run_decks.step_time_breakdown(breakdown_records(40), BREAKDOWN_KEYS))
-    assert not any(t.startswith("off the chart") for t in svg_texts(quiet))
+    dollars = chart(charts.lines_figure([1, 2], [("cost $x", [1.0, 2.0])], "a $ b", "_hidden", "y"))
+    assert {"cost $x", "a $ b"} <= set(svg_texts(html_charts(dollars)[0]))  # no math mode, no error on an odd '$'

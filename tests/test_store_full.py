@@ -173,8 +173,8 @@ def test_pretrain_run_into_a_store_that_fills_fails_in_one_line_each_time_then_c
     """As reported, twice on one store (each failure is one line naming the store and the key, exit
     status 2, nothing after the last committed stage looks complete), then the same command completes:
 
-    1. a 3 MB store fills up while validation copies its report (Great Expectations' Data Docs: ~4 MB);
-       the dataset, which fitted, is committed, the validation is not;
+    1. the 3 MB store is filled to its last byte once the dataset is committed (and its work files removed),
+       so validation cannot write its report; the dataset is committed, the validation is not;
     2. grown to 16 MB, the same command validates; then the disk is filled to LEAVE bytes and the first
        checkpoint save fails on a rank: the job's one line names that rank, the key and the full
        traceback log, which holds the rank's own traceback and torch's report;
@@ -190,11 +190,21 @@ def test_pretrain_run_into_a_store_that_fills_fails_in_one_line_each_time_then_c
         config = write_config(tmp_path / "tiny.yaml", str(store_dir), data={"sources": [str(corpus)]})
         command = [str(BIN / "pretrain"), "run", "--config", str(config)]
 
-        # 1. Full during validation.
-        failed = run(command, env)
-        assert failed.returncode == 2, failed.stderr[-3000:]
-        line = one_error_line(failed.stderr)
-        assert "Traceback" not in failed.stderr and "OSError" not in failed.stderr
+        # 1. Full during validation. The output goes to files: the preparation logs more than a pipe holds
+        # while this test waits for its commit.
+        with open(tmp_path / "step1.out", "w") as out, open(tmp_path / "step1.err", "w") as err:
+            failed = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+            try:
+                fill_once_present(failed, f"datasets/*/{COMMIT_MARKER}", store_dir, disk, 0, gone="datasets/work-*")
+                failed.wait(timeout=900)
+            finally:
+                if failed.poll() is None:
+                    failed.kill()
+                    failed.wait()
+        stderr = (tmp_path / "step1.err").read_text()
+        assert failed.returncode == 2, stderr[-3000:]
+        line = one_error_line(stderr)
+        assert "Traceback" not in stderr and "OSError" not in stderr
         pattern = (
             rf"error: validate_data: store {re.escape(str(store_dir))} is full \(no space left on device\) "
             r"while writing datasets/([0-9a-f]+)/validation/\S+: free space there or point store: "
