@@ -6,7 +6,7 @@ Flyte passes these records between tasks and caches on them; each points into th
 whose layout is spelled out once, by the key functions below:
 
     datasets/<version>/                    manifest.json, tokenizer.json, doc_stats.csv, shards/, _COMMITTED
-    datasets/<version>/validation/         result.json, suite.json, report.html, site/, _COMMITTED
+    datasets/<version>/validation/         result.json, suite.json, report.html, _COMMITTED
     runs/<run>/checkpoints/step-NNNNNNN/   model/, rng/, meta.json, metrics.jsonl, _COMMITTED
     runs/<run>/metrics.jsonl, tensorboard/, lease.json
     runs/<run>/eval/<key>/                 results.json, hf/, _COMMITTED
@@ -42,7 +42,6 @@ DOC_STATS = "doc_stats.csv"
 VALIDATION_RESULT = "result.json"
 VALIDATION_SUITES = "suite.json"
 VALIDATION_REPORT = "report.html"
-VALIDATION_SITE = "site"
 CHECKPOINT_MODEL = "model"
 CHECKPOINT_META = "meta.json"
 CHECKPOINT_DIGESTS = "digests.json"
@@ -354,23 +353,25 @@ class CodeRevision:
 
 @dataclass
 class Lineage:
-    """Where the model came from: every input, as a URI or a content hash."""
+    """Where the model came from: every input, as a key of the registry's store or a content hash. Places
+    are keys, so that a copied or moved store still reads (``registry.card.location_url`` makes their URLs);
+    cards of before hold absolute URLs, which ``registry.card.read_card`` reads back as keys."""
 
     dataset_version: str
     dataset: str
-    """URI of the dataset prefix."""
+    """Key of the dataset prefix (its URL when the dataset is in another store)."""
     dataset_manifest: str
-    """URI of the dataset's manifest.json."""
+    """Key of the dataset's manifest.json."""
     tokenizer_sha256: str
     training_run: str
     """Key prefix of the training run (``runs/<id>``)."""
     training_steps: int
     checkpoint: str
-    """URI of the committed checkpoint the entry copied."""
+    """Key of the committed checkpoint the entry copied."""
     base_model: str = ""
     """Registry entry whose weights started training ('' = from scratch)."""
     evaluation: str = ""
-    """URI of the committed evaluation outputs ('' = registered without them)."""
+    """Key of the committed evaluation outputs ('' = registered without them)."""
     flyte_execution_id: str = ""
 
 

@@ -44,8 +44,9 @@ def _validation_line(store: Store, version: str) -> str:
     return f"  validation  {verdict}: {len(outcomes) - len(failed)} of {len(outcomes)} expectations met"
 
 
-def run_summary(store: Store, model: ModelRef) -> list[str]:
-    """The end-of-run summary of the execution that registered ``model``."""
+def run_summary(store: Store, model: ModelRef, mlflow_run: str = "") -> list[str]:
+    """The end-of-run summary of the execution that registered ``model`` (``mlflow_run``: its MLflow run id,
+    '' when it has none)."""
     entry = show(store, f"{model.name}:{model.version}")
     card, m = entry.card, entry.card.metrics
     aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
@@ -70,10 +71,12 @@ def run_summary(store: Store, model: ModelRef) -> list[str]:
     run_id = card.lineage.training_run.rsplit("/", 1)[-1]
     default = default_store_uri()  # the store the commands read without --store (not opened: nothing is made)
     store_flag = "" if store.uri in (default, os.path.abspath(os.path.expanduser(default))) else f" --store {store.uri}"
+    ui = f"pretrain ui --run {mlflow_run}" if mlflow_run else "pretrain ui"
     lines += [
         "next:",
         f"  pretrain runs show {run_id}{store_flag}   (step times, ranks, health, traces)",
+        f"  pretrain runs report {run_id}{store_flag}   (the run's Decks as one HTML page)",
         f"  pretrain registry show {card.name}:{card.version}{store_flag}   (the card, lineage, files)",
-        "  pretrain ui   (MLflow: every run, its metrics, comparisons)",
+        f"  {ui}   (MLflow: this run, every run, comparisons)",
     ]
     return lines

@@ -1,5 +1,10 @@
 """The model card: read back through ``common.contracts.ModelCard``, written as markdown, and the code
-revision and time a registration records."""
+revision and time a registration records.
+
+The lineage names what a card points at in its own store by key (``runs/<id>/checkpoints/…``,
+``datasets/<version>``), so a copied or moved store still reads: ``location_url`` makes the URL in the
+store at hand. Cards registered before held absolute URLs; ``read_card`` turns those of the store the
+card was registered in (this one, or the one it was copied from) back into keys."""
 
 from __future__ import annotations
 
@@ -12,13 +17,19 @@ from typing import Any
 from common.contracts import (
     CardFormatError,
     CodeRevision,
+    Lineage,
     ModelCard,
     card_key,
+    checkpoint_prefix,
 )
 from common.errors import ConfigError
 from evaluation.lm_eval_catalog import chance_level
 from registry.names import RegistryError
 from storage import Store
+from storage.store import key_problem
+
+LOCATIONS = ("dataset", "dataset_manifest", "checkpoint", "evaluation")
+"""The lineage fields that name a place (the others are keys, versions and hashes already)."""
 
 
 def utc_now() -> str:
@@ -37,11 +48,59 @@ def code_revision() -> CodeRevision:
 
 
 def read_card(store: Store, entry: str) -> ModelCard:
-    """The card of the registry entry at key prefix ``entry``."""
+    """The card of the registry entry at key prefix ``entry``, its lineage in keys of ``store``."""
     try:
-        return ModelCard.from_dict(store.get_json(card_key(entry)))
+        card = ModelCard.from_dict(store.get_json(card_key(entry)))
     except CardFormatError as e:
         raise RegistryError(f"{store.url(card_key(entry))}: {e}; register the model again with this release") from e
+    return dataclasses.replace(card, lineage=relative_lineage(store, card.lineage))
+
+
+def is_url(location: str) -> bool:
+    """Whether a lineage location is a URL or an absolute path (cards of before), not a key of the store."""
+    return "://" in location or location.startswith("/")
+
+
+def location_url(store: Store, location: str) -> str:
+    """Where a lineage location is: a key's URL in ``store``, a URL as it is ('' stays '')."""
+    return location if not location or is_url(location) else store.url(location)
+
+
+def store_key(store: Store, url: str) -> str:
+    """``url`` as a key of ``store`` when it lies in it (the key, checked), else ``url`` unchanged."""
+    root = store.url("")
+    key = url[len(root) :] if url.startswith(root) else ""
+    return key if key and not key_problem(key) else url
+
+
+def registered_root(lineage: Lineage) -> str:
+    """The root URL of the store an old card was registered in ('' if it does not say): its checkpoint's
+    URL less the checkpoint's key, which the card knows from its run and step."""
+    key = checkpoint_prefix(lineage.training_run, lineage.training_steps)
+    if is_url(lineage.checkpoint) and lineage.checkpoint.endswith(f"/{key}"):
+        return lineage.checkpoint[: -len(key)]
+    return ""
+
+
+def relative_lineage(store: Store, lineage: Lineage) -> Lineage:
+    """``lineage`` with every absolute location in ``store``, or in the store the card was registered in
+    (a copy's old cards name the original), as a key; a location in some other store stays a URL."""
+    old_root = registered_root(lineage)
+
+    def key(location: str) -> str:
+        if not is_url(location):
+            return location
+        if old_root and location.startswith(old_root) and not key_problem(location[len(old_root) :]):
+            return location[len(old_root) :]
+        return store_key(store, location)
+
+    return dataclasses.replace(lineage, **{name: key(getattr(lineage, name)) for name in LOCATIONS})
+
+
+def lineage_urls(store: Store, lineage: Lineage) -> dict[str, str]:
+    """The URL in ``store`` of every location the lineage names (base model and training run too)."""
+    named = {name: getattr(lineage, name) for name in (*LOCATIONS, "training_run", "base_model")}
+    return {name: location_url(store, location) for name, location in named.items() if location}
 
 
 def check_continuable(store: Store, entry: str, model: dict[str, Any]) -> None:

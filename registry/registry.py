@@ -37,7 +37,7 @@ import dataclasses
 import json
 import logging
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from common.contracts import (
     MANIFEST,
     MODELS,
     TOKENIZER,
+    DatasetRef,
     EvalReport,
     Lineage,
     ModelCard,
@@ -69,7 +70,7 @@ from common.hashing import config_hash
 from common.names import VERSION, name_problem
 from common.redact import redacted
 from registry.aliases import aliases_of, move_alias, read_alias, set_alias
-from registry.card import card_markdown, code_revision, read_card, utc_now
+from registry.card import card_markdown, code_revision, lineage_urls, read_card, utc_now
 from registry.config import DEFAULT_GATE_METRIC, LATEST
 from registry.gate import gate_for_holder
 from registry.names import RegistryError, check_alias, check_name, parse_spec
@@ -338,16 +339,17 @@ def _write_entry(
         },
         sample=report.sample,
         sampled=report.sampled,
+        # Keys, not URLs: a copied or moved store still reads its cards (registry.card.location_url).
         lineage=Lineage(
             dataset_version=ckpt.dataset.version,
-            dataset=f"{ckpt.dataset.store.rstrip('/')}/{ckpt.dataset.prefix}",
-            dataset_manifest=store.url(f"{ckpt.dataset.prefix}/{MANIFEST}"),
+            dataset=_dataset_location(store, ckpt.dataset),
+            dataset_manifest=f"{ckpt.dataset.prefix}/{MANIFEST}",
             tokenizer_sha256=manifest["tokenizer"]["sha256"],
             training_run=ckpt.run,
             training_steps=ckpt.step,
-            checkpoint=store.url(ckpt.prefix),
+            checkpoint=ckpt.prefix,
             base_model=ckpt.base_model,
-            evaluation=store.url(report.outputs) if report.outputs else "",
+            evaluation=report.outputs,
             flyte_execution_id=execution_id,
         ),
         layouts=list(ckpt.layouts),
@@ -360,6 +362,13 @@ def _write_entry(
         card = read_card(store, prefix)  # the identical registration's: its time and gate decision
     _create(store, f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode())
     return card
+
+
+def _dataset_location(store: Store, dataset: DatasetRef) -> str:
+    """The dataset's key when it is in the registry's store (always, in the pipeline), else its URL."""
+    if not dataset.store or dataset.store.rstrip("/") == store.uri.rstrip("/"):
+        return dataset.prefix
+    return f"{dataset.store.rstrip('/')}/{dataset.prefix}"
 
 
 def _model_names(store: Store) -> list[str]:
@@ -425,19 +434,24 @@ class Entry:
     uri: str
     files: list[str]
     """URIs of every file of the entry."""
+    lineage_urls: dict[str, str] = field(default_factory=dict)
+    """Where each location of the card's lineage is in this store (its keys resolved here)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.card.to_dict(), "aliases": self.aliases, "uri": self.uri, "files": self.files}
+        out = {**self.card.to_dict(), "aliases": self.aliases, "uri": self.uri, "files": self.files}
+        return {**out, "lineage_urls": self.lineage_urls}
 
 
 def show(store: Store, spec: str) -> Entry:
     name, version = resolve(store, spec)
     prefix = model_prefix(name, version)
+    card = read_card(store, prefix)
     return Entry(
-        card=read_card(store, prefix),
+        card=card,
         aliases=sorted(a for a, v in aliases_of(store, name).items() if v == version),
         uri=store.url(prefix),
         files=[store.url(k) for k in store.list(f"{prefix}/")],
+        lineage_urls=lineage_urls(store, card.lineage),
     )
 
 

@@ -1,17 +1,21 @@
 """The pipeline's MLflow mirror: the first task opens the execution's run, the last one makes it
-whole from the store and mirrors the registry (``tracking``). Neither is cached (each execution is
-its own run) and neither fails the workflow because of MLflow: a tracking server that is down gets
-a warning, and the store keeps everything for a replay (``pretrain tracking sync NAME:VERSION``)."""
+whole from the store and mirrors the registry (``tracking``), and the workflow's failure handler
+(``fail_tracking``) ends the run FAILED with the error. None is cached (each execution is its own
+run) and none fails the workflow because of MLflow: a tracking server that is down gets a warning,
+and the store keeps everything for a replay (``pretrain tracking sync NAME:VERSION``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 
 from flytekit import Deck, task
+from flytekit.types.error import FlyteError
 
 from common.contracts import ModelRef, TrackingRef
 from pipeline.config import PipelineConfig
+from pipeline.run_artifacts import run_artifacts
 from pipeline.summary import run_summary
 from registry.card import code_revision, read_card
 from storage import Store, open_store
@@ -19,9 +23,28 @@ from tasks.decks import FIELDS as DECK_FIELDS
 from tasks.placement import registry_task
 from tasks.register import flyte_execution_id
 from tasks.user_errors import as_messages
-from tracking.client import client, describe, experiment_id, fresh_execution_id, start_run, where
+from tracking.client import (
+    EXECUTION_TAG,
+    client,
+    describe,
+    experiment_id,
+    failure,
+    find_run,
+    fresh_execution_id,
+    mark_failed,
+    start_run,
+    ui_path,
+    where,
+)
 from tracking.mirror import record_execution, with_retry
+from tracking.params import run_name
 from tracking.uri import resolve_uri
+
+# A local execution (``pretrain run``, ``pyflyte run``) has no execution id the failure handler could find
+# the run by (Flyte's is "local" for every one of them), but it runs every task in this process and thread:
+# start_tracking hands its TrackingRef over here, track_run takes it back at the end of a success, and the
+# failure handler takes it on a failure. On a cluster the Flyte execution id finds the run instead.
+_local = threading.local()
 
 
 def _warn(line: str) -> None:
@@ -40,23 +63,30 @@ def start_tracking(config: PipelineConfig) -> TrackingRef:
         return TrackingRef()
     uri = resolve_uri(settings.uri)
     ref = TrackingRef(uri=uri, experiment=settings.experiment, execution=fresh_execution_id(flyte_execution_id()))
+    _local.ref = ref
     code = code_revision()
     tags = {"pretrain.store": open_store(config.store).uri, "pretrain.code_commit": code.commit}
     tags["pretrain.code_dirty"] = str(code.dirty).lower()
     try:
         mlflow = client(uri, settings.request_timeout_s)
         exp = experiment_id(mlflow, settings.experiment, uri)
-        run_id = start_run(mlflow, exp, ref.execution, dataclasses.asdict(config), tags)
+        run_id = start_run(mlflow, exp, ref.execution, dataclasses.asdict(config), tags, name=config_run_name(config))
     except Exception as e:  # MLflow never fails the pipeline
         _warn(f"MLflow at {where(uri)} unreachable ({describe(e)}); training goes on, the last step records the run")
         return ref
     print(f"tracking: execution {ref.execution} is MLflow run {run_id} (experiment {settings.experiment!r} at {where(uri)})")
-    return dataclasses.replace(ref, run_id=run_id)
+    _local.ref = dataclasses.replace(ref, run_id=run_id)
+    return _local.ref
+
+
+def config_run_name(config: PipelineConfig) -> str:
+    """The MLflow run's name: the model name and the settings that differ from the embedded defaults."""
+    return run_name(dataclasses.asdict(config), dataclasses.asdict(PipelineConfig()))
 
 
 def _comparison_deck(store: Store, model: ModelRef) -> None:
     """This execution's training run beside the one of the model that held the gate alias before it."""
-    from tasks import run_decks
+    from pipeline.run_html import run_comparison
 
     card = read_card(store, model.prefix)
     baseline = card.gate.baseline if card.gate is not None else ""
@@ -66,7 +96,7 @@ def _comparison_deck(store: Store, model: ModelRef) -> None:
     if before.lineage.training_run == card.lineage.training_run:
         return
     labels = ["this execution", f"{card.gate.alias} before ({before.name}:{before.version})"]
-    Deck("Comparison", run_decks.run_comparison(store, [card.lineage.training_run, before.lineage.training_run], labels))
+    Deck("Comparison", run_comparison(store, [card.lineage.training_run, before.lineage.training_run], labels))
 
 
 @task(enable_deck=True, deck_fields=DECK_FIELDS, **registry_task())
@@ -82,24 +112,40 @@ def track_run(tracking: TrackingRef, model: ModelRef, config: PipelineConfig) ->
         _comparison_deck(store, model)
     except Exception as e:  # a Deck is a view: never worth the execution
         _warn(f"no comparison Deck ({describe(e)})")
-    _mirror(tracking, store, model, config)
+    mlflow_run = _mirror(tracking, store, model, config)
     try:
-        print("\n".join(run_summary(store, model)), flush=True)
+        print("\n".join(run_summary(store, model, mlflow_run)), flush=True)
     except Exception as e:  # the summary is a view too
         _warn(f"no summary ({describe(e)})")
+    _local.ref = None  # a success: nothing for the failure handler
 
 
-def _mirror(tracking: TrackingRef, store: Store, model: ModelRef, config: PipelineConfig) -> None:
-    """The execution's MLflow run made whole and the registry mirrored (nothing when tracking is off)."""
+def _mirror(tracking: TrackingRef, store: Store, model: ModelRef, config: PipelineConfig) -> str:
+    """The execution's MLflow run made whole and the registry mirrored: its run id ('' when tracking is off
+    or MLflow did not take it)."""
     if not tracking.uri:
-        return
+        return ""
     settings = config.tracking
     config_dict = dataclasses.asdict(config)
 
+    files = run_artifacts(store, model)
+    name = config_run_name(config)
+    found: list[str] = []  # the experiment's id, for the UI's address of the run
+
     def attempt() -> str:
         mlflow = client(tracking.uri, settings.request_timeout_s)
+        found[:] = [experiment_id(mlflow, tracking.experiment, tracking.uri)]
         return record_execution(
-            mlflow, tracking.uri, tracking.experiment, tracking.execution, tracking.run_id, store, model, config_dict
+            mlflow,
+            tracking.uri,
+            tracking.experiment,
+            tracking.execution,
+            tracking.run_id,
+            store,
+            model,
+            config_dict,
+            name=name,
+            files=files,
         )
 
     try:
@@ -109,8 +155,42 @@ def _mirror(tracking: TrackingRef, store: Store, model: ModelRef, config: Pipeli
             f"MLflow at {where(tracking.uri)} did not record execution {tracking.execution} ({describe(e)}); "
             f"the store has everything: `pretrain tracking sync {model.name}:{model.version}` replays it"
         )
-        return
+        return ""
+    folded = tracking.run_id and run_id != tracking.run_id  # the run this execution opened was folded into it
+    again = f" (an earlier execution's run: {model.name}:{model.version} again)" if folded else ""
     print(
-        f"tracking: execution {tracking.execution} recorded as MLflow run {run_id} at {where(tracking.uri)}; "
-        f"{model.name}:{model.version} mirrored to its registered models"
+        f"tracking: execution {tracking.execution} recorded as MLflow run {run_id}{again} at {where(tracking.uri)}; "
+        f"{model.name}:{model.version} mirrored to its registered models; in the MLflow UI (pretrain ui): "
+        f"{ui_path(found[0], run_id)}"
     )
+    return run_id
+
+
+@task(**registry_task())
+def fail_tracking(config: PipelineConfig, err: FlyteError | None = None) -> None:
+    """The workflow's failure handler (``on_failure``): end this execution's MLflow run FAILED, with the
+    task that failed and its error as tags. One attempt; MLflow unreachable or no run: one WARNING line.
+    It never raises: the workflow's own error is what the person must see."""
+    ref, _local.ref = getattr(_local, "ref", None), None
+    settings = config.tracking
+    if not settings.enabled:
+        return
+    execution = flyte_execution_id()
+    if execution == "local" and ref is None:
+        return  # failed before start_tracking: there is no run to end
+    if ref is None:
+        ref = TrackingRef(uri=resolve_uri(settings.uri), experiment=settings.experiment, execution=execution)
+    # Flyte's failed node names the task on a cluster; a local execution gives the failure node's own id.
+    node = err.failed_node_id if err and execution != "local" else ""
+    task_name, error = failure(err.message if err else "", node)
+    try:
+        mlflow = client(ref.uri, settings.request_timeout_s)
+        run_id = ref.run_id or find_run(mlflow, experiment_id(mlflow, ref.experiment, ref.uri), {EXECUTION_TAG: ref.execution})
+        if not run_id:
+            _warn(f"execution {ref.execution} failed at {task_name} and has no MLflow run at {where(ref.uri)} to mark")
+            return
+        mark_failed(mlflow, run_id, task_name, error)
+    except Exception as e:  # MLflow never fails the pipeline, nor hides its error
+        _warn(f"MLflow at {where(ref.uri)} did not take execution {ref.execution}'s failure ({describe(e)})")
+        return
+    print(f"tracking: execution {ref.execution} failed at {task_name}: MLflow run {run_id} marked FAILED", file=sys.stderr)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tracking.client import client
+
 ROOT = Path(__file__).resolve().parent.parent
 PRETRAIN = Path(sys.executable).parent / "pretrain"
 
@@ -41,3 +43,11 @@ def test_an_error_inside_a_task_is_one_line_with_its_traceback_logged(tmp_path: 
     text = log.read_text()
     assert "Traceback" in text and "data_prep/prepare.py" in text  # our frames, where the error was raised
     assert not list((tmp_path / "store").rglob("_COMMITTED"))
+
+    # Issue 33: its MLflow run stayed RUNNING; the workflow's failure handler ends it FAILED, saying where and why.
+    run_id = re.search(r"is MLflow run (\w+)", result.stdout).group(1)
+    run = client(os.environ["MLFLOW_TRACKING_URI"]).get_run(run_id)
+    assert run.info.status == "FAILED" and run.info.run_name == "gpt-tiny", (run.info, result.stderr[-2000:])
+    assert run.data.tags["pretrain.failed_task"] == "prepare_data"
+    shown = lines[-1].removeprefix("error: ")  # what the CLI printed, up to the log's path
+    assert run.data.tags["pretrain.error"].startswith(shown.split(" (full traceback")[0][:200]), (run.data.tags, shown)

@@ -1,5 +1,6 @@
 import hashlib
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -11,8 +12,8 @@ from registry.aliases import set_alias
 from registry.gate import gate_decision
 from registry.names import RegistryError
 from registry.registry import list_models, register, resolve, show
-from storage import AlreadyCommitted
-from tests.helpers import CKPT, registry_inputs, report
+from storage import AlreadyCommitted, open_store
+from tests.helpers import CKPT, DATASET, registry_inputs, report
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def test_register_creates_immutable_versions_with_lineage(populated):
     assert card.metrics["val_loss"] == 3.0 and card.metrics["val_tokens"] == 100
     assert card.lineage.dataset_version == "abc"
     assert card.lineage.tokenizer_sha256 == "t" * 64
-    assert card.lineage.checkpoint == store.url(CKPT)
+    assert card.lineage.checkpoint == CKPT and card.lineage.dataset == DATASET  # keys: a copied store still reads
     assert card.code.commit and card.layouts == report(3.0).checkpoint.layouts
     assert ModelCard.from_dict(store.get_json("models/gpt/1/card.json")) == card
     files = {uri.rsplit("models/gpt/1/", 1)[1] for uri in entry.files}
@@ -84,7 +85,8 @@ def test_evaluation_outputs_join_the_entry(populated):
     assert store.get_json("models/gpt/1/evaluation.json") == {"val_loss": 3.0}
     assert store.get_bytes("models/gpt/1/hf/model.safetensors") == b"tensors"
     shown = show(store, "gpt:1")
-    assert shown.card.hf_export == "hf" and shown.card.lineage.evaluation == store.url(evaluation)
+    assert shown.card.hf_export == "hf" and shown.card.lineage.evaluation == evaluation
+    assert shown.lineage_urls["evaluation"] == store.url(evaluation)
     assert 'from_pretrained("DEST/hf")' in store.get_bytes("models/gpt/1/card.md").decode()
 
 
@@ -176,6 +178,38 @@ def test_cli_list_and_show(populated, capsys):
     assert "gpt:1" in out and "val_loss" in out and "dataset_version" in out
     assert cli(["registry", "show", "gpt:9", "--store", store.uri]) == 2
     assert capsys.readouterr().err.startswith("error: model gpt:9 does not exist")
+
+
+def test_a_copied_store_reads_its_lineage_inside_the_copy(tmp_path, capsys):
+    """Issue 33 item 4: a card's lineage held absolute URLs (``/old/path/runs/...``), so a copied or moved store
+    named the original's files. It holds keys now; a card of before, its URLs of the store it was registered
+    in, is read as keys too. Shown in the copy, with the original gone, everything resolves inside the copy."""
+    original = registry_inputs(open_store(str(tmp_path / "original")))
+    evaluations = {1: "runs/r1/eval/e1", 2: "runs/r1/eval/e2"}
+    for version, evaluation in evaluations.items():
+        original.put_json(f"{evaluation}/results.json", {"val_loss": 3.0})
+        original.commit(evaluation)
+        assert register(original, "gpt", report(3.0, outputs=evaluation)).version == version
+    before = original.get_json("models/gpt/2/card.json")  # version 2 as an earlier release wrote it: URLs
+    for name in ("dataset", "dataset_manifest", "checkpoint", "evaluation"):
+        before["lineage"][name] = original.url(before["lineage"][name])
+    original.put_json("models/gpt/2/card.json", before)
+    shutil.copytree(tmp_path / "original", tmp_path / "copy")
+    shutil.rmtree(tmp_path / "original")
+    copy = open_store(str(tmp_path / "copy"))
+
+    for version, evaluation in evaluations.items():
+        entry = show(copy, f"gpt:{version}")
+        lineage = entry.card.lineage
+        assert (lineage.checkpoint, lineage.dataset, lineage.evaluation) == (CKPT, DATASET, evaluation), version
+        assert lineage.dataset_manifest == f"{DATASET}/manifest.json"
+        assert copy.is_committed(lineage.checkpoint) and copy.exists(lineage.dataset_manifest)
+        assert entry.uri == copy.url(f"models/gpt/{version}")
+        assert entry.lineage_urls["checkpoint"] == copy.url(CKPT) and entry.lineage_urls["evaluation"] == copy.url(evaluation)
+        assert all(url.startswith(copy.url("")) for url in entry.lineage_urls.values()), entry.lineage_urls
+        assert cli(["registry", "show", f"gpt:{version}", "--json", "--store", copy.uri]) == 0
+        printed = capsys.readouterr().out
+        assert str(tmp_path / "original") not in printed and json.loads(printed)["lineage"]["checkpoint"] == CKPT
 
 
 def test_gate_decision():

@@ -89,6 +89,8 @@ def assert_summary(output: str, registered: dict) -> None:
     assert re.search(training, summary[3]), summary
     assert re.search(r"^  evaluation  val_loss \d+\.\d{4}, perplexity [\d.]+, bits_per_byte [\d.]+$", summary[4]), summary
     assert "next:" in summary and any(line.startswith("  pretrain runs show ") for line in summary), summary
+    assert any(line.startswith("  pretrain runs report ") for line in summary), summary  # the Decks, one page
+    assert any(re.match(r"  pretrain ui --run [0-9a-f]{32} ", line) for line in summary), summary  # this MLflow run
     assert not any(line.startswith("{") for line in lines[:-1])  # no JSON but the --json line
 
 

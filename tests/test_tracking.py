@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import dataclasses
 import json
+import math
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -26,11 +29,22 @@ from common.contracts import metrics_key
 from pipeline.config import PipelineConfig
 from registry.registry import promote, register
 from storage import open_store
-from tests.helpers import BIN, free_port, kill_group, registry_inputs, report
-from tracking.client import client, experiment_id, log_points, start_run, step_metrics
+from tests.helpers import BIN, CKPT, free_port, kill_group, registry_inputs, report
+from tracking.client import (
+    CLASSIC_ML,
+    EXPERIMENT_KIND_TAG,
+    client,
+    experiment_id,
+    failure,
+    log_points,
+    start_run,
+    step_metrics,
+    ui_path,
+)
 from tracking.mirror import mirror_promotion, record_execution
-from tracking.params import MAX_PARAM_VALUE, batches, flatten
+from tracking.params import MAX_PARAM_VALUE, MAX_RUN_NAME, batches, flatten, run_name
 from tracking.sender import LiveSender
+from tracking.ui import ui_pages
 from tracking.uri import resolve_uri
 
 
@@ -123,7 +137,8 @@ def test_registry_mirror_follows_versions_and_aliases(tmp_path, mlflow_tracking_
         record_execution(mlflow, mlflow_tracking_uri, experiment, "exec-1", run_id, store, model, {"train": {"lr": 0.002}})
     versions = {mv.tags["pretrain.version"]: mv for mv in mlflow.search_model_versions(f"name = '{name}'")}
     assert sorted(versions) == ["1", "2"]
-    assert versions["2"].tags["pretrain.card"] == store.url(f"{second.prefix}/card.json")
+    assert versions["2"].tags["pretrain.card"] == f"{second.prefix}/card.json"  # a key of pretrain.store
+    assert versions["2"].tags["pretrain.store"] == store.uri and versions["2"].tags["pretrain.checkpoint"] == CKPT
     assert versions["1"].tags["pretrain.dataset_version"] == "abc"
     mlflow_of = {ours: mv.version for ours, mv in versions.items()}
     # MLflow reserves 'latest' (its highest version): ours is 'latest-registered' there, and every tag says ours.
@@ -137,7 +152,8 @@ def test_registry_mirror_follows_versions_and_aliases(tmp_path, mlflow_tracking_
     assert run.data.tags["pretrain.run_prefix"] == "runs/r1" and run.data.tags["pretrain.tokenizer_sha256"] == "t" * 64
     assert run.data.metrics["val_loss"] == 2.5 and run.info.status == "FINISHED"
     links = json.loads(Path(mlflow.download_artifacts(run_id, "links/store.json", str(tmp_path))).read_text())
-    assert links["card"] == store.url(f"{second.prefix}/card.json") and links["checkpoint"].endswith("step-0000010")
+    assert links["card"] == {"key": f"{second.prefix}/card.json", "url": store.url(f"{second.prefix}/card.json")}
+    assert links["checkpoint"] == {"key": CKPT, "url": store.url(CKPT)} and links["store"] == store.uri
 
     # Moved outside the pipeline, and an alias MLflow has that the registry has not: mirrored, removed.
     promote(store, f"{name}:2", "production")
@@ -206,6 +222,19 @@ def test_ui_serves_the_tracking_database_to_its_user_only_and_stops_with_its_wor
             assert stat.S_IMODE(path.stat().st_mode) == mode, (path, oct(path.stat().st_mode))
         password = password_file.read_text().strip()
         assert len(password) >= 32
+        assert process.stdout.readline().startswith("  server log: ")
+        pages = process.stdout.readline().rstrip()  # the page of the default experiment's training runs
+        assert pages.startswith("  no experiment 'pretrain' yet") or re.fullmatch(
+            rf"  runs of experiment 'pretrain': http://127\.0\.0\.1:{port}/#/experiments/\d+/runs", pages
+        ), pages
+        # An experiment of before (no kind: MLflow 3 opens it on its GenAI view) is tagged, its runs' page named.
+        before = mlflow.create_experiment(f"{name}-before")
+        run_id = mlflow.create_run(before).info.run_id
+        assert ui_pages(port, password, f"{name}-before", run_id) == [
+            f"  runs of experiment '{name}-before': http://127.0.0.1:{port}/#/experiments/{before}/runs",
+            f"  run {run_id}: http://127.0.0.1:{port}/#/experiments/{before}/runs/{run_id}",
+        ]
+        assert mlflow.get_experiment(before).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML
         base, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api/2.0/mlflow"
 
         search = f"{api}/experiments/get-by-name?experiment_name={name}"
@@ -273,3 +302,127 @@ def test_tracking_sync_replays_a_registered_model_once(tmp_path, mlflow_tracking
     (run,) = mlflow.search_runs([mlflow.get_experiment_by_name(experiment).experiment_id])
     assert len(mlflow.get_metric_history(run.info.run_id, "loss")) == 6 and run.data.params == {"train.lr": "0.002"}
     assert mlflow.get_registered_model(name).aliases == {"latest-registered": 1, "production": 1}
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 33: MLflow shows at least what the CLI shows
+
+
+def test_run_names_say_what_differs_from_the_defaults():
+    defaults = dataclasses.asdict(PipelineConfig())
+    assert run_name(defaults, defaults) == "gpt-tiny"
+    config = copy.deepcopy(defaults)
+    config["train"]["lr"], config["registry"]["model_name"] = 0.001, "gpt-small"
+    config["store"], config["data"]["sources"], config["train"]["log_every"] = "/elsewhere", ["/corpus"], 5  # not named
+    assert run_name(config, defaults) == "gpt-small lr=0.001"
+    config["model"]["num_layers"], config["parallel"]["tensor_parallel"], config["train"]["init_from"] = 8, 1, "gpt-tiny:3"
+    assert run_name(config, defaults) == "gpt-small layers=8 from=gpt-tiny:3 lr=0.001 tp=1"  # size, data, optimiser, layout
+    config["train"]["init_from"] = "x" * 200
+    named = run_name(config, defaults)
+    assert len(named) <= MAX_RUN_NAME and named == "gpt-small layers=8 +3", named  # bounded, saying how many more
+
+
+def test_failure_names_the_task_and_the_error_as_the_cli_does():
+    nested = (
+        "Error encountered while executing 'tasks.data.prepare_data':\n  Error encountered while executing "
+        "'tasks.data.resolve_documents':\n  every file is too_short\n  at https://alice:s3cret@example.com/x\n"
+        "(full traceback: /home/u/.local/state/pretrain/logs/x.log)"
+    )
+    task, line = failure(nested, "fn0")
+    assert task == "prepare_data" and line.startswith("resolve_documents: every file is too_short at https://***@example.com")
+    assert "s3cret" not in line and "\n" not in line  # credentials out, one line
+    assert line.endswith("(full traceback: /home/u/.local/state/pretrain/logs/x.log)")
+    assert failure("USER:ValueError: error=boom " + "x" * 900, "n6") == ("n6", ("boom " + "x" * 900)[:499] + "…")
+    assert len(failure("x" * 900)[1]) == 500 and failure("")[0] == "unknown"
+
+
+def test_experiments_open_on_training_runs(mlflow_tracking_uri):
+    """MLflow 3 opens an experiment without a kind on its GenAI view (traces): ours say they hold training runs."""
+    mlflow = client(mlflow_tracking_uri)
+    made = experiment_id(mlflow, f"kind-{uuid.uuid4().hex[:8]}", mlflow_tracking_uri)
+    assert mlflow.get_experiment(made).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML
+    before = mlflow.create_experiment(f"kind-{uuid.uuid4().hex[:8]}")  # made by an earlier release: no kind
+    assert experiment_id(mlflow, mlflow.get_experiment(before).name, mlflow_tracking_uri) == before
+    assert mlflow.get_experiment(before).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML
+    chosen = mlflow.create_experiment(f"kind-{uuid.uuid4().hex[:8]}", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    experiment_id(mlflow, mlflow.get_experiment(chosen).name, mlflow_tracking_uri)
+    assert mlflow.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"  # a person's choice stays
+    assert ui_path("7") == "#/experiments/7/runs" and ui_path("7", "ab12") == "#/experiments/7/runs/ab12"
+
+
+def test_a_run_holds_summaries_apart_its_charts_and_its_reports(tmp_path, mlflow_tracking_uri):
+    """The card's training summary logged under the per-step names replaced the last step's point (``mfu``
+    0.2246 shown for a run whose steps were at 0.1404); the run had no file but links/store.json."""
+    from pipeline.run_artifacts import run_artifacts
+
+    store = registry_inputs(open_store(str(tmp_path / "store")))
+    steps = [{**r, "mfu": 0.1404} for r in records(10)]
+    steps[4]["val_loss"], steps[9]["val_loss"] = 2.5, 2.2  # the training's held-out points (train.val_every)
+    store.put_bytes(metrics_key("runs/r1"), "".join(json.dumps(r) + "\n" for r in steps).encode())
+    # The validation's record; its stored HTML is planted to show that the artifact is rendered from the record.
+    outcome = {
+        "suite": "shards",
+        "expectation": "rows <script>",
+        "column": "",
+        "success": True,
+        "observed": "8",
+        "expected": "≥ 1",
+    }
+    store.put_json("datasets/abc/validation/result.json", {"success": True, "outcomes": [outcome], "modified": []})
+    store.put_bytes("datasets/abc/validation/report.html", b"<html>planted</html>")
+    store.commit("datasets/abc/validation")
+    evaluated = report(2.0)
+    summary = {"mfu": 0.2246, "tokens_per_second": 6025.0, "final_train_loss": 0.5}  # the card's training figures
+    evaluated = dataclasses.replace(evaluated, checkpoint=dataclasses.replace(evaluated.checkpoint, summary=summary))
+    model = register(store, f"gpt-{uuid.uuid4().hex[:6]}", evaluated)
+    mlflow, run_id = fresh_run(mlflow_tracking_uri)
+    experiment = mlflow.get_experiment(mlflow.get_run(run_id).info.experiment_id).name
+    files = run_artifacts(store, model)
+    record_execution(mlflow, mlflow_tracking_uri, experiment, "exec-1", run_id, store, model, {}, files=files)
+    metrics = mlflow.get_run(run_id).data.metrics
+    assert metrics["mfu"] == 0.1404 and [m.value for m in mlflow.get_metric_history(run_id, "mfu")] == [0.1404] * 10
+    assert metrics["summary.mfu"] == 0.2246 and metrics["summary.tokens_per_s"] == 6025.0 and metrics["tokens_per_s"] == 1010.0
+    assert metrics["summary.final_train_loss"] == 0.5 and "tokens_per_second" not in metrics
+    assert metrics["val_loss"] == 2.0 and metrics["bits_per_byte"] == 2.0 / math.log(2)  # evaluation figures: their names
+    assert [(m.step, m.value) for m in mlflow.get_metric_history(run_id, "val/loss")] == [(5, 2.5), (10, 2.2)]
+    assert [m.value for m in mlflow.get_metric_history(run_id, "val_loss")] == [2.0]  # the evaluation's alone
+    listed = {a.path for folder in ("", "links", "charts", "validation") for a in mlflow.list_artifacts(run_id, folder or None)}
+    assert {"links/store.json", "charts/loss.png", "validation/report.html", "report.html"} <= listed, listed
+    chart = Path(mlflow.download_artifacts(run_id, "charts/loss.png", str(tmp_path))).read_bytes()
+    assert chart.startswith(b"\x89PNG") and 1000 < len(chart) < 4 * 1024 * 1024
+    validation = Path(mlflow.download_artifacts(run_id, "validation/report.html", str(tmp_path))).read_text()
+    assert "rows &lt;script&gt;" in validation and "planted" not in validation and "<script" not in validation
+    page = Path(mlflow.download_artifacts(run_id, "report.html", str(tmp_path))).read_text()
+    assert "Training run r1" in page and "<svg" in page  # the run's curves (tests/test_cli_runs.py checks the page whole)
+
+
+def test_a_reexecution_of_the_same_model_is_tagged_on_its_run(tmp_path, mlflow_tracking_uri):
+    """A fully cached re-execution (the same model returned) made a second run of the same training: it is
+    an entry on the first run now, and the run it opened is deleted. A model of the same name and version
+    in another store is another model: its own run."""
+    name = f"gpt-{uuid.uuid4().hex[:6]}"
+    stores = []
+    for folder in ("store", "other"):
+        store = registry_inputs(open_store(str(tmp_path / folder)))
+        store.put_bytes(metrics_key("runs/r1"), "".join(json.dumps(r) + "\n" for r in records(4)).encode())
+        stores.append((store, register(store, name, report(2.0))))
+    (store, model), (other, twin) = stores
+    mlflow, first = fresh_run(mlflow_tracking_uri)
+    exp = mlflow.get_run(first).info.experiment_id
+    experiment = mlflow.get_experiment(exp).name
+
+    def execute(execution: str, run_id: str, where=store, ref=model) -> str:
+        return record_execution(mlflow, mlflow_tracking_uri, experiment, execution, run_id, where, ref, {})
+
+    assert execute("exec-1", first) == first
+    second, third = (start_run(mlflow, exp, e, {}, {}) for e in ("exec-2", "exec-3"))
+    assert execute("exec-2", second) == first and execute("exec-3", third) == first
+    assert execute("exec-2", second) == first  # a replay (track_run retried) counts once
+    tags = mlflow.get_run(first).data.tags
+    assert tags["pretrain.reexecutions"] == "exec-2,exec-3" and tags["pretrain.reexecution_count"] == "2"
+    assert tags["pretrain.execution"] == "exec-1" and mlflow.get_run(first).info.status == "FINISHED"
+    assert [mlflow.get_run(r).info.lifecycle_stage for r in (second, third)] == ["deleted", "deleted"]
+    assert mlflow.get_run(second).data.tags["pretrain.reexecution_of"] == first
+    elsewhere = start_run(mlflow, exp, "exec-4", {}, {})
+    assert execute("exec-4", elsewhere, other, twin) == elsewhere  # gpt-…:1 of another store
+    assert {r.info.run_id for r in mlflow.search_runs([exp])} == {first, elsewhere}

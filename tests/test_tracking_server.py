@@ -90,7 +90,7 @@ def check_run_and_registry(server: MlflowServer, run_id: str, store, card: dict)
     production = server.get("registered-models/alias", name="gpt-e2e", alias="production")["model_version"]
     version_tags = {t["key"]: t["value"] for t in production["tags"]}
     assert version_tags["pretrain.version"] == "1" and version_tags["pretrain.aliases"] == "latest,production"
-    assert version_tags["pretrain.card"] == store.url("models/gpt-e2e/1/card.json")
+    assert version_tags["pretrain.card"] == "models/gpt-e2e/1/card.json" and version_tags["pretrain.store"] == store.uri
     aliases = server.get("registered-models/get", name="gpt-e2e")["registered_model"]["aliases"]
     pairs = sorted((a["alias"], a["version"]) for a in aliases)
     assert pairs == [("latest-registered", production["version"]), ("production", production["version"])]

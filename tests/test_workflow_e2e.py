@@ -21,6 +21,7 @@ The bad-input tests check the one line a user sees: that message is the product 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -43,6 +44,7 @@ from tests.helpers import (
     write_config,
 )
 from tests.helpers import CACHE_KEY_TABLE as EXPECTED
+from tracking.client import client
 
 pytestmark = pytest.mark.slow
 # Where the pipeline writes: datasets (with their validation reports), training runs, registry entries.
@@ -62,6 +64,7 @@ class Pipeline:
         self.store_uri = f"s3://{s3_server.bucket}/e2e"
         self.corpus = distinct_corpus(root / "corpus")
         self.runs = 0
+        self.output = ""  # the last run's stdout and stderr
 
     def config(self, corpus: Path | None = None, **sections) -> Path:
         self.runs += 1
@@ -75,6 +78,7 @@ class Pipeline:
         before = local_cache_entries(self.home)
         result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        self.output = result.stdout + result.stderr
         outcomes = cache_outcomes(before, local_cache_entries(self.home))
         return [outcomes[task] for task in CACHED_TASKS]
 
@@ -85,6 +89,18 @@ class Pipeline:
 
     def card(self, version: int) -> dict:
         return open_store(self.store_uri).get_json(f"models/{NAME}/{version}/card.json")
+
+    def mlflow_run(self, version: int):
+        """The one active MLflow run recording ``NAME:version`` of this store (the session's database, conftest)."""
+        mlflow = client(os.environ["MLFLOW_TRACKING_URI"])
+        exp = mlflow.get_experiment_by_name("pretrain").experiment_id
+        found = mlflow.search_runs([exp], filter_string=f"tags.`pretrain.model` = '{NAME}:{version}'")
+        (run,) = [r for r in found if r.data.tags["pretrain.store"] == self.store_uri]
+        return mlflow, run
+
+    def opened_run(self) -> str:
+        """The MLflow run the last execution's start_tracking opened."""
+        return re.search(r"is MLflow run (\w+)", self.output).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -118,10 +134,10 @@ def test_pipeline_end_to_end_on_s3(pipeline, tmp_path):
     assert [m["step"] for m in metrics] == list(range(1, 13))
     assert metrics[-1]["loss"] < metrics[0]["loss"] and card["metrics"]["first_train_loss"] == metrics[0]["loss"]
     assert all(store.is_committed(checkpoint_prefix(training_run, step)) for step in (6, 12))
-    assert card["lineage"]["checkpoint"] == store.url(checkpoint_prefix(training_run, 12))
+    assert card["lineage"]["checkpoint"] == checkpoint_prefix(training_run, 12)  # keys: a copied store still reads
     lineage = card["lineage"]
     assert lineage["dataset_version"] == entry["dataset"] and lineage["flyte_execution_id"]
-    assert lineage["dataset_manifest"].startswith(pipeline.store_uri) and len(lineage["tokenizer_sha256"]) == 64
+    assert lineage["dataset_manifest"] == f"datasets/{entry['dataset']}/manifest.json" and len(lineage["tokenizer_sha256"]) == 64
     assert card["config"]["train"]["steps"] == 12 and card["code"]["commit"]
     store.download_dir(f"models/{NAME}/1", tmp_path / "downloaded")
     assert (tmp_path / "downloaded" / "checkpoint" / "model" / ".metadata").stat().st_size > 0
@@ -142,6 +158,17 @@ def test_pipeline_end_to_end_on_s3(pipeline, tmp_path):
         assert "acc_stderr,none" in evaluation["lm_eval_results"]["candidate"][task]["results"]
     print(f"lm-eval on the card ({evaluation['lm_eval_results']['seconds']} s):", json.dumps(lm_eval))
 
+    # Its MLflow run (issue 33): named by what differs from the defaults, the summary beside the per-step
+    # figures, the loss chart and the validation report among its files, its page in the UI printed.
+    mlflow, run = pipeline.mlflow_run(1)
+    assert run.info.run_id == pipeline.opened_run() and run.info.status == "FINISHED"
+    assert run.info.run_name.startswith(f"{NAME} layers=2 hidden=64 ") and "steps=12" in run.info.run_name, run.info.run_name
+    assert run.data.metrics["summary.tokens_per_s"] == card["metrics"]["tokens_per_second"]
+    assert "tokens_per_second" not in run.data.metrics and run.data.metrics["val_loss"] == card["metrics"]["val_loss"]
+    files = {a.path for folder in ("charts", "validation") for a in mlflow.list_artifacts(run.info.run_id, folder)}
+    assert files == {"charts/loss.png", "validation/report.html"}, files
+    assert f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in pipeline.output
+
 
 def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
     store = open_store(pipeline.store_uri)
@@ -154,6 +181,14 @@ def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
     assert {prefix: store.list(prefix) for prefix in PIPELINE_PREFIXES} == written
     assert run_metrics(store, training_run_of(store, pipeline.card(1))) == metrics
     assert [r["version"] for r in pipeline.registry()] == [1]
+    # No second MLflow run of the same training (issue 33): the first run names this execution; the run it
+    # opened is deleted.
+    mlflow, run = pipeline.mlflow_run(1)
+    opened = mlflow.get_run(pipeline.opened_run())
+    assert opened.info.run_id != run.info.run_id and opened.info.lifecycle_stage == "deleted"
+    assert run.data.tags["pretrain.reexecutions"] == opened.data.tags["pretrain.execution"] != run.data.tags["pretrain.execution"]
+    assert run.data.tags["pretrain.reexecution_count"] == "1" and run.info.status == "FINISHED"
+    assert f"recorded as MLflow run {run.info.run_id} (an earlier execution's run" in pipeline.output
 
 
 def test_the_same_corpus_under_another_path_is_a_hit(pipeline):

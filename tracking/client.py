@@ -15,22 +15,44 @@ import math
 import os
 import re
 import secrets
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from common.redact import redact
 from tracking.params import batches, flatten
 from tracking.uri import artifact_root, is_remote, prepare_database, sqlite_path
 
-STEP_KEYS = ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "step_time_s", "peak_memory_mib", "data_wait_fraction")
+STEP_KEYS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu", "step_time_s", "peak_memory_mib", "data_wait_fraction")
 """The per-step figures of a metrics.jsonl record that become MLflow metrics, with the step-time breakdown."""
+STEP_NAMES = {"val_loss": "val/loss"}
+"""Record keys logged under another metric name: the held-out points the training measures every
+``train.val_every`` steps are ``val/loss`` (as in TensorBoard), apart from the evaluation's ``val_loss`` of the
+final checkpoint (more rows; the gate's figure), which would otherwise share its last step."""
 BREAKDOWN = re.compile(r"time_\w+_s")
 """The step-time breakdown's keys (``training.observe.timing.phase_key``; matched here so as not to import torch)."""
 MAX_METRICS_PER_BATCH = 1000
 """MLflow's limit on metrics in one log_batch request."""
 EXECUTION_TAG = "pretrain.execution"
 MODEL_TAG = "pretrain.model"
+STORE_TAG = "pretrain.store"
+REEXECUTIONS_TAG = "pretrain.reexecutions"
+"""On a run: the executions that gave its very model again, every task a cache hit (their ids, the latest last)."""
+FAILED_TASK_TAG = "pretrain.failed_task"
+ERROR_TAG = "pretrain.error"
+"""On a failed run: the error as the CLI prints it, in one line (credentials left out, at most MAX_ERROR_CHARS)."""
+MAX_ERROR_CHARS = 500
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+CLASSIC_ML = "custom_model_development"
+"""MLflow 3's UI opens an experiment in the view its kind names; without the tag it guesses, and an experiment
+of training runs may open on the GenAI view (traces). This value is its "Machine learning" view: the runs."""
+EVALUATION_FIGURES = frozenset({"val_loss", "perplexity", "bits_per_byte", "val_tokens"})
+"""Card figures logged under their own names (with ``lm_eval.*``); the training summary's go under ``summary.``."""
+SUMMARY_PREFIX = "summary."
+SUMMARY_NAMES = {"tokens_per_second": "tokens_per_s"}
+"""A summary figure named as its per-step metric is: ``summary.tokens_per_s`` beside ``tokens_per_s``."""
 VERSION_TAG = "pretrain.version"
 """On a registered-model version: our registry's version number (MLflow numbers its versions itself)."""
 STEP_MS = 1000
@@ -82,17 +104,28 @@ def describe(error: BaseException) -> str:
 
 
 def experiment_id(mlflow, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created if absent (artifacts beside a SQLite database)."""
+    """The id of experiment ``name``, created if absent (artifacts beside a SQLite database), of the kind
+    MLflow's UI shows as training runs (``CLASSIC_ML``; set on an existing one that has no kind yet)."""
     found = mlflow.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return mlflow.create_experiment(name, artifact_location=artifact_root(uri) or None)
-    except Exception:
-        found = mlflow.get_experiment_by_name(name)  # another execution created it meanwhile
-        if found is None:
-            raise
-        return found.experiment_id
+    if found is None:
+        try:
+            return mlflow.create_experiment(
+                name, artifact_location=artifact_root(uri) or None, tags={EXPERIMENT_KIND_TAG: CLASSIC_ML}
+            )
+        except Exception:
+            found = mlflow.get_experiment_by_name(name)  # another execution created it meanwhile
+            if found is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in (found.tags or {}):  # made before we set it: a kind a person chose is kept
+        mlflow.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML)
+    return found.experiment_id
+
+
+def ui_path(experiment: str, run_id: str = "") -> str:
+    """The MLflow UI's page (the part after the server's address) of experiment ``experiment``'s runs, or
+    of the run ``run_id`` in it: ``#/experiments/1/runs/<run id>``."""
+    page = f"#/experiments/{experiment}/runs"
+    return f"{page}/{run_id}" if run_id else page
 
 
 def fresh_execution_id(execution: str) -> str:
@@ -102,18 +135,29 @@ def fresh_execution_id(execution: str) -> str:
     return f"local-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
 
 
-def find_run(mlflow, exp_id: str, key: str, value: str) -> str:
-    """The id of the newest run of the experiment tagged ``key = value``, or ''."""
-    runs = mlflow.search_runs([exp_id], filter_string=f"tags.`{key}` = '{value}'", max_results=1, order_by=["start_time DESC"])
-    return runs[0].info.run_id if runs else ""
+def _quoted(value: str) -> str | None:
+    """``value`` as a string in MLflow's filter syntax; None when it holds both quote characters."""
+    if "'" not in value:
+        return f"'{value}'"
+    return f'"{value}"' if '"' not in value else None
 
 
-def start_run(mlflow, exp_id: str, execution: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-    """The run of ``execution`` (found by its tag, so a retried task does not make a twin), with the
-    flattened config as params and ``tags``."""
-    run_id = find_run(mlflow, exp_id, EXECUTION_TAG, execution)
+def find_run(mlflow, exp_id: str, tags: Mapping[str, str], oldest: bool = False) -> str:
+    """The id of the newest (``oldest``: the first) active run of the experiment holding every tag of
+    ``tags``, or ''. Compared again here: a value MLflow's filter cannot quote is matched only here."""
+    clauses = [f"tags.`{key}` = {_quoted(value)}" for key, value in tags.items() if _quoted(value) is not None]
+    order = ["start_time ASC" if oldest else "start_time DESC"]
+    runs = mlflow.search_runs([exp_id], filter_string=" and ".join(clauses), max_results=50, order_by=order)
+    found = [run for run in runs if all(run.data.tags.get(key) == value for key, value in tags.items())]
+    return found[0].info.run_id if found else ""
+
+
+def start_run(mlflow, exp_id: str, execution: str, params: Mapping[str, Any], tags: Mapping[str, str], name: str = "") -> str:
+    """The run of ``execution`` (found by its tag, so a retried task does not make a twin), named ``name``
+    (else the execution id), with the flattened config as params and ``tags``."""
+    run_id = find_run(mlflow, exp_id, {EXECUTION_TAG: execution})
     if not run_id:
-        run_id = mlflow.create_run(exp_id, run_name=execution, tags={EXECUTION_TAG: execution, **tags}).info.run_id
+        run_id = mlflow.create_run(exp_id, run_name=name or execution, tags={EXECUTION_TAG: execution, **tags}).info.run_id
     log_params(mlflow, run_id, params)
     set_tags(mlflow, run_id, {EXECUTION_TAG: execution, **tags})
     return run_id
@@ -155,13 +199,22 @@ def step_metrics(record: Mapping[str, Any]) -> list[tuple[str, float, int, int]]
     for key in keys:
         value = _number(record.get(key))
         if value is not None:
-            out.append((key, value, timestamp_ms(step), step))
+            out.append((STEP_NAMES.get(key, key), value, timestamp_ms(step), step))
     return out
 
 
+def figure_name(key: str) -> str:
+    """The metric name of a card figure: an evaluation figure's own (``val_loss``, ``lm_eval.<task>.<metric>``),
+    a training summary figure's under ``summary.`` (``summary.mfu``): logged at the last step, under the
+    per-step name it would replace that step's point in MLflow's latest value and chart."""
+    if key in EVALUATION_FIGURES or key.startswith("lm_eval."):
+        return metric_name(key)
+    return metric_name(SUMMARY_PREFIX + SUMMARY_NAMES.get(key, key))
+
+
 def figure_metrics(figures: Mapping[str, Any], step: int) -> list[tuple[str, float, int, int]]:
-    """(key, value, timestamp ms, step) of each numeric evaluation figure, at the run's last step."""
-    numbers = {metric_name(k): _number(v) for k, v in sorted(figures.items())}
+    """(name, value, timestamp ms, step) of each numeric figure of a card (``figure_name``), at the run's last step."""
+    numbers = {figure_name(k): _number(v) for k, v in sorted(figures.items())}
     return [(k, v, timestamp_ms(step), step) for k, v in numbers.items() if v is not None]
 
 
@@ -173,6 +226,45 @@ def log_points(mlflow, run_id: str, points: Iterable[tuple[str, float, int, int]
     for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
         mlflow.log_batch(run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
     return len(metrics)
+
+
+def log_files(mlflow, run_id: str, files: Mapping[str, bytes]) -> None:
+    """Upload ``files`` (artifact path → bytes) as the run's artifacts, in one request; an existing one is replaced."""
+    if not files:
+        return
+    with tempfile.TemporaryDirectory(prefix="pretrain-artifacts-") as folder:
+        for name, data in files.items():
+            path = Path(folder, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        mlflow.log_artifacts(run_id, folder)
+
+
+_FLYTE_PREAMBLE = re.compile(r"Error encountered while executing '(?P<task>[^']+)':\s*")
+_FLYTE_CODE = re.compile(r"(?:(?:USER|SYSTEM):\w+|\w*FlyteException): error=")
+
+
+def failure(message: str, node: str = "") -> tuple[str, str]:
+    """(the workflow's task that failed, the error in one line) from a Flyte failure ``message``: Flyte opens it
+    with one preamble per level (the workflow's task, then the stage of a dynamic one); the line names the
+    innermost task, as ``pretrain run`` prints it. ``node`` (Flyte's failed node id) stands in for an unnamed task."""
+    text, tasks = message.strip(), []
+    while match := _FLYTE_PREAMBLE.match(text) or _FLYTE_CODE.match(text):
+        if "task" in match.groupdict():
+            tasks.append(match["task"].rsplit(".", 1)[-1])
+        text = text[match.end() :]
+    line = redact(" ".join(text.split()))
+    if tasks:
+        line = f"{tasks[-1]}: {line}"
+    if len(line) > MAX_ERROR_CHARS:
+        line = line[: MAX_ERROR_CHARS - 1] + "…"
+    return (tasks[0] if tasks else node or "unknown"), line
+
+
+def mark_failed(mlflow, run_id: str, task: str, error: str) -> None:
+    """End the run FAILED, with the task that failed and the error as tags."""
+    set_tags(mlflow, run_id, {FAILED_TASK_TAG: task, ERROR_TAG: error})
+    mlflow.set_terminated(run_id, "FAILED")
 
 
 def where(uri: str) -> str:

@@ -3,12 +3,16 @@ only (HTTP basic authentication with a password in a file only they can read; ``
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +20,8 @@ from pathlib import Path
 from common.errors import ConfigError
 from common.private import create_private, private_dir, write_private
 from common.redact import redact
+from tracking.client import CLASSIC_ML, EXPERIMENT_KIND_TAG, ui_path
+from tracking.config import TrackingConfig
 from tracking.ui_app import ARTIFACT_ROOT_ENV
 from tracking.uri import ARTIFACTS_DIR, artifact_root, default_folder, is_remote, prepare_database, resolve_uri, sqlite_path
 
@@ -81,7 +87,7 @@ def ui_command(uri: str, port: int) -> list[str]:
     command = [str(mlflow) if mlflow.exists() else "mlflow", "server", "--backend-store-uri", uri]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--app-name", APP_NAME, "--no-serve-artifacts"]
     root = artifact_root(uri)
-    if root:  # where the pipeline's runs keep their link files, so the UI shows them
+    if root:  # where the pipeline's runs keep their files (links, charts, reports), so the UI shows them
         command += ["--default-artifact-root", root]
     return command
 
@@ -94,9 +100,50 @@ def _answers(port: int) -> bool:
         return False
 
 
-def serve(port: int = 5000, configured: str = "") -> int:
+def _api(port: int, password: str, path: str, body: dict | None = None) -> dict:
+    """A call to the UI server's REST API as its user (``/api/2.0/mlflow/<path>``), as JSON."""
+    token = base64.b64encode(f"{UI_USER}:{password}".encode()).decode()
+    headers = {"Authorization": f"Basic {token}", "Content-Type": "application/json"}
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/{path}", data=data, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def ui_pages(port: int, password: str, experiment: str, run_id: str = "") -> list[str]:
+    """The pages to open, one line each: the runs of ``experiment`` (tagged, if it has no kind yet, as
+    training runs: MLflow 3 would otherwise open it on its GenAI view) and the run ``run_id``."""
+    base, lines = f"http://127.0.0.1:{port}/", []
+    query = urllib.parse.urlencode({"experiment_name": experiment})
+    try:
+        found = _api(port, password, f"experiments/get-by-name?{query}")["experiment"]
+    except urllib.error.HTTPError:  # no such experiment yet: the pipeline makes it
+        lines.append(f"  no experiment {experiment!r} yet: `pretrain run` records its runs there")
+    else:
+        if not any(tag["key"] == EXPERIMENT_KIND_TAG for tag in found.get("tags", [])):
+            body = {"experiment_id": found["experiment_id"], "key": EXPERIMENT_KIND_TAG, "value": CLASSIC_ML}
+            _api(port, password, "experiments/set-experiment-tag", body)
+        lines.append(f"  runs of experiment {experiment!r}: {base}{ui_path(found['experiment_id'])}")
+    if run_id:
+        try:
+            info = _api(port, password, f"runs/get?{urllib.parse.urlencode({'run_id': run_id})}")["run"]["info"]
+            lines.append(f"  run {run_id}: {base}{ui_path(info['experiment_id'], run_id)}")
+        except urllib.error.HTTPError:
+            lines.append(f"  no run {run_id} in this database")
+    return lines
+
+
+def _print_pages(port: int, password: str, experiment: str, run_id: str) -> None:
+    try:
+        print(*ui_pages(port, password, experiment, run_id), sep="\n", flush=True)
+    except (OSError, ValueError, KeyError) as e:  # the pages are a convenience: the server serves on
+        print(f"  (the runs' page not found: {e})", flush=True)
+
+
+def serve(port: int = 5000, configured: str = "", experiment: str = TrackingConfig.experiment, run_id: str = "") -> int:
     """Run the MLflow UI until Ctrl-C or SIGTERM; a remote tracking server is refused (its URL is printed).
-    Only the user who started it can sign in: its password is in a file only they can read."""
+    Only the user who started it can sign in: its password is in a file only they can read. Once it
+    answers, the pages of ``experiment``'s runs and of the run ``run_id`` are printed (``ui_pages``)."""
     uri = resolve_uri(configured)
     if is_remote(uri):
         raise ConfigError(
@@ -135,6 +182,7 @@ def serve(port: int = 5000, configured: str = "") -> int:
                 f"  server log: {log_path}",
                 flush=True,
             )
+            _print_pages(port, access.password_file.read_text().strip(), experiment, run_id)
         code = process.wait()
         if not stopping:
             tail = log_path.read_text(errors="replace").splitlines()[-15:]

@@ -11,7 +11,7 @@ from storage import default_store_uri, user_data_folder
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DB_NAME = "mlflow.db"
 ARTIFACTS_DIR = "mlflow-artifacts"
-"""Beside a SQLite database: the artifacts of its runs (only small JSON link files; never checkpoints)."""
+"""Beside a SQLite database: the artifacts of its runs (small files: links, a loss chart, reports; never checkpoints)."""
 
 
 def default_folder() -> Path:

@@ -25,13 +25,15 @@ from tasks.evaluate import evaluate_model
 from tasks.placement import CLUSTER
 from tasks.register import find_base_model, find_gate_holder, register_model
 from tasks.settings import check_settings
-from tasks.track import start_tracking, track_run
+from tasks.track import fail_tracking, start_tracking, track_run
 from tasks.train import train_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-@workflow
+# on_failure: a failed execution ends its MLflow run FAILED, with the task and the error (flytekit's local
+# execution calls it too: `pretrain run`, `pyflyte run`).
+@workflow(on_failure=fail_tracking)
 def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
     """Pretrain a GPT from raw text and register it, every step cached and versioned.
 
@@ -41,8 +43,9 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
     """
     settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node)
     base_model = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model)
-    data = fingerprint_corpus(data=config.data)
+    # The run opens before the corpus is listed: a corpus that stops there ends a FAILED run, not none.
     tracking = start_tracking(config=config)
+    data = fingerprint_corpus(data=config.data)
     settings >> tracking
     settings >> base_model
     settings >> data
