@@ -327,6 +327,10 @@ def test_an_empty_corpus_stops_at_listing_and_writes_nothing(s3_server, flyte_en
     assert error.startswith("error: fingerprint_corpus: the corpus sources [")
     assert "hold no file to read (no files at all)" in error
     assert "min_chars" not in error and open_store(store_uri).list("") == []
+    # The execution's MLflow run opened before the listing and ends FAILED, naming the task (not RUNNING).
+    run_id = re.search(r"is MLflow run (\w+)", result.stdout).group(1)
+    failed = client(flyte_env["MLFLOW_TRACKING_URI"]).get_run(run_id)
+    assert failed.info.status == "FAILED" and failed.data.tags["pretrain.failed_task"] == "fingerprint_corpus", failed.data.tags
 
 
 def test_rejected_credentials_fail_in_one_line(s3_server, flyte_env, tmp_path):
