@@ -377,7 +377,16 @@ def commit_dataset(
                 store.commit(prefix, {"version": version})
             except AlreadyCommitted:
                 pass  # a concurrent writer produced the same content
-    log.info("dataset %s: %s", version, stats)
+    log.info(
+        "dataset %s: %s of %s documents kept (%s train, %s validation), %s + %s tokens; every figure in its manifest",
+        version,
+        f"{stats['documents_kept']:,}",
+        f"{stats['documents_read']:,}",
+        f"{stats['train_documents']:,}",
+        f"{stats['val_documents']:,}",
+        f"{stats['train_tokens']:,}",
+        f"{stats['val_tokens']:,}",
+    )
     return DatasetRef(store=store.uri, version=version, prefix=prefix, stats=stats)
 
 

@@ -225,14 +225,15 @@ def test_ui_serves_the_tracking_database_to_its_user_only_and_stops_with_its_wor
         assert process.stdout.readline().startswith("  server log: ")
         pages = process.stdout.readline().rstrip()  # the page of the default experiment's training runs
         assert pages.startswith("  no experiment 'pretrain' yet") or re.fullmatch(
-            rf"  runs of experiment 'pretrain': http://127\.0\.0\.1:{port}/#/experiments/\d+/runs", pages
+            rf"  runs of experiment 'pretrain': http://127\.0\.0\.1:{port}/#/experiments/\d+/runs\?workflowType=machine_learning",
+            pages,
         ), pages
         # An experiment of before (no kind: MLflow 3 opens it on its GenAI view) is tagged, its runs' page named.
         before = mlflow.create_experiment(f"{name}-before")
         run_id = mlflow.create_run(before).info.run_id
         assert ui_pages(port, password, f"{name}-before", run_id) == [
-            f"  runs of experiment '{name}-before': http://127.0.0.1:{port}/#/experiments/{before}/runs",
-            f"  run {run_id}: http://127.0.0.1:{port}/#/experiments/{before}/runs/{run_id}",
+            f"  runs of experiment '{name}-before': http://127.0.0.1:{port}/#/experiments/{before}/runs?workflowType=machine_learning",
+            f"  run {run_id}: http://127.0.0.1:{port}/#/experiments/{before}/runs/{run_id}?workflowType=machine_learning",
         ]
         assert mlflow.get_experiment(before).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML
         base, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api/2.0/mlflow"
@@ -347,7 +348,8 @@ def test_experiments_open_on_training_runs(mlflow_tracking_uri):
     chosen = mlflow.create_experiment(f"kind-{uuid.uuid4().hex[:8]}", tags={EXPERIMENT_KIND_TAG: "genai_development"})
     experiment_id(mlflow, mlflow.get_experiment(chosen).name, mlflow_tracking_uri)
     assert mlflow.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"  # a person's choice stays
-    assert ui_path("7") == "#/experiments/7/runs" and ui_path("7", "ab12") == "#/experiments/7/runs/ab12"
+    view = "workflowType=machine_learning"  # MLflow 3's UI opens on its GenAI view otherwise
+    assert ui_path("7") == f"#/experiments/7/runs?{view}" and ui_path("7", "ab12") == f"#/experiments/7/runs/ab12?{view}"
 
 
 def test_a_run_holds_summaries_apart_its_charts_and_its_reports(tmp_path, mlflow_tracking_uri):

@@ -167,6 +167,7 @@ def test_pipeline_end_to_end_on_s3(pipeline, tmp_path):
     assert "tokens_per_second" not in run.data.metrics and run.data.metrics["val_loss"] == card["metrics"]["val_loss"]
     files = {a.path for folder in ("charts", "validation") for a in mlflow.list_artifacts(run.info.run_id, folder)}
     assert files == {"charts/loss.png", "validation/report.html"}, files
+    assert "report.html" in {a.path for a in mlflow.list_artifacts(run.info.run_id)}  # the run's Decks, one page
     assert f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in pipeline.output
 
 

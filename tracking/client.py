@@ -121,11 +121,16 @@ def experiment_id(mlflow, name: str, uri: str) -> str:
     return found.experiment_id
 
 
+UI_VIEW = "workflowType=machine_learning"
+"""MLflow 3's UI opens on its GenAI view (traces, evaluations, an assistant) unless the page's address asks
+for the model-training one (its ``workflowType`` query; the choice is then remembered by the browser)."""
+
+
 def ui_path(experiment: str, run_id: str = "") -> str:
     """The MLflow UI's page (the part after the server's address) of experiment ``experiment``'s runs, or
-    of the run ``run_id`` in it: ``#/experiments/1/runs/<run id>``."""
+    of the run ``run_id`` in it, in the model-training view: ``#/experiments/1/runs/<run id>?workflowType=…``."""
     page = f"#/experiments/{experiment}/runs"
-    return f"{page}/{run_id}" if run_id else page
+    return f"{page}/{run_id}?{UI_VIEW}" if run_id else f"{page}?{UI_VIEW}"
 
 
 def fresh_execution_id(execution: str) -> str:

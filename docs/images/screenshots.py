@@ -80,8 +80,13 @@ def main() -> int:
                 page = browser.new_page(
                     viewport={"width": 1400, "height": 900}, http_credentials={"username": "pretrain", "password": password}
                 )
-                page.goto(url, wait_until="networkidle")
-                page.wait_for_timeout(3000)  # the run page draws its tables after the last request
+                page.goto(url)  # the UI polls: the network never idles, so wait for the run's metrics table
+                page.get_by_text("Metrics", exact=False).first.wait_for(timeout=90_000)
+                page.wait_for_timeout(5000)  # its tables fill in after their requests
+                close = page.get_by_role("button", name="Close")  # MLflow's assistant panel, when it opens itself
+                if close.count():
+                    close.first.click()
+                    page.wait_for_timeout(1000)
                 page.screenshot(path=str(out / "mlflow-run.png"))
                 page.goto(report.as_uri())
                 for heading, name in (("Training curves", "loss-chart.png"), ("Step time", "step-time.png")):
