@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from common.contracts import HF_EXPORT
@@ -189,7 +190,15 @@ def cmd_tracking_sync(args: argparse.Namespace) -> int:
     name, version = resolve(store, args.model)
     uri = resolve_uri()
     try:
-        run_id = sync_model(store, name, version, uri, args.experiment, retry_s=args.retry_s or TrackingConfig().retry_s)
+        run_id = sync_model(
+            store,
+            name,
+            version,
+            uri,
+            args.experiment,
+            retry_s=args.retry_s or TrackingConfig().retry_s,
+            defaults=asdict(PipelineConfig()),  # a run it creates is named like the pipeline's (tracking.params.run_name)
+        )
     except TrackingUnavailable as e:
         raise UserError(
             f"MLflow at {where(uri)} did not answer ({e}): start it, or set MLFLOW_TRACKING_URI, and run this again"

@@ -302,6 +302,7 @@ def test_tracking_sync_replays_a_registered_model_once(tmp_path, mlflow_tracking
     mlflow = client(mlflow_tracking_uri)
     (run,) = mlflow.search_runs([mlflow.get_experiment_by_name(experiment).experiment_id])
     assert len(mlflow.get_metric_history(run.info.run_id, "loss")) == 6 and run.data.params == {"train.lr": "0.002"}
+    assert run.info.run_name == name  # named as the pipeline names runs: lr 0.002 is the default's
     assert mlflow.get_registered_model(name).aliases == {"latest-registered": 1, "production": 1}
 
 

@@ -308,7 +308,7 @@ def sync_model(
     the settings that differ from ``defaults`` (the pipeline's; None: by the model). Returns the run id."""
     model = ModelRef(store=store.uri, name=spec_name, version=version, prefix=model_prefix(spec_name, version))
     card = read_card(store, model.prefix)
-    name = run_name(card.config, defaults) if defaults is not None else f"{model.name}:{model.version}"
+    name = run_name(card.config, defaults, model.name) if defaults is not None else f"{model.name}:{model.version}"
 
     def attempt() -> str:
         mlflow = client(uri, timeout_s)

@@ -67,12 +67,12 @@ bookkeeping settings are left out: the params hold every setting."""
 MAX_RUN_NAME = 100
 
 
-def run_name(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
-    """A run's name in MLflow: the registry's model name and the named settings that differ from
-    ``defaults``, e.g. ``gpt-tiny lr=0.001 steps=12``; at most MAX_RUN_NAME characters (then ``+N``
-    says how many more differ)."""
+def run_name(config: Mapping[str, Any], defaults: Mapping[str, Any], model: str = "") -> str:
+    """A run's name in MLflow: the registry's model name (``model`` when the config names none) and the named
+    settings that differ from ``defaults``, e.g. ``gpt-tiny lr=0.001 steps=12``; at most MAX_RUN_NAME
+    characters (then ``+N`` says how many more differ)."""
     ours, theirs = flatten(config), flatten(defaults)
-    name = ours.get("registry.model_name") or "pretrain"
+    name = ours.get("registry.model_name") or model or "pretrain"
     changes = [f"{short}={ours[key]}" for key, short in NAMED_SETTINGS.items() if key in ours and ours[key] != theirs.get(key)]
     for shown, change in enumerate(changes):
         more = len(changes) - shown - 1
