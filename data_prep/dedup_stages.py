@@ -198,6 +198,12 @@ def check_kept(data: DataConfig, result: Resolution, store, work: str) -> None:
     """Fail on a corpus with nothing to train on; hold out one document if no other landed in validation."""
     if not result.kept or result.smallest is None:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(result.skips.items())) or "nothing readable"
+        if not result.documents and result.reader_skips:  # not a filter's doing: no file gave a document
+            raise DataError(
+                f"corpus {data.sources} has no readable document: every input failed to read (skipped: {reasons}); "
+                "repair or replace those files (the lines above name them by reason), or point data.sources "
+                "at readable text, JSONL or Parquet"
+            )
         raise DataError(
             f"corpus {data.sources} has no usable text after cleaning ({result.documents} documents read; "
             f"skipped: {reasons}); point data.sources at text files or lower data.min_chars"

@@ -211,6 +211,9 @@ def resolve_stage(prep: Preparation, store: Store) -> Resolution:
     except DataError:
         # The duplicates' examples are the encode stage's: the summary has none of them yet.
         log_skip_summary(skip_summary(_skips(resolution, {}), listing.ignored, relative_names(listing.files)))
+        # The input must change before a run can succeed, and another run gets another work folder: this
+        # one's scan files would only be left behind (as prepare_dataset, which cleans up after a failure).
+        store.delete_prefix(prep.work)
         raise
     store.put_json(f"{prep.work}/resolution.json", dataclasses.asdict(resolution))
     return resolution

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from data_prep import prepare as stages
 from data_prep.config import DataConfig
 from data_prep.manifest import load_manifest, shard_urls
 from data_prep.prepare import prepare_dataset
@@ -145,6 +146,27 @@ def test_corpus_without_usable_text_fails_and_writes_nothing(tmp_path):
     with pytest.raises(DataError, match="no usable text.*binary=1, empty=1, too_short=1"):
         prepare_dataset(tiny_data(sources=[str(root)]), tiny_tokenizer(), store)
     assert store.list("datasets") == []
+
+
+def test_an_unreadable_corpus_fails_with_its_reasons_and_the_stages_leave_nothing(tmp_path):
+    """Issue 33: a corpus whose every file fails to read (corrupt gzip) was told to lower data.min_chars, and the
+    pipeline's stages (one task each, no prepare_dataset around them to clean up) left datasets/work-…/ behind."""
+    root = tmp_path / "corrupt"
+    root.mkdir()
+    for i in range(3):  # gzip's magic bytes, then nothing a decoder accepts
+        (root / f"part{i}.txt.gz").write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(200)))
+    store = open_store(str(tmp_path / "store"))
+    prep = stages.plan(store, tiny_data(sources=[str(root)], partitions=1), tiny_tokenizer())
+    stages.scan_stage(prep, store, 0)
+    stages.exact_stage(prep, store, 0)
+    stages.near_stage(prep, store, 0)
+    assert store.list("datasets/")  # the scan's work files, until the stage that fails
+    with pytest.raises(DataError) as failed:
+        stages.resolve_stage(prep, store)
+    message = str(failed.value)
+    assert "has no readable document: every input failed to read (skipped: bad_gzip=3)" in message, message
+    assert "min_chars" not in message  # no filter dropped anything: nothing to loosen
+    assert store.list("") == []
 
 
 def test_tokenizer_file_is_used_instead_of_training(tmp_path):
