@@ -34,9 +34,8 @@ TRAIN_DECKS = ("Training curves", "Step time", "Warnings")
 
 def run_sections(store: Store, run_id: str) -> dict[str, str]:
     """The HTML of each of ``TRAIN_DECKS`` for the run ``run_id`` (its id, not a prefix), from its files: the
-    per-step records, every rank's step times and its committed evaluations (the loss chart's validation
-    points; on the first train of a run there are none yet, ``pretrain runs report`` after the evaluation
-    shows them)."""
+    per-step records, every rank's step times, and the loss chart's validation points: those the training
+    measured (``train.val_every``) and those of its committed evaluations (``catalog.loss_history``)."""
     run = run_prefix(run_id)
     metrics = read_jsonl(store, metrics_key(run))
     validation = training_runs.loss_history(store, run_id)["validation"]
