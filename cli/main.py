@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from common.contracts import HF_EXPORT
-from common.errors import TRACEBACK_LABEL, traceback_note, user_error_in, write_traceback
+from common.errors import TRACEBACK_LABEL, peel_flyte, traceback_note, user_error_in, write_traceback
 from pipeline.config import PipelineConfig, launch_world, load_config
 from registry.card import metric_text
 from registry.registry import download, list_models, promote, resolve, show
@@ -619,21 +618,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-# Local Flyte execution rewrites a task's exception message in place to start with this.
-_FLYTE_PREFIX = re.compile(r"Error encountered while executing '(?P<task>[^']+)':\n  ")
-
-
 def _without_flyte_prefix(message: str) -> str:
-    """``task_name: message`` instead of Flyte's two-line preamble, once per level: a task of a
-    dynamic workflow (``prepare_data``'s stages) is named, not the workflow around it."""
-    task = ""
-    while match := _FLYTE_PREFIX.match(message):
-        task, message = match["task"], message[match.end() :]
-    return f"{task.rsplit('.', 1)[-1]}: {message}" if task else message
-
-
-# Flyte's exceptions say their error code first ("USER:RuntimeError: error=…"), nested once per wrapper.
-_FLYTE_CODE = re.compile(r"(?:(?:USER|SYSTEM):\w+|\w*FlyteException): error=")
+    """``task_name: message`` instead of Flyte's preambles (``common.errors.peel_flyte``): a task of a dynamic
+    workflow (``prepare_data``'s stages) is named, not the workflow around it."""
+    tasks, message = peel_flyte(message)
+    return f"{tasks[-1]}: {message}" if tasks else message
 
 
 def _is_flyte(error: BaseException) -> bool:
@@ -647,15 +636,8 @@ def headline(error: BaseException) -> str:
     text = str(error).strip()
     if _is_flyte(error) and error.__cause__ is not None:
         text = text.removesuffix(f", cause={error.__cause__}")  # FlyteException's str appends its cause's
-    task = ""
-    while True:
-        if code := _FLYTE_CODE.match(text):
-            text = text[code.end() :]
-        elif preamble := _FLYTE_PREFIX.match(text):
-            task = task or preamble["task"].rsplit(".", 1)[-1]
-            text = text[preamble.end() :]
-        else:
-            break
+    tasks, text = peel_flyte(text)
+    task = tasks[0] if tasks else ""
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     kind = "" if _is_flyte(error) else f"{type(error).__name__}: "
     return f"{task}: {kind}{first}" if task else f"{kind}{first}"

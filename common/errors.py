@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import errno
 import os
+import re
 import tempfile
 import time
 import traceback
@@ -37,6 +38,24 @@ class NoSpaceError(UserError):
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 """A full filesystem, or the user's quota on it: the same remedy either way."""
+
+
+FLYTE_PREAMBLE = re.compile(r"Error encountered while executing '(?P<task>[^']+)':\s*")
+"""How Flyte opens a task's error message (local execution rewrites the exception's in place), once per level:
+a task of a dynamic workflow is named inside the preamble of the workflow's task."""
+FLYTE_CODE = re.compile(r"(?:(?:USER|SYSTEM):\w+|\w*FlyteException): error=")
+"""How Flyte's exceptions open theirs: the error code ("USER:ValueError: error=…"), once per wrapper."""
+
+
+def peel_flyte(text: str) -> tuple[list[str], str]:
+    """Flyte's preambles and error codes taken off the start of an error message: the tasks the preambles
+    name, outermost first, by their short names (``prepare_data``), and the message that follows."""
+    tasks: list[str] = []
+    while match := FLYTE_PREAMBLE.match(text) or FLYTE_CODE.match(text):
+        if match.re is FLYTE_PREAMBLE:
+            tasks.append(match["task"].rsplit(".", 1)[-1])
+        text = text[match.end() :]
+    return tasks, text
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from common.errors import peel_flyte
 from common.redact import redact
 from tracking.params import batches, flatten
 from tracking.uri import artifact_root, is_remote, prepare_database, sqlite_path
@@ -245,19 +246,11 @@ def log_files(mlflow, run_id: str, files: Mapping[str, bytes]) -> None:
         mlflow.log_artifacts(run_id, folder)
 
 
-_FLYTE_PREAMBLE = re.compile(r"Error encountered while executing '(?P<task>[^']+)':\s*")
-_FLYTE_CODE = re.compile(r"(?:(?:USER|SYSTEM):\w+|\w*FlyteException): error=")
-
-
 def failure(message: str, node: str = "") -> tuple[str, str]:
     """(the workflow's task that failed, the error in one line) from a Flyte failure ``message``: Flyte opens it
     with one preamble per level (the workflow's task, then the stage of a dynamic one); the line names the
     innermost task, as ``pretrain run`` prints it. ``node`` (Flyte's failed node id) stands in for an unnamed task."""
-    text, tasks = message.strip(), []
-    while match := _FLYTE_PREAMBLE.match(text) or _FLYTE_CODE.match(text):
-        if "task" in match.groupdict():
-            tasks.append(match["task"].rsplit(".", 1)[-1])
-        text = text[match.end() :]
+    tasks, text = peel_flyte(message.strip())
     line = redact(" ".join(text.split()))
     if tasks:
         line = f"{tasks[-1]}: {line}"
