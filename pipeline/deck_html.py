@@ -23,6 +23,11 @@ def fmt(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def num(value: object, spec: str) -> str:
+    """A figure in ``spec``'s format, '-' for a missing one."""
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
 def table(rows: dict[str, object], title: str) -> str:
     """A key/value table under a heading."""
     body = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(fmt(v))}</td></tr>" for k, v in rows.items())

@@ -14,7 +14,7 @@ from html import escape
 
 from common.contracts import metrics_key, run_prefix, step_times_key
 from pipeline import charts
-from pipeline.deck_html import STYLE, chart, fmt, grid
+from pipeline.deck_html import STYLE, chart, fmt, grid, num
 from storage import Store
 from training.runs import catalog as training_runs
 from training.runs.runlog import read_jsonl
@@ -38,7 +38,7 @@ def run_sections(store: Store, run_id: str) -> dict[str, str]:
     measured (``train.val_every``) and those of its committed evaluations (``catalog.loss_history``)."""
     run = run_prefix(run_id)
     metrics = read_jsonl(store, metrics_key(run))
-    validation = training_runs.loss_history(store, run_id)["validation"]
+    validation = training_runs.loss_history(store, run_id, metrics)["validation"]
     return {
         "Training curves": training_curves(metrics, validation),
         "Step time": step_time(metrics, read_jsonl(store, step_times_key(run))),
@@ -68,10 +68,6 @@ def training_curves(metrics: list[dict], validation: list[tuple[int, float]] | N
 
 
 # --- where a step's time goes --------------------------------------------------------------------
-def _num(value: object, spec: str) -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
-
-
 def _phase_label(phase: str) -> str:
     """'forward_backward' → 'forward+backward'."""
     return phase.replace("forward_backward", "forward+backward").replace("_", " ")
@@ -92,12 +88,12 @@ def _phase_table(breakdown: dict) -> str:
     if not breakdown["phases"]:
         return "<h3>step time by phase (rank 0)</h3><p>no data</p>"
     rows = [
-        [_phase_label(r["phase"]), _num(r["median_s"], ".4f"), _num(r["total_s"], ".3f"), _num(r["share"], ".1%")]
+        [_phase_label(r["phase"]), num(r["median_s"], ".4f"), num(r["total_s"], ".3f"), num(r["share"], ".1%")]
         for r in breakdown["phases"]
     ]
     return (
-        f"<h3>step time by phase (rank 0)</h3><p>median step {escape(_num(breakdown['median_step_s'], '.4f'))} s; "
-        f"{breakdown['steps']} steps, checkpoint saves included, took {escape(_num(breakdown['wall_s'], '.2f'))} s</p>"
+        f"<h3>step time by phase (rank 0)</h3><p>median step {escape(num(breakdown['median_step_s'], '.4f'))} s; "
+        f"{breakdown['steps']} steps, checkpoint saves included, took {escape(num(breakdown['wall_s'], '.2f'))} s</p>"
         + grid(["phase", "median s", "total s", "share"], rows, "phases")
     )
 
@@ -146,13 +142,13 @@ def _rank_table(ranks: dict) -> str:
     phases = list(ranks["ranks"][0]["median_s"])
     header = ["rank", "steps", "median step s", *(f"median {_phase_label(p)} s" for p in phases), "busy s (all steps)"]
     rows = [
-        [str(r["rank"]), str(r["steps"]), _num(r["median_step_s"], ".4f")]
-        + [_num(r["median_s"].get(p), ".4f") for p in phases]
-        + [_num(r["busy_s"], ".3f")]
+        [str(r["rank"]), str(r["steps"]), num(r["median_step_s"], ".4f")]
+        + [num(r["median_s"].get(p), ".4f") for p in phases]
+        + [num(r["busy_s"], ".3f")]
         for r in ranks["ranks"]
     ]
     slowest = (
-        f"<p>slowest rank {escape(str(ranks['slowest_rank']))}: busy {escape(_num(ranks['slowest_ratio'], '.2f'))}× "
+        f"<p>slowest rank {escape(str(ranks['slowest_rank']))}: busy {escape(num(ranks['slowest_ratio'], '.2f'))}× "
         "the median of the others' (busy = step minus collective waits)</p>"
     )
     return f"<h3>ranks ({ranks['steps']} steps exchanged)</h3>" + grid(header, rows, "ranks") + slowest

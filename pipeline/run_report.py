@@ -13,7 +13,7 @@ from __future__ import annotations
 from common.contracts import VALIDATION_RESULT, dataset_prefix, validation_prefix
 from data_prep.validation_report import Outcome, report_section
 from pipeline.dataset_html import dataset_html
-from pipeline.deck_html import page, table
+from pipeline.deck_html import num, page, table
 from pipeline.run_html import run_sections
 from storage import Store
 from training.runs import catalog
@@ -52,10 +52,6 @@ def validation_section(store: Store, version: str) -> str:
     return report_section(outcomes, [str(m) for m in result.get("modified", [])])
 
 
-def _num(value: object, spec: str) -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
-
-
 def _overview(shown: dict) -> str:
     """The figures ``pretrain runs show`` starts with, and each committed evaluation's."""
     planned = shown["steps_planned"] if shown["steps_planned"] is not None else "?"
@@ -65,16 +61,16 @@ def _overview(shown: dict) -> str:
         "steps": f"{shown['steps_done']}/{planned}",
         "layout": shown["layout"] or "-",
         "dataset": shown["dataset"] or "-",
-        "loss": f"{_num(shown['first_loss'], '.4f')} → {_num(shown['final_loss'], '.4f')} "
+        "loss": f"{num(shown['first_loss'], '.4f')} → {num(shown['final_loss'], '.4f')} "
         f"(mean of the last {shown['final_loss_steps']} applied steps)",
-        "tokens/s (median)": _num(shown["tokens_per_s"], ",.0f"),
-        "MFU (median)": _num(shown["mfu"], ".1%"),
-        "peak memory (MiB)": _num(shown["peak_memory_mib"], ",.0f"),
+        "tokens/s (median)": num(shown["tokens_per_s"], ",.0f"),
+        "MFU (median)": num(shown["mfu"], ".1%"),
+        "peak memory (MiB)": num(shown["peak_memory_mib"], ",.0f"),
         "skipped steps": shown["skipped_steps"],
     }
     for e in shown["evaluations"]:
         rows[f"validation at step {e.get('step')}"] = (
-            f"loss {_num(e.get('val_loss'), '.4f')}, perplexity {_num(e.get('perplexity'), '.1f')}, "
-            f"bits/byte {_num(e.get('bits_per_byte'), '.3f')}"
+            f"loss {num(e.get('val_loss'), '.4f')}, perplexity {num(e.get('perplexity'), '.1f')}, "
+            f"bits/byte {num(e.get('bits_per_byte'), '.3f')}"
         )
     return table(rows, "figures")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from common.contracts import MANIFEST, VALIDATION_RESULT, ModelRef, dataset_prefix, validation_prefix
+from pipeline.dataset_html import skipped_by_reason
 from registry.card import metric_text
 from registry.registry import show
 from storage import Store, default_store_uri
@@ -20,10 +21,7 @@ def _count(n: float) -> str:
 
 def _data_line(store: Store, version: str) -> str:
     stats = store.get_json(f"{dataset_prefix(version)}/{MANIFEST}")["stats"]
-    skips = sorted(
-        ((k.removeprefix("skipped_"), n) for k, n in stats.items() if k.startswith("skipped_") and k != "skipped_total" and n),
-        key=lambda kv: -kv[1],
-    )
+    skips = skipped_by_reason(stats)
     why = ", ".join(f"{reason} {_count(n)}" for reason, n in skips[:SKIPS_SHOWN]) + (", …" if len(skips) > SKIPS_SHOWN else "")
     tokens = stats.get("train_tokens", 0) + stats.get("val_tokens", 0)
     return (

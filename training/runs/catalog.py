@@ -380,13 +380,15 @@ def compare(store: Store, texts: list[str]) -> dict[str, Any]:
     return {"store": store.uri, "runs": runs, "keys_compared": len(set().union(*configs)), "differences": differences(configs)}
 
 
-def loss_history(store: Store, run_id: str) -> dict[str, Any]:
+def loss_history(store: Store, run_id: str, metrics: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A run's loss per step (steps whose update was skipped are left out: their loss may be NaN) and its
     held-out points as (step, val_loss): what a loss chart draws. The points are those the training measured
     (``train.val_every``) and those of its committed evaluations; at a step that has both, the evaluation's
-    (it reads more rows)."""
+    (it reads more rows). ``metrics``: the run's metrics.jsonl records, when the caller has read them already."""
     run = run_prefix(run_id)
-    records = [m for m in read_jsonl(store, metrics_key(run)) if "skipped" not in m and isinstance(m.get("loss"), (int, float))]
+    if metrics is None:
+        metrics = read_jsonl(store, metrics_key(run))
+    records = [m for m in metrics if "skipped" not in m and isinstance(m.get("loss"), (int, float))]
     evaluations = [e for e in _evaluations(store, run) if e.get("step") is not None and e.get("val_loss") is not None]
     validation = {int(m["step"]): float(m["val_loss"]) for m in records if isinstance(m.get("val_loss"), (int, float))}
     validation |= {int(e["step"]): float(e["val_loss"]) for e in evaluations}
