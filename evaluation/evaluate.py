@@ -4,7 +4,7 @@ Besides the report it commits ``<run>/eval/<key>/``: ``results.json``, the model
 layout (``hf/``), which registration copies into the registry entry, and the examples of the
 lm-evaluation-harness tasks (``lm_eval/<task>.jsonl``, see ``evaluation.lm_eval_suite``), on which
 the export (and the baseline's export, for the quality gate) was scored. Its figures also go to the
-run's TensorBoard (``evaluation.tensorboard_log``: ``val/*`` at the checkpoint's step, the run's hparams).
+run's TensorBoard (``evaluation.tensorboard_log``: ``eval/*`` at the checkpoint's step, the run's hparams).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
         except AlreadyCommitted:
             pass  # the identical evaluation committed first
     figures = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}
-    log_evaluation(store, ckpt, figures, key)  # val/* at this step and the run's hparams, in its TensorBoard
+    log_evaluation(store, ckpt, figures, key)  # eval/* at this step and the run's hparams, in its TensorBoard
     return dataclasses.replace(report, outputs=outputs)
 
 

@@ -70,7 +70,7 @@ from common.hashing import config_hash
 from common.names import VERSION, name_problem
 from common.redact import redacted
 from registry.aliases import aliases_of, move_alias, read_alias, set_alias
-from registry.card import card_markdown, code_revision, lineage_urls, read_card, utc_now
+from registry.card import card_markdown, code_revision, lineage_urls, read_card, store_key, utc_now
 from registry.config import DEFAULT_GATE_METRIC, LATEST
 from registry.gate import gate_for_holder
 from registry.names import RegistryError, check_alias, check_name, parse_spec
@@ -366,9 +366,7 @@ def _write_entry(
 
 def _dataset_location(store: Store, dataset: DatasetRef) -> str:
     """The dataset's key when it is in the registry's store (always, in the pipeline), else its URL."""
-    if not dataset.store or dataset.store.rstrip("/") == store.uri.rstrip("/"):
-        return dataset.prefix
-    return f"{dataset.store.rstrip('/')}/{dataset.prefix}"
+    return store_key(store, f"{dataset.store.rstrip('/')}/{dataset.prefix}") if dataset.store else dataset.prefix
 
 
 def _model_names(store: Store) -> list[str]:

@@ -25,6 +25,7 @@ from tasks.register import flyte_execution_id
 from tasks.user_errors import as_messages
 from tracking.client import (
     EXECUTION_TAG,
+    STORE_TAG,
     client,
     describe,
     experiment_id,
@@ -65,7 +66,7 @@ def start_tracking(config: PipelineConfig) -> TrackingRef:
     ref = TrackingRef(uri=uri, experiment=settings.experiment, execution=fresh_execution_id(flyte_execution_id()))
     _local.ref = ref
     code = code_revision()
-    tags = {"pretrain.store": open_store(config.store).uri, "pretrain.code_commit": code.commit}
+    tags = {STORE_TAG: open_store(config.store).uri, "pretrain.code_commit": code.commit}
     tags["pretrain.code_dirty"] = str(code.dirty).lower()
     try:
         mlflow = client(uri, settings.request_timeout_s)
