@@ -300,7 +300,7 @@ def validate_dataset(store: Store, ref: DatasetRef, config: ValidationConfig) ->
                 f"{store.url(prefix)} kept being rewritten by validations of dataset {ref.version} with other "
                 "settings at the same time; run this one again once they are done"
             )
-    return Validation([Outcome(**o) for o in result["outcomes"]], result["modified"])
+    return Validation([Outcome.from_record(o) for o in result["outcomes"]], result["modified"])
 
 
 def _committed_report(store: Store, prefix: str) -> tuple[dict, dict] | None:

@@ -25,6 +25,13 @@ class Outcome:
     observed: str
     expected: str
 
+    @classmethod
+    def from_record(cls, record: dict) -> Outcome:
+        """An outcome as ``result.json`` records it (``asdict``), read back as text and a bool whatever the
+        file holds: the report escapes text, and a stored file is anyone's who can write to the bucket."""
+        texts = ("suite", "expectation", "column", "observed", "expected")
+        return cls(**{k: str(record.get(k, "")) for k in texts}, success=record.get("success") is True)
+
     def line(self) -> str:
         where = f"{self.suite}.{self.column}" if self.column else self.suite
         return f"{where}: {self.expectation} failed (observed {self.observed}; expected {self.expected})"

@@ -45,10 +45,7 @@ def validation_page(store: Store, version: str) -> str | None:
 def validation_section(store: Store, version: str) -> str:
     """The stored ``result.json`` of dataset ``version``'s validation as the validation report shows it."""
     result = store.get_json(f"{validation_prefix(dataset_prefix(version))}/{VALIDATION_RESULT}")
-    texts = ("suite", "expectation", "column", "observed", "expected")
-    outcomes = [
-        Outcome(**{k: str(o.get(k, "")) for k in texts}, success=o.get("success") is True) for o in result.get("outcomes", [])
-    ]
+    outcomes = [Outcome.from_record(o) for o in result.get("outcomes", [])]
     return report_section(outcomes, [str(m) for m in result.get("modified", [])])
 
 
