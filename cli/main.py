@@ -260,7 +260,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 def cmd_runs_compare(args: argparse.Namespace) -> int:
     """The config differences and figures of two runs or more, and their loss curves in one image."""
     from common.errors import UserError
-    from pipeline import charts
+    from pipeline import charts, plotting
 
     if len(args.runs) < 2:
         raise UserError(f"runs compare needs two runs or more, got {len(args.runs)}; `pretrain runs list` lists them")
@@ -276,7 +276,7 @@ def cmd_runs_compare(args: argparse.Namespace) -> int:
     for name, run in zip(names, compared["runs"], strict=True):
         history = runs.loss_history(store, run["id"])
         curves.append(charts.Curve(name, history["steps"], history["loss"], history["validation"]))
-    image = charts.save(charts.loss_figure(curves, "training loss by run"), out).resolve()
+    image = plotting.save(charts.loss_figure(curves, "training loss by run"), out).resolve()
     compared |= {"image": str(image), "image_bytes": image.stat().st_size}
     if args.json:
         print(json.dumps(compared, indent=2))

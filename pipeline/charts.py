@@ -2,9 +2,8 @@
 several, one metric against the step, and several series as lines (a log axis for the step time's phases).
 
 Used by ``pretrain runs compare`` (PNG/SVG files) and by the Decks and ``pretrain runs report``
-(``pipeline.run_html``: SVG inlined in HTML), so it knows nothing of Flyte. The settings and the output are
-``pipeline.plotting``'s (``svg``, ``png`` and ``save`` are taken from there), the dataset's charts are
-``pipeline.data_charts``.
+(``pipeline.run_html``: SVG inlined in HTML), so it knows nothing of Flyte. The settings and the output (``svg``,
+``png``, ``save``) are ``pipeline.plotting``'s, the dataset's charts are ``pipeline.data_charts``.
 
 Every drawn series carries an SVG id (matplotlib's ``gid``) naming what it is, so that a test, or a person
 reading the SVG, can find it: ``raw-<i>``, ``smooth-<i>``, ``validation-<i>`` for run ``i``'s loss,
@@ -17,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.plotting import COLORS, axes, integer_steps, png, save, svg, text
+from pipeline.plotting import COLORS, axes, integer_steps, text
 
 SMOOTHING_FRACTION = 0.05
 """The moving average spans this fraction of a run's steps (at least ``MIN_WINDOW``, odd)."""
@@ -144,4 +143,4 @@ def lines_figure(
     return fig
 
 
-__all__ = ["Curve", "loss_figure", "lines_figure", "png", "save", "series_figure", "smooth", "svg", "window_for"]
+__all__ = ["Curve", "lines_figure", "loss_figure", "series_figure", "smooth", "window_for"]

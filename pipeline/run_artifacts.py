@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 
 from common.contracts import ModelRef
-from pipeline import charts
+from pipeline import charts, plotting
 from pipeline.run_report import run_report_html, validation_page
 from registry.card import read_card
 from storage import Store
@@ -60,7 +60,7 @@ def loss_chart(store: Store, run: str) -> bytes | None:
     history = loss_history(store, run)
     if not history["steps"]:
         return None
-    return charts.png(charts.loss_figure([charts.Curve(run, history["steps"], history["loss"], history["validation"])]))
+    return plotting.png(charts.loss_figure([charts.Curve(run, history["steps"], history["loss"], history["validation"])]))
 
 
 def _encoded(text: str | None) -> bytes | None:

@@ -13,7 +13,7 @@ import pytest
 
 from cli.main import main as cli
 from common.contracts import eval_prefix
-from pipeline import charts, run_html
+from pipeline import charts, plotting, run_html
 from storage import open_store
 from tests.helpers import fresh_copy, run_metrics, svg_group, svg_ids, svg_lines, svg_marks, svg_root, svg_texts, tiny_model
 from training.config import ParallelConfig, TrainConfig
@@ -140,7 +140,7 @@ def test_the_loss_chart_draws_each_run_raw_and_smoothed_with_its_validation_poin
         charts.Curve("lr 1e-3", steps[:30], [5 - s / 40 for s in steps[:30]], [(30, 4.3)]),
     ]
     fig = charts.loss_figure(curves)
-    root = svg_root(charts.svg(fig))
+    root = svg_root(plotting.svg(fig))
     assert svg_ids(root, "raw-") == ["raw-0", "raw-1"] and svg_ids(root, "smooth-") == ["smooth-0", "smooth-1"]
     assert svg_ids(root, "validation-") == ["validation-0", "validation-1"]
     texts = svg_texts(root)
@@ -159,7 +159,7 @@ def test_the_loss_chart_draws_each_run_raw_and_smoothed_with_its_validation_poin
     assert [round(x, 2) for x, _ in svg_marks(svg_group(root, "validation-1"))] == [x_of(30)]
     assert round(raw1[-1][0], 2) == x_of(30)  # the shorter run ends at its own last step
 
-    png = charts.png(fig)
+    png = plotting.png(fig)
     width, height = png_size(png)
     assert width > 600 and height > 250
 
