@@ -1,7 +1,8 @@
 """The stages after de-duplication: the tokenizer's sample, encoding (once per partition) and
 packing (once per range of shards).
 
-The encode stage of a partition reads its documents again, encodes the kept ones and writes, per
+The encode stage of a partition reads the filtered text its scan kept (the sources are read, and
+the filters run, once: in the scan), encodes the kept documents and writes, per
 split, their token stream (each document's ids then ``<|endoftext|>``) to
 ``<work>/tokens/<index>/<split>.bin``, with its rows of the doc stats and its counts. A split's
 stream over the whole corpus is the partitions' streams end to end, so shard ``k`` is the
@@ -23,73 +24,37 @@ import numpy as np
 from common.errors import local_space
 from data_prep.config import DataConfig
 from data_prep.console import PassProgress
-from data_prep.dedup import digest_key
 from data_prep.dedup_stages import DUPLICATE, NEAR_DUPLICATE, PAST_CUT
 from data_prep.parallel import WorkerPool
-from data_prep.partitions import Partition, get_array
+from data_prep.partitions import RECORD_BITS, Partition, get_array
 from data_prep.readers import EXAMPLES_PER_REASON
-from data_prep.scan import PartitionScan, PositionedSkips, partition_documents
+from data_prep.scan import PartitionScan, document_name
 from data_prep.shards import ShardInfo, _write_shard
-from data_prep.sources import DataError, RawFile, relative_names
-from data_prep.workers import TRAIN, VAL, batches, encode_batch, filtered_batch
+from data_prep.sources import RawFile, relative_names
+from data_prep.workers import TRAIN, VAL, batches, encode_batch
 from storage import Store
 
 SPLITS = ("train", "val")
 DROPPED = {DUPLICATE: "duplicate", NEAR_DUPLICATE: "near_duplicate"}
 
 
-def _again(
-    data: DataConfig, files: list[RawFile], part: Partition, scan: PartitionScan, progress: PassProgress
-) -> Iterator[tuple[int, int, object]]:
-    """The partition's documents read again, with their place in the scan, checked to be the same
-    documents the scan read (same ids in the same order), up to the last one it read."""
-    docs = scan.array("docs")
-    place = 0
-    for docid, doc in partition_documents(data, files, part, PositionedSkips(), progress):
-        if place == len(docs):
-            break
-        if docid != docs[place]:
-            raise DataError(
-                f"{doc.source} changed while the dataset was being prepared (its documents differ from the scan's): "
-                "rerun once the sources are stable"
-            )
-        yield place, docid, doc
-        place += 1
-    if place < len(docs):
-        raise DataError(
-            f"the sources {data.sources} yielded {place:,} of the {len(docs):,} documents the scan read: "
-            "rerun once they are stable"
-        )
-
-
-def _progress(files: list[RawFile], part: Partition, stage: str) -> PassProgress:
-    return PassProgress(part.name(stage), sum(f.size for f in files[part.first_file : part.end_file]))
-
-
-def sample_texts(
-    data: DataConfig, files: list[RawFile], parts: list[Partition], store: Store, work: str, pool: WorkerPool
-) -> Iterator[str]:
-    """The tokenizer's training sample (``resolve`` chose it), read again, in corpus order."""
+def sample_texts(store: Store, work: str, parts: list[Partition]) -> Iterator[str]:
+    """The tokenizer's training sample (``resolve`` chose it), in corpus order, from the scan's text."""
     sample = get_array(store, f"{work}/sample.npy")
     if not len(sample):
         return
     last = sample[-1]
-
-    def chosen() -> Iterator[tuple[int, object]]:
-        for part in parts:
-            scan = PartitionScan.load(store, work, part.index)
-            docs = scan.array("docs")
-            if not len(docs) or not np.isin(docs, sample).any():
-                continue
-            wanted = set(docs[np.isin(docs, sample)].tolist())
-            for _, docid, doc in _again(data, files, part, scan, _progress(files, part, "sample")):
-                if docid in wanted:
-                    yield docid, doc
-                if docid >= last:
-                    return
-
-    for _, texts in pool.map_ordered(filtered_batch, batches(chosen())):
-        yield from texts
+    for part in parts:
+        scan = PartitionScan.load(store, work, part.index)
+        passing = scan.passing()
+        chosen = np.isin(passing, sample)
+        if not chosen.any():
+            continue
+        for row, raw in scan.texts():
+            if chosen[row]:
+                yield raw.decode("utf-8")
+            if passing[row] >= last:
+                return
 
 
 def encode_partition(
@@ -104,8 +69,9 @@ def encode_partition(
 ) -> None:
     """Encode one partition's kept documents into ``<work>/tokens/<index>/`` and ``<work>/encoded/<index>.json``."""
     scan = PartitionScan.load(store, work, part.index)
-    verdicts = get_array(store, f"{work}/verdicts/{part.index}.npy")
-    keys = dict(zip(scan.passing().tolist(), scan.array("keys").tolist(), strict=True))
+    passing_at = np.flatnonzero(scan.array("codes") == 0)
+    passing, places, edits_of = scan.array("docs")[passing_at], scan.array("places"), scan.edits()
+    verdicts = get_array(store, f"{work}/verdicts/{part.index}.npy")[passing_at]
     relative = relative_names(files)
     counts: Counter = Counter()
     edits: Counter = Counter()
@@ -113,19 +79,20 @@ def encode_partition(
     eod = np.asarray([eod_id], dtype=dtype)
     prefix = f"{work}/tokens/{part.index}"
 
-    split_of: dict[int, str] = {}  # of the documents in flight
-    progress = _progress(files, part, "encode")
+    def name(row: int) -> str:
+        return document_name(files[int(passing[row]) >> RECORD_BITS].name, int(places[row]))
 
-    def kept() -> Iterator[tuple[int, object]]:
-        for place, docid, doc in _again(data, files, part, scan, progress):
-            verdict = int(verdicts[place])
+    progress = PassProgress(part.name("encode"), int(scan.array("sizes").sum()))
+
+    def kept() -> Iterator[tuple[int, bytes]]:
+        for row, raw in scan.texts(progress):
+            verdict = int(verdicts[row])
             if verdict in (TRAIN, VAL):
-                split_of[docid] = "val" if verdict == VAL else "train"
-                yield docid, doc
+                yield row, raw
             elif verdict in DROPPED:
                 placed = examples.setdefault(DROPPED[verdict], [])
                 if len(placed) < EXAMPLES_PER_REASON:
-                    placed.append((docid, doc.source))
+                    placed.append((int(passing[row]), name(row)))
             elif verdict == PAST_CUT:
                 return
 
@@ -137,15 +104,10 @@ def encode_partition(
         try:
             for batch, encoded in pool.map_ordered(encode_batch, batches(kept())):
                 progress.add_documents(len(batch))
-                for (docid, doc), (digest, chars, nbytes, ids, fallback, doc_edits) in zip(batch, encoded, strict=True):
-                    if digest_key(bytes.fromhex(digest)) != keys[docid]:
-                        raise DataError(
-                            f"{doc.source} changed while the dataset was being prepared (its content differs from the scan): "
-                            "rerun once the sources are stable"
-                        )
-                    split = split_of.pop(docid)
+                for (row, _), (digest, chars, nbytes, ids, fallback) in zip(batch, encoded, strict=True):
+                    split = "val" if verdicts[row] == VAL else "train"
                     streams[split].write(ids.astype(dtype, copy=False).tobytes() + eod.tobytes())
-                    stats.writerow([relative(doc.source), digest, split, chars, len(ids), fallback])
+                    stats.writerow([relative(name(row)), digest, split, chars, len(ids), fallback])
                     counts[f"{split}_documents"] += 1
                     counts[f"{split}_tokens"] += len(ids) + 1
                     counts["source_bytes"] += nbytes
@@ -153,7 +115,7 @@ def encode_partition(
                     if split == "val":
                         counts["val_bytes"] += nbytes
                         counts["val_doc_tokens"] += len(ids)
-                    edits.update(doc_edits)
+                    edits.update(edits_of.get(row, {}))
         finally:
             for stream in [*streams.values(), rows]:
                 stream.close()

@@ -1,8 +1,8 @@
-"""One document's way through the filters: the single function both prepare passes call.
+"""One document's way through the filters, run once per document, by the scan pass.
 
-The scan pass judges a document by the text this returns, hashes and de-duplicates that
-text, and the encode pass encodes it again from the raw document: they must agree byte for
-byte, so they share ``filtered_text``. Order, and why:
+The scan judges a document by the text this returns, hashes and de-duplicates that text, and
+keeps it (``scan.py``): the tokenizer trains on it and the encode pass encodes it as kept, so
+what is hashed is what is in the dataset. Order, and why:
 
 1. clean (``clean_text``) and length (``too_short``/``too_long``/``empty``);
 2. PII (``data.pii``): a ``drop`` kind drops the document (``pii_<kind>``), ``redact``

@@ -46,7 +46,7 @@ from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.console import log_skip_summary, skip_summary, sniffed_summary
 from data_prep.dedup_stages import Resolution, check_kept, exact_shard, near_shard, resolve
 from data_prep.encode import SPLITS, encode_partition, pack_shards, sample_texts, split_layout
-from data_prep.parallel import WorkerPool, trainer_threads
+from data_prep.parallel import WorkerPool, trainer_threads, worker_count
 from data_prep.partitions import Partition, cut, run_key, work_prefix
 from data_prep.pii import KINDS as PII_KINDS
 from data_prep.readers import EXAMPLES_PER_REASON, Skips
@@ -223,11 +223,8 @@ def tokenizer_stage(prep: Preparation, store: Store) -> None:
     """The given tokenizer, or one trained on ``resolve``'s sample, to ``<work>/tokenizer.json``."""
     tokenizer, given_from = given_tokenizer(store, prep.tokenizer_key, prep.tokenizer)
     if tokenizer is None:
-        listing = _listing(prep)
-        set_worker_state(prep.data)
-        with WorkerPool(prep.data.workers) as pool, trainer_threads(pool.workers):
-            texts = sample_texts(prep.data, listing.files, listing.partitions, store, prep.work, pool)
-            tokenizer = train_tokenizer(texts, prep.tokenizer)
+        with trainer_threads(worker_count(prep.data.workers)):
+            tokenizer = train_tokenizer(sample_texts(store, prep.work, _listing(prep).partitions), prep.tokenizer)
     store.put_bytes(f"{prep.work}/{TOKENIZER}", tokenizer.to_str().encode())
     sampled = f"trained on {store.get_json(f'{prep.work}/resolution.json')['sample_bytes']:,} bytes" if not given_from else ""
     log.info("tokenizer %s", given_from or sampled)

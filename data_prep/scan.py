@@ -6,7 +6,11 @@ Per partition, under ``<work>/scan/<index>/``:
 - ``docs.npy`` the id of every document read (``partitions.doc_id``), ``codes.npy`` its filter
   verdict (0: passes; else 1 + an index into the summary's ``reasons``);
 - for the documents that pass, in order: ``keys.npy`` (content key), ``splits.npy``,
-  ``sizes.npy`` (UTF-8 bytes of the filtered text) and ``near.npy`` (LSH band keys and sketch);
+  ``sizes.npy`` (UTF-8 bytes of the filtered text), ``near.npy`` (LSH band keys and sketch),
+  ``places.npy`` (the line or row in its file, -1 for a whole-file document: its name in the doc
+  stats), ``edits.json`` (the filters' edits, by row, for the rows with any) and ``text.bin``
+  (the filtered texts end to end, UTF-8: ``sizes`` cut it). The later stages train the
+  tokenizer on and encode that text: no stage reads the sources or runs the filters again;
 - ``events.npy`` the readers' skips (a bad file or record) as (position, reason, count), the
   position being the id of the next document read, so that a global cut can count only those
   before it; ``summary.json`` the reasons, a few example names per reason with their position,
@@ -18,11 +22,15 @@ document after it can be among the first ``max_documents`` that pass in the whol
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
+from pathlib import Path
 
 import numpy as np
 
+from common.errors import local_space
 from data_prep.config import DataConfig
 from data_prep.console import PassProgress
 from data_prep.parallel import WorkerPool
@@ -31,6 +39,8 @@ from data_prep.readers import EXAMPLES_PER_REASON, Skips, read_file
 from data_prep.sources import RawFile
 from data_prep.workers import batches, scan_batch
 from storage import Store
+
+TEXT_CHUNK = 4 << 20
 
 
 def max_doc_bytes(data: DataConfig) -> int:
@@ -68,6 +78,18 @@ class _Found:
     near: list[np.ndarray] = field(default_factory=list)
     splits: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    places: list[int] = field(default_factory=list)
+    edits: dict[int, dict[str, int]] = field(default_factory=dict)
+
+
+def place_in_file(source: str, file_name: str) -> int:
+    """A document's line or row in its file (``name:line``), or -1 for a whole-file document."""
+    return -1 if source == file_name else int(source[len(file_name) + 1 :])
+
+
+def document_name(file_name: str, place: int) -> str:
+    """``place_in_file`` undone: the document's name as its reader gave it."""
+    return file_name if place < 0 else f"{file_name}:{place}"
 
 
 def partition_documents(data: DataConfig, files: list[RawFile], part: Partition, skips: PositionedSkips, progress: PassProgress):
@@ -85,30 +107,36 @@ def scan_partition(data: DataConfig, files: list[RawFile], part: Partition, stor
     skips, found, reasons = PositionedSkips(), _Found(), {}
     progress = PassProgress(part.name("scan"), sum(f.size for f in files[part.first_file : part.end_file]))
     passing, stop = 0, data.max_documents or -1
-    for batch, (verdicts, keys, rows, splits, sizes) in pool.map_ordered(
-        scan_batch, batches(partition_documents(data, files, part, skips, progress))
-    ):
-        progress.add_documents(len(batch))
-        taken = []
-        for at, ((docid, doc), reason) in enumerate(zip(batch, verdicts, strict=True)):
-            found.docs.append(docid)
-            if reason:
-                found.codes.append(1 + reasons.setdefault(reason, len(reasons)))
-                skips.example(reason, docid, doc.source)  # counted from the codes: filtering, not a problem
-                continue
-            found.codes.append(0)
-            taken.append(at)
-            passing += 1
-            if passing == stop:
-                break
-        found.keys.append(keys[taken])
-        found.splits += [splits[i] for i in taken]
-        found.sizes += [sizes[i] for i in taken]
-        if rows is not None:
-            found.near.append(rows[taken])
-        if passing == stop:
-            break
-    progress.finish()
+    with tempfile.TemporaryDirectory(prefix="pretrain-scan-") as tmp, local_space(tmp, "a partition's filtered text"):
+        text_path = Path(tmp) / "text.bin"
+        with open(text_path, "wb") as text:
+            for batch, result in pool.map_ordered(scan_batch, batches(partition_documents(data, files, part, skips, progress))):
+                progress.add_documents(len(batch))
+                taken = []
+                for at, ((docid, doc), reason) in enumerate(zip(batch, result.reasons, strict=True)):
+                    found.docs.append(docid)
+                    if reason:
+                        found.codes.append(1 + reasons.setdefault(reason, len(reasons)))
+                        skips.example(reason, docid, doc.source)  # counted from the codes: filtering, not a problem
+                        continue
+                    found.codes.append(0)
+                    if result.edits[at]:
+                        found.edits[len(found.sizes) + len(taken)] = result.edits[at]
+                    taken.append(at)
+                    found.places.append(place_in_file(doc.source, files[docid >> RECORD_BITS].name))
+                    text.write(result.texts[at])
+                    passing += 1
+                    if passing == stop:
+                        break
+                found.keys.append(result.keys[taken])
+                found.splits += [result.splits[i] for i in taken]
+                found.sizes += [len(result.texts[i]) for i in taken]
+                if result.rows is not None:
+                    found.near.append(result.rows[taken])
+                if passing == stop:
+                    break
+        progress.finish()
+        store.put_file(f"{work}/scan/{part.index}/text.bin", text_path)
     _write(data, store, f"{work}/scan/{part.index}", found, reasons, skips)
     return len(found.docs)
 
@@ -119,6 +147,8 @@ def _write(data: DataConfig, store: Store, prefix: str, found: _Found, reasons: 
     put_array(store, f"{prefix}/keys.npy", np.concatenate([np.zeros(0, np.uint64), *found.keys]))
     put_array(store, f"{prefix}/splits.npy", np.array(found.splits, dtype=np.uint8))
     put_array(store, f"{prefix}/sizes.npy", np.array(found.sizes, dtype=np.int64))
+    put_array(store, f"{prefix}/places.npy", np.array(found.places, dtype=np.int64))
+    store.put_json(f"{prefix}/edits.json", {str(row): edits for row, edits in found.edits.items()})
     if data.near_dedup:
         width = found.near[0].shape[1] if found.near else 1
         put_array(store, f"{prefix}/near.npy", np.concatenate([np.zeros((0, width), np.uint64), *found.near]))
@@ -160,3 +190,23 @@ class PartitionScan:
     def passing(self) -> np.ndarray:
         """The ids of the documents that passed the filters: the rows of ``keys``, ``splits``, ``sizes``, ``near``."""
         return self.array("docs")[self.array("codes") == 0]
+
+    def edits(self) -> dict[int, dict[str, int]]:
+        """The filters' edits of the passing documents, by row (only rows with any)."""
+        return {int(row): edits for row, edits in self.store.get_json(f"{self.prefix}/edits.json").items()}
+
+    def texts(self, progress: PassProgress | None = None) -> Iterator[tuple[int, bytes]]:
+        """(row, filtered text) of every passing document, in order, streamed from ``text.bin``."""
+        key = f"{self.prefix}/text.bin"
+        buffer, at = b"", 0
+        with self.store.open_read(key) as stream:
+            for row, size in enumerate(self.array("sizes").tolist()):
+                while len(buffer) - at < size:  # whole chunks: a network stream's small reads are slow
+                    more = stream.read(max(TEXT_CHUNK, size))
+                    if not more:
+                        raise OSError(f"{self.store.url(key)} ended early: the scan's text is incomplete; rerun the preparation")
+                    buffer, at = buffer[at:] + more, 0
+                if progress is not None:
+                    progress.read(size)
+                yield row, buffer[at : at + size]
+                at += size

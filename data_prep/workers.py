@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -19,6 +20,7 @@ from data_prep.tokenizer import byte_fallback_ids, set_encoder, worker_encoder
 BATCH_BYTES = 1 << 20
 BATCH_DOCS = 4096
 DROP, TRAIN, VAL = 0, 1, 2
+T = TypeVar("T", Document, bytes)
 
 _data: DataConfig | None = None
 _fallback_lut: np.ndarray | None = None
@@ -39,62 +41,69 @@ def split_of(digest: str, val_fraction: float) -> str:
     return "val" if int(digest[:8], 16) / 0xFFFFFFFF < val_fraction else "train"
 
 
-def scan_batch(batch: list[tuple[int, Document]]) -> tuple[list[str], np.ndarray, np.ndarray | None, list[int], list[int]]:
-    """Per document: the filter's skip reason (or ``""``), content key, near-dup row (LSH band keys
-    and b-bit sketch: ``dedup.near_row``), split and the UTF-8 bytes of its filtered text."""
+class ScanResult(NamedTuple):
+    """A scanned batch, per document: the filter's skip reason (or ``""``), and, for those that pass
+    (zeros and empties for the others), the content key, near-dup row (LSH band keys and b-bit
+    sketch: ``dedup.near_row``), split, filtered text (UTF-8) and the filters' edits."""
+
+    reasons: list[str]
+    keys: np.ndarray
+    rows: np.ndarray | None
+    splits: list[int]
+    texts: list[bytes]
+    edits: list[dict[str, int]]
+
+
+def scan_batch(batch: list[tuple[int, Document]]) -> ScanResult:
+    """Judge, hash and sketch each document; the text that passes is returned to be kept: it is
+    the text the later stages train on and encode, so no stage runs the filters again."""
     data = _data
     assert data is not None
     n, width = len(batch), data.minhash_bands + sketch_words(data.minhash_bands, data.minhash_rows)
-    reasons, splits, sizes = [], [], []
-    keys = np.zeros(n, dtype=np.uint64)
-    bands = np.zeros((n, width), dtype=np.uint64) if data.near_dedup else None
+    found = ScanResult([], np.zeros(n, dtype=np.uint64), None, [], [], [])
+    if data.near_dedup:
+        found = found._replace(rows=np.zeros((n, width), dtype=np.uint64))
     for i, (_, doc) in enumerate(batch):
-        # The same function as the encode stage: it encodes exactly the text judged and hashed here.
-        text, reason, _ = filtered_text(doc.text, data)
-        reasons.append(reason)
-        splits.append(DROP)
-        sizes.append(0)
+        text, reason, edits = filtered_text(doc.text, data)
+        found.reasons.append(reason)
+        found.splits.append(DROP)
+        found.texts.append(b"")
+        found.edits.append(edits)
         if reason:
             continue
         raw = text.encode("utf-8")
         digest = hashlib.sha256(raw).digest()
-        keys[i] = digest_key(digest)
-        splits[i] = VAL if split_of(digest.hex(), data.val_fraction) == "val" else TRAIN
-        sizes[i] = len(raw)
-        if bands is not None:
+        found.keys[i] = digest_key(digest)
+        found.splits[i] = VAL if split_of(digest.hex(), data.val_fraction) == "val" else TRAIN
+        found.texts[i] = raw
+        if found.rows is not None:
             # LSH keys and the b-bit sketch that verifies their hits, in one row (dedup.near_row).
-            bands[i] = near_row(text, data.shingle_words, data.minhash_bands, data.minhash_rows)
-    return reasons, keys, bands, splits, sizes
+            found.rows[i] = near_row(text, data.shingle_words, data.minhash_bands, data.minhash_rows)
+    return found
 
 
-def encode_batch(batch: list[tuple[int, Document]]) -> list[tuple[str, int, int, np.ndarray, int, dict[str, int]]]:
-    """Per kept document: sha256, characters, UTF-8 bytes, token ids, byte-fallback tokens, and
-    the filters' edits (``pii_<kind>`` redactions…), counted here, where only kept documents pass."""
-    data, lut, encoder = _data, _fallback_lut, worker_encoder()
-    assert data is not None and lut is not None
-    out = []
-    for _, doc in batch:
-        # The scan's own function: the text encoded is the text it judged and hashed (checked by the digest).
-        text, _, edits = filtered_text(doc.text, data)
-        raw = text.encode("utf-8")
-        ids = encoder.encode_batch([text])[0]
-        out.append((hashlib.sha256(raw).hexdigest(), len(text), len(raw), ids, int(lut[ids].sum()), edits))
-    return out
+def encode_batch(batch: list[tuple[int, bytes]]) -> list[tuple[str, int, int, np.ndarray, int]]:
+    """Per kept document (its filtered text, as the scan kept it): sha256, characters, UTF-8 bytes,
+    token ids and byte-fallback tokens."""
+    lut, encoder = _fallback_lut, worker_encoder()
+    assert lut is not None
+    texts = [raw.decode("utf-8") for _, raw in batch]
+    return [
+        (hashlib.sha256(raw).hexdigest(), len(text), len(raw), ids, int(lut[ids].sum()))
+        for (_, raw), text, ids in zip(batch, texts, encoder.encode_batch(texts), strict=True)
+    ]
 
 
-def filtered_batch(batch: list[tuple[int, Document]]) -> list[str]:
-    """The filtered text of each document: the tokenizer's training sample."""
-    data = _data
-    assert data is not None
-    return [filtered_text(doc.text, data)[0] for _, doc in batch]
+def _text_size(item: tuple[int, Document | bytes]) -> int:
+    return len(item[1]) if isinstance(item[1], bytes) else len(item[1].text)
 
 
-def batches(items: Iterable[tuple[int, Document]]) -> Iterator[list[tuple[int, Document]]]:
-    """(document id, document) pairs in batches of about ``BATCH_BYTES`` of text."""
+def batches(items: Iterable[tuple[int, T]]) -> Iterator[list[tuple[int, T]]]:
+    """(document id, document or its text) pairs in batches of about ``BATCH_BYTES`` of text."""
     batch, size = [], 0
     for item in items:
         batch.append(item)
-        size += len(item[1].text)
+        size += _text_size(item)
         if size >= BATCH_BYTES or len(batch) >= BATCH_DOCS:
             yield batch
             batch, size = [], 0

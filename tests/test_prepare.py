@@ -99,6 +99,33 @@ def test_shards_written_while_streaming_equal_packing_everything(tmp_path):
     assert streamed == whole and len(streamed) > 3
 
 
+def test_the_sources_are_read_and_filtered_once_and_the_scan_text_is_what_is_encoded(tmp_path, monkeypatch):
+    """The scan keeps the filtered text: training the tokenizer and encoding read it, not the sources."""
+    import csv
+    import json
+
+    from data_prep import workers
+    from data_prep.filters import filtered_text
+
+    docs = distinct_docs(12)
+    lines = [json.dumps({"text": docs[0] + " write to ann@example.com"}), "", json.dumps({"text": docs[1]})]
+    lines += [json.dumps({"text": text}) for text in docs[2:6]] + [json.dumps({"text": docs[1]})]  # line 8: a duplicate
+    root = write_corpus(tmp_path / "c", {"a.jsonl": "\n".join(lines), **{f"d{i}.txt": docs[i] for i in range(6, 12)}})
+    calls = []
+    monkeypatch.setattr(workers, "filtered_text", lambda raw, data: calls.append(raw) or filtered_text(raw, data))
+    store = open_store(str(tmp_path / "s"))
+    ref = prepare_dataset(tiny_data(sources=[str(root)], max_documents=0, workers=1), tiny_tokenizer(), store)
+    assert len(calls) == ref.stats["documents_read"] == 13  # once each: not again to train or to encode
+    assert ref.stats["documents_kept"] == 12 and ref.stats["skipped_duplicate"] == 1 and ref.stats["pii_email"] == 1
+    rows = list(csv.reader(store.get_bytes(f"{ref.prefix}/doc_stats.csv").decode().splitlines()))[1:]
+    assert sorted(row[0] for row in rows) == sorted([f"a.jsonl:{n}" for n in (1, 3, 4, 5, 6, 7)] + [f"d{i}.txt" for i in range(6, 12)])
+    assert manifest_examples(store, ref)["duplicate"] == ["a.jsonl:8"]
+
+
+def manifest_examples(store, ref) -> dict[str, list[str]]:
+    return load_manifest(store, ref)["sources"]["skipped_examples"]
+
+
 def test_max_documents_stops_early(tmp_path):
     root = write_corpus(tmp_path / "c", {f"d{i}.txt": text for i, text in enumerate(distinct_docs(40))})
     ref = prepare_dataset(tiny_data(sources=[str(root)], max_documents=25), tiny_tokenizer(), open_store(str(tmp_path / "s")))

@@ -113,8 +113,8 @@ def test_a_download_into_a_full_folder_names_the_folder(small_disk, tmp_path):
 
 @pytest.mark.slow
 def test_full_local_staging_says_which_folder_and_to_set_tmpdir(small_disk, tmp_path, monkeypatch):
-    """prepare_dataset writes a partition's token stream in the temporary folder before uploading
-    it: that folder filling up is one NoSpaceError (as ``pretrain run`` prints it) that points at
+    """prepare_dataset writes a partition's filtered text (the scan) and token stream (encode) in the
+    temporary folder before uploading them: that folder filling up is one NoSpaceError (as ``pretrain run`` prints it) that points at
     TMPDIR, not a bare OSError."""
     from data_prep.prepare import prepare_dataset
 
@@ -127,7 +127,7 @@ def test_full_local_staging_says_which_folder_and_to_set_tmpdir(small_disk, tmp_
     error = user_error_in(raised.value)
     assert isinstance(error, NoSpaceError), raised.value
     assert "no space left on device" in str(error) and "set TMPDIR to a folder with more space" in str(error)
-    assert str(small_disk) in str(error) and "a partition's token stream" in str(error)
+    assert str(small_disk) in str(error) and "a partition's filtered text" in str(error)  # the scan's, the first
     assert not list((tmp_path / "store").rglob(COMMIT_MARKER))
     assert list(small_disk.iterdir()) == []  # the staging folder went with the failure
 
