@@ -114,8 +114,8 @@ def test_a_download_into_a_full_folder_names_the_folder(small_disk, tmp_path):
 @pytest.mark.slow
 def test_full_local_staging_says_which_folder_and_to_set_tmpdir(small_disk, tmp_path, monkeypatch):
     """prepare_dataset writes a partition's filtered text (the scan) and token stream (encode) in the
-    temporary folder before uploading them: that folder filling up is one NoSpaceError (as ``pretrain run`` prints it) that points at
-    TMPDIR, not a bare OSError."""
+    temporary folder before uploading them: that folder filling up is one NoSpaceError (as ``pretrain
+    run`` prints it) that points at TMPDIR, not a bare OSError."""
     from data_prep.prepare import prepare_dataset
 
     monkeypatch.setattr(tempfile, "tempdir", str(small_disk))
