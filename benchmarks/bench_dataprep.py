@@ -15,21 +15,49 @@ copies of 4% of the documents, placed later in the corpus), shuffled with a fixe
   (NFC), PII redaction (defaults), Gopher repetition and quality rules at datatrove's default
   thresholds, exact and verified MinHash near-dup dedup (5-word shingles, 16 bands × 8 rows),
   BPE training, tokenization, packing, WebDataset shards, manifest; ``data.workers`` processes.
-* **datatrove**: ``LocalPipelineExecutor`` stages, the same number of worker processes:
-  JsonlReader → GopherRepetitionFilter → GopherQualityFilter (defaults, exclusion writers) →
-  JsonlWriter + MinhashDedupSignature (5-grams, 16 buckets × 8 hashes, 64-bit sha1) →
-  MinhashDedupBuckets → MinhashDedupCluster → JsonlReader → MinhashDedupFilter (exclusion
-  writer) → DocumentTokenizer with the tokenizer.json our run trained (HF tokenizers); words
-  are spaCy's English tokens (datatrove's default for English);
-* **datatrove_ws**: the same pipeline with a whitespace word tokenizer (``WhitespaceWords``,
-  our words): what is left of the disagreement is the rules', and the speed without spaCy.
+* **datatrove_ws**, the like-for-like peer: ``LocalPipelineExecutor`` stages, the same number of
+  worker processes: JsonlReader → GopherRepetitionFilter → GopherQualityFilter (defaults,
+  exclusion writers) → JsonlWriter + MinhashDedupSignature → MinhashDedupBuckets →
+  MinhashDedupCluster → JsonlReader → MinhashDedupFilter (exclusion writer) → DocumentTokenizer
+  with the tokenizer.json ours trained (HF tokenizers). Words are split at whitespace
+  (``WhitespaceWords``, as ours) in the filters and the shingles. MinHash runs with datatrove's
+  default ``MinhashConfig`` hashing (64-bit xxhash), only the shingle size, bands and rows set
+  to ours (5 words, 16 buckets × 8 hashes). Datatrove 0.10.1 hands xxhash a ``str``, which
+  xxhash 3 encoded as UTF-8 and xxhash 4 (our lock's) refuses: the datatrove runs replace its
+  two xxhash wrappers with ones that encode first (same hashes; one ``str.encode`` a shingle).
+* **datatrove_spacy**: the same pipeline with datatrove's English default word tokenizer,
+  spaCy's, which makes punctuation marks words of their own: most of datatrove's time, and its
+  Gopher rules then drop far more documents than ours. Reported beside the headline, not as it.
 
-Repeats alternate the three, each in a fresh process (ours first: datatrove needs its
-tokenizer). Throughput is corpus file bytes / wall seconds / worker processes. Agreement per
-rule class: among the documents both pipelines submitted to that class, the share on which
-both made the same keep/drop decision (datatrove: its exclusion writers; ours: ``filtered_text``
-with the same config, checked against the manifest's counters, and the kept documents of
-``doc_stats.csv`` for the dedup). Last line: one JSON object.
+Headline: ``ours_vs_datatrove_like_for_like_per_core``, ours' MB/s per core over datatrove_ws's
+(same word splitting, same rule set), the median of the per-repeat ratios, each pairing the two
+runs of one repeat; ``spread`` is their min and max. ``ours_vs_datatrove_spacy_per_core`` the
+same against datatrove_spacy. The rule set is the same as each side implements it: ours also
+counts ``*`` bullets, strips punctuation off stop words, and sums ``#`` and ellipses in one
+ratio (data_prep/quality.py); the agreement shows what that changes.
+
+Timing: throughput is corpus file bytes / the pipeline's wall seconds (in its process, imports
+excluded) / worker processes. Datatrove's exclusion writers (JSONL of every dropped document)
+run inside its timed window, as datatrove ships them and a user runs it; the agreement reads
+them. Ours does more in its window than datatrove: NFC, PII redaction, exact dedup, verified
+near-dup, BPE training (datatrove is handed the trained tokenizer), packing, shards, manifest.
+
+Order: one untimed run of ours first (a warm-up, which also trains the tokenizer.json
+datatrove's DocumentTokenizer loads), then every repeat runs the three variants, each in a
+fresh process, in an order rotated by one each repeat (repeat r starts with variant r mod 3).
+
+Checks, each a ``BenchmarkCheckError`` (nothing is reported): every run exits 0; every run read
+all the corpus' documents; every run kept documents and wrote tokens; each pipeline keeps the
+same number of documents in every repeat; datatrove's exclusion writers hold every document its
+steps dropped; our verdicts (``filtered_text`` with the same config) match the prepare step's
+counters rule by rule and its kept documents (``doc_stats.csv``).
+
+Agreement, document by document (by id), for each pair of ours with a datatrove run (from its
+first repeat): per rule class, among the documents both submitted to that class (a document one
+side dropped earlier is left out of later classes), and overall, the counts kept by both,
+dropped by both, by ours only, by datatrove only. Where the like-for-like agreement of a class is
+below 0.99, the first disagreeing documents are printed with both reasons. Last line: one JSON
+object (``ratios``, ``spread``, ``agreement``, ...).
 """
 
 from __future__ import annotations
@@ -49,7 +77,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from machine_info import machine, require  # benchmarks/ (the script's folder)
+from machine_info import BenchmarkCheckError, machine, ratio_keys, require  # benchmarks/ (the script's folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE_BYTES = 4 << 20
@@ -191,6 +219,7 @@ def child_ours(corpus: str, store: str, workers: int) -> dict:
 # --- datatrove ----------------------------------------------------------------------------
 try:
     from datatrove.utils.word_tokenizers import WordTokenizer
+    from xxhash import xxh32_intdigest, xxh64_intdigest
 except ImportError:  # without the bench extra: main() says so
     WordTokenizer = object
 
@@ -213,13 +242,38 @@ class WhitespaceWords(WordTokenizer):
         return [(0, len(text))]
 
 
-PIPELINES = {"ours": "ours", "datatrove": "spacy", "datatrove_ws": "whitespace"}
-"""Each run's name → its word tokenizer (datatrove: its English default, spaCy, or whitespace)."""
+def utf8_xxhash32(data: str | bytes) -> int:
+    """Datatrove's ``xxhash32`` as it ran on xxhash 3: a ``str`` hashed as its UTF-8 bytes."""
+    return xxh32_intdigest(data.encode() if isinstance(data, str) else data)
+
+
+def utf8_xxhash64(data: str | bytes) -> int:
+    """Datatrove's ``xxhash64`` as it ran on xxhash 3: a ``str`` hashed as its UTF-8 bytes."""
+    return xxh64_intdigest(data.encode() if isinstance(data, str) else data)
+
+
+PIPELINES = {"ours": "ours", "datatrove_spacy": "spacy", "datatrove_ws": "whitespace"}
+"""Each variant's name → its word tokenizer (datatrove: its English default, spaCy, or whitespace)."""
+LIKE_FOR_LIKE, SPACY = "datatrove_ws", "datatrove_spacy"
+HEADLINE = "ours_vs_datatrove_like_for_like_per_core"
+AGREEMENT_FLOOR = 0.99
+"""Below this like-for-like agreement, a class's first disagreeing documents are printed."""
+
+
+def _step(stats, index: int, key: str, field: str = "total") -> int:
+    """One counter of pipeline step ``index`` in an executor's merged stats (0 if never counted)."""
+    value = stats.stats[index].to_dict()["stats"].get(key, 0)
+    return int(value.get(field, 0) if isinstance(value, dict) else value)
+
+
+def _lines(folder: Path) -> int:
+    return sum(sum(1 for _ in open(path, "rb")) for path in folder.glob("*.jsonl")) if folder.is_dir() else 0
 
 
 def child_datatrove(corpus: str, out: str, workers: int, tokenizer: str, words: str) -> dict:
     # Imported by its module name so that datatrove's worker processes unpickle it from there.
-    from bench_dataprep import WhitespaceWords
+    import datatrove.utils.hashes.xxhash as datatrove_xxhash
+    from bench_dataprep import WhitespaceWords, utf8_xxhash32, utf8_xxhash64
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature
     from datatrove.pipeline.dedup.minhash import MinhashConfig
@@ -229,12 +283,13 @@ def child_datatrove(corpus: str, out: str, workers: int, tokenizer: str, words: 
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.hashing import HashConfig
 
+    # Datatrove's default hashing (xxhash, 64 bits), on xxhash 4, which refuses the str it passes.
+    datatrove_xxhash.xxhash32, datatrove_xxhash.xxhash64 = utf8_xxhash32, utf8_xxhash64
     language = WhitespaceWords() if words == "whitespace" else "en"
     base = Path(out)
     files = len(list(Path(corpus).glob("*.jsonl")))
-    # sha1, not datatrove's default xxhash: its xxhash path passes str, which xxhash 4 (our lock's) refuses.
-    hashing = HashConfig(precision=64, hash_fc="sha1")
-    minhash = MinhashConfig(hash_config=hashing, num_buckets=BANDS, hashes_per_bucket=ROWS, n_grams=SHINGLE_WORDS)
+    minhash = MinhashConfig(num_buckets=BANDS, hashes_per_bucket=ROWS, n_grams=SHINGLE_WORDS)
+    require(minhash.hash_config == HashConfig(), f"datatrove's MinHash hashing is not its default: {minhash.hash_config}")
 
     def excluded(name: str) -> JsonlWriter:
         return JsonlWriter(str(base / "excluded" / name), compression=None)
@@ -243,6 +298,14 @@ def child_datatrove(corpus: str, out: str, workers: int, tokenizer: str, words: 
         return LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(base / "logs" / name))
 
     filtered = str(base / "filtered")
+    # The dedup filter pairs its reader's rank r with signature file r, but a rank whose documents the
+    # filters all drop writes no filtered file, which would pair every later rank with the wrong
+    # signatures (the spaCy run of a small corpus does it). Every rank's file is created empty first.
+    Path(filtered).mkdir(parents=True)
+    for rank in range(files):
+        (Path(filtered) / f"{rank:05d}.jsonl").touch()
+    signature = MinhashDedupSignature(output_folder=str(base / "signatures"), config=minhash, language=language)
+    require(signature._hash_func is utf8_xxhash64, "datatrove's MinHash does not hash with its default xxhash64")
     signatures = stage(
         "signatures",
         [
@@ -250,7 +313,7 @@ def child_datatrove(corpus: str, out: str, workers: int, tokenizer: str, words: 
             GopherRepetitionFilter(exclusion_writer=excluded("gopher_repetition"), language=language),
             GopherQualityFilter(exclusion_writer=excluded("gopher_quality"), language=language),
             JsonlWriter(filtered, output_filename="${rank}.jsonl", compression=None),
-            MinhashDedupSignature(output_folder=str(base / "signatures"), config=minhash, language=language),
+            signature,
         ],
         files,
     )
@@ -275,21 +338,38 @@ def child_datatrove(corpus: str, out: str, workers: int, tokenizer: str, words: 
     )
     # Stage by stage, as ``depends=`` would run them, each timed.
     stages = {"filters_signatures": signatures, "buckets": buckets, "clusters": clusters, "dedup_tokenize": tokens}
-    timings = {}
+    timings, merged = {}, {}
     start = time.perf_counter()
     for name, executor in stages.items():
         began = time.perf_counter()
-        executor.run()
+        merged[name] = executor.run()
         timings[name] = time.perf_counter() - began
-    # The dedup filter pairs its reader's rank r with signature file r: a rank whose documents
-    # were all dropped writes no filtered file and would shift the others. Checked after the run.
     seconds = time.perf_counter() - start
-    written = len(list(Path(filtered).glob("*.jsonl")))
-    if written != files:
-        raise SystemExit(
-            f"datatrove: {files - written} of {files} input files lost every document to the filters: use a larger corpus"
-        )
-    return {"seconds": seconds, "stages": timings}
+    # Untimed from here: what the run did, for the parent's checks.
+    require(all(v is not None for v in merged.values()), "a datatrove stage ran no task (its logs said it was done)")
+    written = sorted(p.name for p in Path(filtered).glob("*.jsonl"))
+    require(
+        written == [f"{rank:05d}.jsonl" for rank in range(files)], f"datatrove's filtered files are not one a rank: {written}"
+    )
+    first, last = merged["filters_signatures"], merged["dedup_tokenize"]
+    dropped = {
+        "gopher_repetition": _step(first, 1, "dropped"),
+        "gopher_quality": _step(first, 2, "dropped"),
+        "near_duplicate": _step(last, 1, "dropped"),
+    }
+    return {
+        "seconds": seconds,
+        "stages": timings,
+        "minhash": str(minhash),
+        "documents_read": _step(first, 0, "documents"),
+        "documents_filtered": _step(first, 3, "total"),
+        "documents_filtered_read": _step(last, 0, "documents"),
+        "dropped": dropped,
+        "excluded": {name: _lines(base / "excluded" / name) for name in dropped},
+        "documents_kept": _step(last, 2, "tokens", "n"),
+        "tokens": _step(last, 2, "tokens"),
+        "token_bytes": sum(p.stat().st_size for p in (base / "tokens").rglob("*.ds")),
+    }
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -304,8 +384,40 @@ def run_child(args: list[str], log: Path) -> tuple[dict, float]:
     wall = time.perf_counter() - start
     if proc.returncode:
         tail = log.read_text(errors="replace")[-4000:]  # the log goes with the temporary folder
-        raise SystemExit(f"{tail}\nchild {args[0]} failed with exit code {proc.returncode}")
-    return json.loads(proc.stdout.strip().splitlines()[-1]), wall
+        raise BenchmarkCheckError(f"{tail}\nchild {args[0]} failed with exit code {proc.returncode}: no ratio is reported")
+    lines = proc.stdout.strip().splitlines()
+    require(lines, f"child {args[0]} exited 0 without its result: no ratio is reported")
+    return json.loads(lines[-1]), wall
+
+
+def checked_run(name: str, result: dict, out: Path, documents: int) -> dict:
+    """What a run did (documents read and kept, tokens), after the checks that stand behind its
+    timing: it read the whole corpus and produced a dataset; datatrove's exclusion writers hold
+    every document its steps dropped."""
+    if name == "ours":
+        stats = result["stats"]
+        read, kept, tokens = stats["documents_read"], stats["documents_kept"], stats["train_tokens"] + stats["val_tokens"]
+        datasets = list((out / "datasets").glob("*/_COMMITTED"))
+        require(len(datasets) == 1, f"{name}: {len(datasets)} committed datasets under {out}, expected 1")
+        shards = sum(p.stat().st_size for p in (datasets[0].parent / "shards").rglob("*") if p.is_file())
+        require(shards > 0, f"{name}: the dataset has no shard bytes")
+    else:
+        read, kept, tokens = result["documents_read"], result["documents_kept"], result["tokens"]
+        dropped = result["dropped"]
+        require(
+            result["excluded"] == dropped,
+            f"{name}: the exclusion writers hold {result['excluded']} documents, the steps dropped {dropped}",
+        )
+        require(
+            read == dropped["gopher_repetition"] + dropped["gopher_quality"] + result["documents_filtered"]
+            and result["documents_filtered_read"] == result["documents_filtered"]
+            and result["documents_filtered"] == dropped["near_duplicate"] + kept,
+            f"{name}: documents lost between its steps: {result}",
+        )
+        require(result["token_bytes"] > 0, f"{name}: no token files written")
+    require(read == documents, f"{name} read {read} documents, the corpus has {documents}")
+    require(kept > 0 and tokens > 0, f"{name} kept {kept} documents and wrote {tokens} tokens: no output")
+    return {"documents_read": read, "documents_kept": kept, "tokens": tokens}
 
 
 # --- agreement ------------------------------------------------------------------------------
@@ -352,59 +464,74 @@ def _our_class(reason: str) -> str:
     return "other" if reason else ""
 
 
+def _their_verdicts(base: Path, documents: set[str]) -> dict[str, dict[str, str]]:
+    """Rule class → {document id → datatrove's reason} from a run's exclusion writers."""
+    theirs = {name: _excluded_ids(base / "excluded" / name) for name in CLASSES}
+    for name, ids in theirs.items():
+        unknown = sorted(set(ids) - documents)
+        require(not unknown, f"{base.name}: {name} excluded documents not in the corpus: {unknown[:5]}")
+    seen = Counter(d for ids in theirs.values() for d in ids)
+    twice = sorted(d for d, n in seen.items() if n > 1)
+    require(not twice, f"{base.name}: documents excluded by two steps: {twice[:5]}")
+    return theirs
+
+
+def _row(docs: list[str], ours_drop: set[str], their_drop: set[str], ours: dict, theirs: dict, kinds: dict) -> dict:
+    """Keep/drop counts of ``docs`` on both sides, and the first disagreements."""
+    differ = ours_drop ^ their_drop
+    prose = sum(kinds[d] == "prose" for d in docs)
+    return {
+        "documents": len(docs),
+        "agreement": 1 - len(differ) / len(docs) if docs else 1.0,
+        "agreement_prose": 1 - sum(kinds[d] == "prose" for d in differ) / prose if prose else 1.0,
+        "kept_both": len(docs) - len(ours_drop | their_drop),
+        "dropped_both": len(ours_drop & their_drop),
+        "dropped_ours_only": len(ours_drop - their_drop),
+        "dropped_datatrove_only": len(their_drop - ours_drop),
+        "ours_only_rules": dict(Counter(ours[d] for d in ours_drop - their_drop).most_common(6)),
+        "datatrove_only_rules": dict(Counter(theirs[d] for d in their_drop - ours_drop).most_common(6)),
+        # [id, kind, our verdict, datatrove's]: up to 3 dropped by our side only, 3 by datatrove's only, prose first.
+        "examples": [
+            [d, kinds[d], ours[d] or "kept", theirs.get(d, "kept")]
+            for side in (ours_drop - their_drop, their_drop - ours_drop)
+            for d in sorted(side, key=lambda d: (kinds[d] != "prose", d))[:3]
+        ],
+    }
+
+
 def agreement(ours: dict[str, str], theirs: dict[str, dict[str, str]], kinds: dict[str, str]) -> dict:
-    """Per class: share of the documents both sides submitted to it on which they agree, the
-    counts of one-sided drops, and a few examples of each (id, our reason, datatrove's)."""
+    """Document by document: per class, among the documents both sides submitted to it, and
+    ``overall`` (kept or not, whatever the reason), the keep/drop counts of both sides."""
     result: dict = {}
-    stages = list(CLASSES)
-    for at, name in enumerate(stages):
-        earlier = stages[:at]
+    for at, name in enumerate(CLASSES):
+        earlier = CLASSES[:at]
         both = [d for d in ours if _our_class(ours[d]) not in ("other", *earlier) and not any(d in theirs[e] for e in earlier)]
+        reasons = {d: r or name for d, r in theirs[name].items()}
         ours_drop = {d for d in both if _our_class(ours[d]) == name}
-        their_drop = {d for d in both if d in theirs[name]}
-        differ = sorted(ours_drop ^ their_drop)
-        prose = [d for d in both if kinds[d] == "prose"]
-        result[name] = {
-            "documents": len(both),
-            "agreement": 1 - len(differ) / len(both) if both else 1.0,
-            "agreement_prose": 1 - sum(kinds[d] == "prose" for d in differ) / len(prose) if prose else 1.0,
-            "dropped_both": len(ours_drop & their_drop),
-            "dropped_ours_only": len(ours_drop - their_drop),
-            "dropped_datatrove_only": len(their_drop - ours_drop),
-            "ours_only_rules": dict(Counter(ours[d] for d in ours_drop - their_drop).most_common(6)),
-            "datatrove_only_rules": dict(Counter(theirs[name][d] or name for d in their_drop - ours_drop).most_common(6)),
-            "examples": [
-                [d, kinds[d], ours[d] or "kept", theirs[name].get(d, "kept") or name]
-                for d in _examples(ours_drop, their_drop, kinds)
-            ],
-        }
+        result[name] = _row(both, ours_drop, {d for d in both if d in reasons}, ours, reasons, kinds)
+    reasons = {d: f"{name}: {r}" if r else name for name in CLASSES for d, r in theirs[name].items()}
+    result["overall"] = _row(list(ours), {d for d, r in ours.items() if r}, set(reasons), ours, reasons, kinds)
     return result
-
-
-def _examples(ours_drop: set[str], their_drop: set[str], kinds: dict[str, str]) -> list[str]:
-    """Up to 3 documents dropped by our side only and 3 by datatrove's only, prose first."""
-    out = []
-    for side in (ours_drop - their_drop, their_drop - ours_drop):
-        out += sorted(side, key=lambda d: (kinds[d] != "prose", d))[:3]
-    return out
 
 
 # --- the benchmark ----------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # 40 MB: datatrove with spaCy runs at ~0.1–0.2 MB/s per core here, 2–3 minutes a repeat.
+    # 40 MB: datatrove with spaCy runs at ~0.1–0.3 MB/s per core here, 1–2 minutes a repeat.
     parser.add_argument("--mb", type=float, default=40, help="corpus size in MB")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each pipeline, alternating")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each variant, in a rotated order")
     parser.add_argument("--workers", type=int, default=2, help="worker processes of both pipelines (data.workers)")
     parser.add_argument("--quick", action="store_true", help="a 6 MB corpus, one repeat: a smoke run")
     parser.add_argument("--tmp", default=None, help="where to write corpora and outputs (default: system temp)")
     args = parser.parse_args()
     if args.quick:
         args.mb, args.repeats = 6, 1
+    require(args.repeats >= 1, "--repeats must be at least 1")
 
     import datatrove  # noqa: F401  (fail before building anything when the bench extra is missing)
 
     started = time.perf_counter()
+    names = list(PIPELINES)
     with tempfile.TemporaryDirectory(prefix="bench-dataprep-", dir=args.tmp) as tmp:
         work = Path(tmp)
         corpus = work / "corpus"
@@ -416,24 +543,39 @@ def main() -> None:
             flush=True,
         )
         log = work / "children.log"
-        runs: dict[str, list[dict]] = {name: [] for name in PIPELINES}
+        # Warm-up, untimed: ours once, which trains the tokenizer datatrove's DocumentTokenizer loads.
+        warmup = work / "warmup"
+        result, wall = run_child(["ours", str(corpus), str(warmup), str(args.workers)], log)
+        warm = checked_run("ours", result, warmup, meta["documents"])
         tokenizer = work / "tokenizer.json"
-        dataset = None
+        shutil.copy(next((warmup / "datasets").iterdir()) / "tokenizer.json", tokenizer)
+        shutil.rmtree(warmup)
+        print(f"  warm-up ours (untimed) {result['seconds']:.1f} s: tokenizer trained", flush=True)
+
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        orders = []
+        minhash = ""
         for repeat in range(args.repeats):
-            for name, words in PIPELINES.items():
+            order = names[repeat % len(names) :] + names[: repeat % len(names)]
+            orders.append(order)
+            for position, name in enumerate(order):
                 out = work / f"{name}-{repeat}"
                 if name == "ours":
                     child_args = ["ours", str(corpus), str(out), str(args.workers)]
                 else:
-                    child_args = ["datatrove", str(corpus), str(out), str(args.workers), str(tokenizer), words]
+                    child_args = ["datatrove", str(corpus), str(out), str(args.workers), str(tokenizer), PIPELINES[name]]
                 result, wall = run_child(child_args, log)
-                run = {"repeat": repeat, "seconds": result["seconds"], "process_seconds": wall}
+                counts = checked_run(name, result, out, meta["documents"])
+                minhash = result.get("minhash", minhash)
+                run = {"repeat": repeat, "position": position, "seconds": result["seconds"], "process_seconds": wall}
+                run |= counts
                 if "stages" in result:
                     run["stages"] = result["stages"]
                 run["mb_s_per_core"] = mb / result["seconds"] / args.workers
                 runs[name].append(run)
                 print(
-                    f"  repeat {repeat} {name:<12} {result['seconds']:7.1f} s  {run['mb_s_per_core']:6.3f} MB/s per core  "
+                    f"  repeat {repeat}.{position} {name:<15} {result['seconds']:7.1f} s  "
+                    f"{run['mb_s_per_core']:6.3f} MB/s per core, kept {counts['documents_kept']}  "
                     f"(process with imports {wall:.1f} s)"
                     + (
                         "; stages " + ", ".join(f"{k} {v:.1f} s" for k, v in result["stages"].items())
@@ -442,47 +584,62 @@ def main() -> None:
                     ),
                     flush=True,
                 )
-                if name == "ours" and dataset is None:
+                if name == "ours" and repeat == 0:
                     stats, dataset = result["stats"], next((out / "datasets").iterdir())
-                    shutil.copy(dataset / "tokenizer.json", tokenizer)
                 # Keep only the first repeat's outputs: the agreement reads them.
                 if repeat and out.exists():
                     shutil.rmtree(out)
-        require(dataset is not None, "our prepare run left no dataset: there is nothing to compare")
+        # The same pipeline on the same corpus keeps the same documents in every run.
+        for name, values in runs.items():
+            kept = {r["documents_kept"] for r in values} | ({warm["documents_kept"]} if name == "ours" else set())
+            require(len(kept) == 1, f"{name} kept a different number of documents across its runs: {sorted(kept)}")
         ours = _ours_verdicts(corpus, meta, dataset, args.workers)
-        # Our verdicts must be the prepare step's: its counters, rule by rule.
+        # Our verdicts must be the prepare step's: its counters, rule by rule, and its kept documents.
         counted = {k.removeprefix("skipped_"): v for k, v in stats.items() if k.startswith("skipped_quality_") and v}
         recomputed = dict(Counter(r for r in ours.values() if r.startswith("quality_")))
         require(
             counted == recomputed, f"our quality verdicts differ: prepare counted {counted}, filtered_text gives {recomputed}"
         )
-        theirs = {name: _excluded_ids(work / "datatrove-0" / "excluded" / name) for name in CLASSES}
-        agree = agreement(ours, theirs, meta["kinds"])
-        theirs_ws = {name: _excluded_ids(work / "datatrove_ws-0" / "excluded" / name) for name in CLASSES}
-        agree_ws = agreement(ours, theirs_ws, meta["kinds"])
         kept_ours = sum(1 for r in ours.values() if not r)
-        kept_theirs = meta["documents"] - sum(len(v) for v in theirs.values())
-        kept_ws = meta["documents"] - sum(len(v) for v in theirs_ws.values())
+        require(kept_ours == stats["documents_kept"], f"our verdicts keep {kept_ours}, prepare kept {stats['documents_kept']}")
+        ids = set(meta["kinds"])
+        agree = {
+            name: agreement(ours, _their_verdicts(work / f"{name}-0", ids), meta["kinds"]) for name in (LIKE_FOR_LIKE, SPACY)
+        }
+        for name in (LIKE_FOR_LIKE, SPACY):
+            kept_theirs = agree[name]["overall"]["kept_both"] + agree[name]["overall"]["dropped_ours_only"]
+            require(
+                kept_theirs == runs[name][0]["documents_kept"],
+                f"{name}: its exclusion writers leave {kept_theirs} documents, it tokenized {runs[name][0]['documents_kept']}",
+            )
 
     figures = {name: [r["mb_s_per_core"] for r in runs[name]] for name in runs}
-    ratios = [o / d for o, d in zip(figures["ours"], figures["datatrove"], strict=True)]
-    ratios_ws = [o / d for o, d in zip(figures["ours"], figures["datatrove_ws"], strict=True)]
+    # Each repeat's ratio pairs the runs of that repeat.
+    per_repeat = {
+        HEADLINE: [o / d for o, d in zip(figures["ours"], figures[LIKE_FOR_LIKE], strict=True)],
+        "ours_vs_datatrove_spacy_per_core": [o / d for o, d in zip(figures["ours"], figures[SPACY], strict=True)],
+    }
+    summary = ratio_keys(per_repeat)
     for name, values in figures.items():
-        print(f"{name:>9}: {statistics.median(values):.3f} MB/s per core (min {min(values):.3f}, max {max(values):.3f})")
-    print(f"ours vs datatrove per core: {statistics.median(ratios):.2f}× [{min(ratios):.2f}, {max(ratios):.2f}] (goal ≥ 1.5)")
-    print(
-        f"ours vs datatrove with whitespace words per core: {statistics.median(ratios_ws):.2f}× "
-        f"[{min(ratios_ws):.2f}, {max(ratios_ws):.2f}]"
-    )
-    for name, row in [*agree.items(), *((f"{k} (whitespace words)", v) for k, v in agree_ws.items())]:
+        print(f"{name:>15}: {statistics.median(values):.3f} MB/s per core (min {min(values):.3f}, max {max(values):.3f})")
+    for key, values in per_repeat.items():
         print(
-            f"  agreement {name:<18} {row['agreement']:.4f} (prose {row['agreement_prose']:.4f}) "
-            f"on {row['documents']} documents; "
-            f"dropped by both {row['dropped_both']}, ours only {row['dropped_ours_only']} {row['ours_only_rules']}, "
-            f"datatrove only {row['dropped_datatrove_only']} {row['datatrove_only_rules']}"
+            f"{key}: {summary['ratios'][key]:.2f}× [{min(values):.2f}, {max(values):.2f}]"
+            + (" (headline)" if key == HEADLINE else "")
         )
-        for example in row["examples"]:
-            print(f"      {example}")
+    for name, label in ((LIKE_FOR_LIKE, "like for like, whitespace words"), (SPACY, "datatrove with spaCy words")):
+        print(f"agreement with {name} ({label}):")
+        for cls, row in agree[name].items():
+            print(
+                f"  {cls:<18} {row['agreement']:.4f} (prose {row['agreement_prose']:.4f}) on {row['documents']} documents: "
+                f"kept by both {row['kept_both']}, dropped by both {row['dropped_both']}, "
+                f"ours only {row['dropped_ours_only']} {row['ours_only_rules']}, "
+                f"datatrove only {row['dropped_datatrove_only']} {row['datatrove_only_rules']}"
+            )
+            if name == LIKE_FOR_LIKE and row["agreement"] < AGREEMENT_FLOOR:
+                print(f"    below {AGREEMENT_FLOOR}; first disagreements [id, kind, ours, datatrove]:")
+                for example in row["examples"]:
+                    print(f"      {example}")
     result = {
         "benchmark": "dataprep",
         "corpus": {
@@ -495,24 +652,21 @@ def main() -> None:
         },
         "workers": args.workers,
         "repeats": args.repeats,
+        "order": orders,
+        "datatrove_minhash": minhash,
         "mb_s_per_core": {name: statistics.median(values) for name, values in figures.items()},
         "mb_s_per_core_range": {name: [min(values), max(values)] for name, values in figures.items()},
         "runs": runs,
-        "kept": {"ours": kept_ours, "datatrove": kept_theirs, "datatrove_ws": kept_ws},
-        "ratios": {
-            "ours_vs_datatrove_per_core": statistics.median(ratios),
-            "ours_vs_datatrove_whitespace_words_per_core": statistics.median(ratios_ws),
-        },
-        "spread": {
-            "ours_vs_datatrove_per_core": [min(ratios), max(ratios)],
-            "ours_vs_datatrove_whitespace_words_per_core": [min(ratios_ws), max(ratios_ws)],
-        },
-        "agreement": {name: row["agreement"] for name, row in agree.items()},
-        "agreement_detail": agree,
-        # Datatrove's pipeline with whitespace words (as ours) instead of spaCy's tokens.
-        "agreement_whitespace_words": {name: row["agreement"] for name, row in agree_ws.items()},
-        "agreement_whitespace_words_detail": agree_ws,
-        "machine": machine(["datatrove", "spacy", "tokenizers"]),
+        "kept": {name: values[0]["documents_kept"] for name, values in runs.items()},
+        "headline": HEADLINE,
+        **summary,
+        "ratios_per_repeat": per_repeat,
+        # Like for like (datatrove_ws): the share of documents decided alike, per class and overall.
+        "agreement": {cls: row["agreement"] for cls, row in agree[LIKE_FOR_LIKE].items()},
+        "agreement_detail": agree[LIKE_FOR_LIKE],
+        "agreement_spacy": {cls: row["agreement"] for cls, row in agree[SPACY].items()},
+        "agreement_spacy_detail": agree[SPACY],
+        "machine": machine(["datatrove", "spacy", "tokenizers", "xxhash"]),
         "seconds": time.perf_counter() - started,
     }
     print(json.dumps(result))
@@ -521,11 +675,11 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         sys.path.insert(0, str(ROOT))
+        sys.path.insert(0, str(ROOT / "benchmarks"))
         mode, *rest = sys.argv[2:]
         if mode == "ours":
             out = child_ours(rest[0], rest[1], int(rest[2]))
         else:
-            sys.path.insert(0, str(ROOT / "benchmarks"))
             out = child_datatrove(rest[0], rest[1], int(rest[2]), rest[3], rest[4])
         print(json.dumps(out))
     else:
