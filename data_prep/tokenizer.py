@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from common.contracts import SPECIAL_TOKENS
 from data_prep.config import TokenizerConfig
-from data_prep.encoder import FastBPE, HFEncoder, bytes_to_unicode, make_encoder
+from data_prep.encoder import FastokensEncoder, HFEncoder, bytes_to_unicode, make_encoder
 from data_prep.parallel import WorkerPool
 
 
@@ -39,17 +39,17 @@ def byte_fallback_ids(tokenizer: Tokenizer) -> np.ndarray:
 
 
 # --- parallel encoding --------------------------------------------------------------
-_worker_encoder: FastBPE | HFEncoder | None = None
+_worker_encoder: FastokensEncoder | HFEncoder | None = None
 
 
 def set_encoder(tokenizer: Tokenizer) -> None:
     """Build this process' encoder; call it before forking workers, which then inherit it
-    (FastBPE's Unicode tables take ~0.4 s to build: once, not once per worker)."""
+    (built once, not once per worker)."""
     global _worker_encoder
     _worker_encoder = make_encoder(tokenizer)
 
 
-def worker_encoder() -> FastBPE | HFEncoder:
+def worker_encoder() -> FastokensEncoder | HFEncoder:
     assert _worker_encoder is not None, "set_encoder was not called before the workers were forked"
     return _worker_encoder
 

@@ -1,12 +1,15 @@
-"""The fast encoder gives HF ``tokenizers``' ids exactly, or hands over to HF."""
+"""The encoder gives HF ``tokenizers``' ids exactly, or hands over to HF."""
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 from tokenizers import Tokenizer, normalizers
 
 from data_prep.config import TokenizerConfig
-from data_prep.encoder import HF_PIECE_BYTES, FastBPE, HFEncoder, bmp_pretokenizer, make_encoder, pretokenizer
+from data_prep.encoder import THREADS_VARIABLE, FastokensEncoder, HFEncoder, make_encoder
 from data_prep.sources import _stdlib_files
 from data_prep.tokenizer import encode_parallel, train_tokenizer
 from tests.helpers import distinct_docs
@@ -44,13 +47,13 @@ def tokenizer(corpus):
     return train_tokenizer(corpus[:40], TokenizerConfig(vocab_size=1024))
 
 
-@pytest.mark.slow
-def test_fast_encoder_gives_hf_ids(tokenizer, corpus):
-    fast = FastBPE(tokenizer)
-    for text in corpus:
-        assert fast.encode(text).tolist() == tokenizer.encode(text).ids, text[:80]
-    # Caches warm: a second pass answers the same.
-    assert [a.tolist() for a in fast.encode_batch(EDGE_CASES)] == [e.ids for e in tokenizer.encode_batch(EDGE_CASES)]
+def test_encoder_gives_hf_ids(tokenizer, corpus):
+    encoder = make_encoder(tokenizer)
+    assert isinstance(encoder, FastokensEncoder)
+    assert [a.tolist() for a in encoder.encode_batch(corpus)] == [e.ids for e in tokenizer.encode_batch(corpus)]
+    for text in EDGE_CASES:  # one at a time too: a batch of one, an empty text
+        assert encoder.encode_batch([text])[0].tolist() == tokenizer.encode(text).ids, text[:80]
+    assert encoder.encode_batch([]) == []
 
 
 @pytest.mark.slow
@@ -60,15 +63,30 @@ def test_parallel_encoding_keeps_order_and_ids(tokenizer, corpus):
         assert [a.tolist() for a in encode_parallel(tokenizer, corpus, workers, batch_bytes=50_000)] == expected
 
 
-def test_other_tokenizers_fall_back_to_hf(tokenizer):
-    assert isinstance(make_encoder(tokenizer), FastBPE)
+def test_other_tokenizers_fall_back_to_hf():
     lowercasing = train_tokenizer(distinct_docs(10), TokenizerConfig(vocab_size=300))
     lowercasing.normalizer = normalizers.Lowercase()
     encoder = make_encoder(lowercasing)
     assert isinstance(encoder, HFEncoder)
     assert encoder.encode_batch(["ABC"])[0].tolist() == lowercasing.encode("ABC").ids
     with pytest.raises(ValueError, match="normalizer"):
-        FastBPE(lowercasing)
+        FastokensEncoder(lowercasing)
+
+
+def test_an_encoder_runs_on_one_thread(tokenizer, tmp_path):
+    """Each data-prep worker process encodes on one core: fastokens, left alone, adds a thread of its own."""
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    script = f"""
+import os
+from tokenizers import Tokenizer
+from data_prep.encoder import make_encoder
+encoder = make_encoder(Tokenizer.from_file({str(tmp_path / "tokenizer.json")!r}))
+encoder.encode_batch(["some text to encode, long enough to be worth a thread " * 2000] * 64)
+print(*(open(f"/proc/self/task/{{task}}/comm").read().strip() for task in os.listdir("/proc/self/task")))
+"""
+    env = {k: v for k, v in os.environ.items() if k != THREADS_VARIABLE}
+    threads = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert threads.split() and not [name for name in threads.split() if name.startswith("fastokens")], threads
 
 
 # Real sentences per script; the seeded mix below repeats them in new orders, as a corpus would.
@@ -110,25 +128,7 @@ def multilingual_tokenizer() -> Tokenizer:
     return train_tokenizer(multilingual_docs(40), TokenizerConfig(vocab_size=1500))
 
 
-def test_multilingual_and_long_runs_give_hf_ids(multilingual_tokenizer):
-    fast = FastBPE(multilingual_tokenizer)
-    texts = multilingual_docs(20, seed=1) + LONG_RUNS + [" ".join(LONG_RUNS)]
-    for text in texts:
-        assert fast.encode(text).tolist() == multilingual_tokenizer.encode(text).ids, text[:40]
-    assert [a.tolist() for a in fast.encode_batch(texts)] == [e.ids for e in multilingual_tokenizer.encode_batch_fast(texts)]
-
-
-def test_astral_letters_take_the_full_pattern(multilingual_tokenizer):
-    fast = FastBPE(multilingual_tokenizer)
-    for text in SCRIPTS["astral"]:
-        assert bmp_pretokenizer().findall(text) != pretokenizer().findall(text)  # the case matters
-        assert fast.encode(text).tolist() == multilingual_tokenizer.encode(text).ids, text
-
-
-def test_own_merge_gives_hf_ids_at_every_length(multilingual_tokenizer):
-    """Pieces of HF_PIECE_BYTES or more go to HF's model: our merge loop is checked here on its own."""
-    fast = FastBPE(multilingual_tokenizer)
-    pieces = {p for text in multilingual_docs(10, seed=2) + LONG_RUNS for p in pretokenizer().findall(text)}
-    assert any(len(p.encode()) >= 1000 for p in pieces) and any(len(p.encode()) < HF_PIECE_BYTES for p in pieces)
-    for piece in sorted(pieces):
-        assert list(fast._merge(piece.encode())) == multilingual_tokenizer.encode(piece).ids, piece[:40]
+def test_multilingual_long_runs_and_astral_letters_give_hf_ids(multilingual_tokenizer):
+    encoder = make_encoder(multilingual_tokenizer)
+    texts = multilingual_docs(20, seed=1) + LONG_RUNS + [" ".join(LONG_RUNS)] + SCRIPTS["astral"]
+    assert [a.tolist() for a in encoder.encode_batch(texts)] == [e.ids for e in multilingual_tokenizer.encode_batch(texts)]
