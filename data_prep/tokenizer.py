@@ -1,31 +1,55 @@
-"""Byte-level BPE with HF ``tokenizers``: training, and encoding on every core."""
+"""Byte-level BPE in HF ``tokenizers``' format: training (ffbpe), and encoding on every core."""
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from common.contracts import SPECIAL_TOKENS
 from data_prep.config import TokenizerConfig
 from data_prep.encoder import FastokensEncoder, HFEncoder, bytes_to_unicode, make_encoder
 from data_prep.parallel import WorkerPool
 
+# GPT-2's split, as HF's ByteLevel pre-tokenizer applies it (same alternatives, same order).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
 
 def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
-    """Train on ``texts``, consumed as a stream (the trainer keeps word counts, not texts)."""
-    tokenizer = Tokenizer(models.BPE())
+    """Byte-level BPE trained on ``texts``, consumed as a stream (word counts are kept, not texts).
+
+    ffbpe trains it: the same vocabulary, ids and merges as HF's ``BpeTrainer`` (the tokenizer.json
+    is byte-identical; ``tests/test_tokenizer.py`` checks it against HF's on every run) in
+    2.1-2.5x less time and ~40% less memory (the closing note of issue 29). Special tokens in the
+    text are trained on as plain text, as HF's trainer does; ties between equally frequent pairs go
+    to the smallest pair of ids, as in HF."""
+    import ffbpe
+
+    counter = ffbpe.PreTokenizer([], pat_str=GPT2_PATTERN).word_counter()
+    counter.add_source(iter(texts))
+    trainer = ffbpe.BpeTrainer(
+        SPECIAL_TOKENS,
+        unit="byte",
+        initial_alphabet="byte_level",
+        tie_break="smallest_pair_id",
+        bigram_cutoff_freq=config.min_frequency,
+    )
+    trainer.add_word_counter(counter)
+    trainer.train(config.vocab_size)
+    with tempfile.TemporaryDirectory(prefix="pretrain-bpe-") as tmp:
+        # GPT-2's byte alphabet, as HF's ByteLevel model reads it; merges a line each: "a b => count".
+        trainer.validate_model().save_files(f"{tmp}/vocab.json", f"{tmp}/merges.txt", format="gpt2")
+        vocab = json.loads(Path(tmp, "vocab.json").read_text(encoding="utf-8"))
+        lines = Path(tmp, "merges.txt").read_text(encoding="utf-8").splitlines()
+    merges = [tuple(line.split(" ")[:2]) for line in lines if " => " in line]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=config.vocab_size,
-        min_frequency=config.min_frequency,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
     return tokenizer
 
 
