@@ -1,8 +1,9 @@
-"""Tokenization per core on four text classes against HF ``encode_batch_fast`` and tiktoken, and
-the whole prepare step with 1 and 2 processes, every ratio taken inside one run.
+"""Tokenization per core on five text classes: ours against HF ``encode_batch_fast``, tiktoken and
+the byte-level BPE libraries that load our tokenizer.json; and the whole prepare step with 1 and 2
+processes, every ratio taken inside one run.
 
-    python benchmarks/bench_tokenize.py [--mb 3] [--prepare-mb 12] [--repeats 3] [--quick]
-                                        [--profile] [--big-gb 0]
+    python benchmarks/bench_tokenize.py [--mb 3] [--prepare-mb 256] [--repeats 3] [--quick]
+                                        [--no-prepare] [--unique-words-mb 0] [--profile] [--big-gb 0]
 
 Text classes, each about ``--mb`` MB, built from text on this machine (nothing generated but the
 emoji placement):
@@ -14,38 +15,72 @@ emoji placement):
   LC_MESSAGES/*.mo``) in Simplified and Traditional Chinese, Japanese, Korean, Arabic, Persian,
   Russian, Ukrainian and Hindi (Devanagari), 40 messages a document, a language per document in
   turn; a seeded generator appends 1-3 emoji to 15% of the messages (no such text is on the machine);
-* ``mixed``: the three, a document of each in turn.
+* ``mixed``: the three, a document of each in turn;
+* ``cjk``: the Chinese (zh_CN, zh_TW), Japanese and Korean catalogs' messages alone, 40 a document,
+  a language per document in turn, no emoji (the messages keep their ASCII: format strings, names).
 
 A byte-level BPE of 8,192 tokens is trained by our pipeline (``data_prep.tokenizer.train_tokenizer``)
-on ``mixed``. Per class, each repeat times, in an order that rotates every repeat, one core each
-(``RAYON_NUM_THREADS=1``, one process):
+on ``mixed``. Per class, each repeat runs every peer, in an order that rotates every repeat, in a
+fresh process of its own (``--child encode``: no cache or lazy table survives from an earlier run),
+on one core (``RAYON_NUM_THREADS=1``, ``FASTOKENS_BPE_THREADS=1``; CPU over wall seconds reported).
+The encoder is built from the tokenizer.json string, and called once on ``["a"]`` (gigatoken sets up
+~0.2 s of tables on its first call in a process), outside the timed part (``<peer>_build_s``); the
+timed call returns each library's own output, cut into documents after the clock stops:
 
-* ours: ``FastBPE.encode_batch`` (data_prep/encoder.py), a new encoder every repeat (empty caches);
-* HF: ``Tokenizer.encode_batch_fast`` (no offsets: HF's fastest call) on a new ``Tokenizer``
-  every repeat (empty BPE cache);
+* ours: ``data_prep.encoder.make_encoder(tokenizer).encode_batch`` (it must be ``FastokensEncoder``:
+  fastokens' ``encode_batch_flat(texts, add_special_tokens=True)``, the flat ids cut into one array a
+  document inside the timed call, as the pipeline uses it);
+* ``hf_fast``: ``Tokenizer.encode_batch_fast`` (no offsets: HF's fastest call), ``.ids``;
 * tiktoken: an ``Encoding`` built from the same vocabulary and merges (``mergeable_ranks``: each
   token's bytes → its id, merges in id order) and the same GPT-2 pre-tokenizer regex,
-  ``encode(text, allowed_special="all")`` per document (special tokens in the text read as HF reads them).
+  ``encode(text, allowed_special="all")`` per document;
+* gigatoken: ``gigatoken.Tokenizer.from_json(spec)``, ``encode(text)`` per document (numpy; faster
+  here than its ``encode_batch(parallel=False)``);
+* kitoken: ``kitoken.Kitoken.from_tokenizers(spec.encode())``, ``encode_all(texts, True)``;
+* bpe_openai: cannot load a vocabulary of ours (only its compiled-in encodings): ``bpe_openai_error``.
 
-Ids are compared with HF's on every class: ours must be identical (checked: the run stops with the
-first difference otherwise); tiktoken's are counted (``tiktoken_identical_docs_<class>``) and the
-first difference is printed.
+A peer not installed, or failing on our tokenizer, is reported as ``<peer>_error`` and skipped.
+Special tokens in the text read as special everywhere, as HF's ``encode_batch`` reads them.
+
+Ids are compared on every document of every class and repeat with HF ``Tokenizer.encode_batch`` (the
+pipeline's reference, run once in this process): ours must be identical (``BenchmarkCheckError``
+otherwise, with the first difference); a peer's count is ``identical_<peer>_<class>`` (documents
+identical / documents, the least over the repeats), with ``<peer>_first_difference_<class>``. A peer
+identical on every document of every class is exact (``exact_peers``); per class the fastest of them
+(median MB/s) is ``fastest_exact_peer_<class>``, among those that kept one core busy: CPU seconds of
+all threads over wall seconds of the timed calls, all runs together, at most 1.1
+(``<peer>_cpu_per_wall``, ``_max`` of one run; any other is listed in ``multi_threaded_peers``;
+``<peer>_threads_max``: threads of the process).
+Memory: the child's VmHWM (``/proc/self/status``), ``<peer>_process_peak_mib_<class>``, and what
+build and encode (output included) added to it over the resident set before the build,
+``<peer>_peak_mib_<class>`` (the most over the repeats);
+``<peer>_build_mib`` is the build's share. ``--unique-words-mb N`` also runs each peer, in a fresh
+process, over N MB of seeded random lowercase words in batches of 100 documents, ids dropped: nearly
+every word is new, so ``<peer>_unique_words_peak_mib`` shows whether its caches stay bounded (our
+text classes are too small to show it); ``<peer>_unique_words_mb_s`` is its speed there.
 
 Prepare (``prepare_dataset`` end to end: read, clean, filter, exact + near dedup, BPE training,
-encode, pack, shard, commit to a local store) runs on ``--prepare-mb`` MB of ``mixed`` documents in
-``.jsonl.zst`` files, in a fresh process per run, 1 and 2 worker processes alternating. Peak RSS is
-sampled every 0.2 s over the process tree. ``--profile`` also runs prepare once (1 process) under
-cProfile and prints the time by stage; in that run the trainer gets its sample as a list, so the scan
-pass that produces it is profiled apart from BPE training.
+encode, pack, shard, commit to a local store) runs on ``--prepare-mb`` MB (256: the tokenizer's 32 MB
+sample a small part of it) of mixed documents (``prepare_texts``: code from the standard library and
+the installed packages, prose, every locale's catalog messages; ``prepare_corpus_mb_<class>``) in
+``.jsonl.zst`` files, in a fresh process per run, 1 and 2 worker processes alternating (skipped with
+``--no-prepare``). Peak RSS is sampled every 0.2 s over the process tree. ``--profile`` also runs
+prepare once (1 process) under cProfile and prints the time by stage; in that run the trainer gets
+its sample as a list, so the scan pass that produces it is profiled apart from BPE training.
 
-The last line is one JSON object: ``ratios`` / ``spread`` (ratio > 1: ours faster):
-``<class>_vs_hf_fast``, ``mixed_vs_tiktoken``, ``prepare_scaling_2_processes`` (2-process MB/s over
-twice the 1-process MB/s) and ``prepare_mb_s_per_core`` (a figure in MB/s, not a ratio: the
-1-process run). Kept keys: ``corpus_mb``, ``prepare_*``, ``documents_kept``, ``duplicates``,
-``tokens``, ``ratio_prepare_scaling`` (= ``prepare_scaling_2_processes``),
-``ratio_prepare_scaling_cpu_bound``, ``identical_ids``, ``ours_encode_mb_s_1`` (ours on ``mixed``),
-``big_*``: medians over the repeats. Retired, as they measured the issue-14 faults: ``raw_*``
-and ``ratio_raw_scaling`` (HF ``encode_batch``, not ``encode_batch_fast``, on random standard-library
+The table (class, peer, MB/s, identical, peak MiB, build s) is printed, then the result; the last
+line is one JSON object. Per class and peer: ``<peer>_mb_s_<class>`` (median) and ``_spread``
+([min, max]). ``ratios`` / ``spread`` (ratio > 1: ours faster): ``<class>_vs_hf_fast``,
+``ours_vs_fastest_exact_peer_<class>`` (also top-level, with ``_spread``), ``mixed_vs_tiktoken``,
+``prepare_scaling_2_processes`` (2-process MB/s over twice the 1-process MB/s) and
+``prepare_mb_s_per_core`` (a figure in MB/s, not a ratio: the 1-process run). Kept keys:
+``corpus_mb``, ``prepare_*``, ``documents_kept``, ``duplicates``, ``tokens``,
+``ratio_prepare_scaling`` (= ``prepare_scaling_2_processes``), ``ratio_prepare_scaling_cpu_bound``,
+``identical_ids``, ``ours_encode_mb_s_1`` (ours on ``mixed``), ``tokens_<class>``, ``big_*``:
+medians over the repeats. Renamed: ``tiktoken_identical_docs_<class>`` (now
+``identical_tiktoken_<class>``; ``tiktoken_first_difference_<class>`` only where ids differ). Retired,
+as they measured the issue-14 faults: ``raw_*`` and
+``ratio_raw_scaling`` (HF ``encode_batch``, not ``encode_batch_fast``, on random standard-library
 lines), ``ratio_ours_encode_vs_raw_1`` and ``ratio_prepare_per_core_vs_raw_1`` (ratios of runs made
 minutes apart), ``ours_encode_mb_s_2`` / ``ratio_ours_encode_scaling``.
 """
@@ -55,9 +90,10 @@ from __future__ import annotations
 import os
 import sys
 
-if "--child" not in sys.argv:
-    # One thread per encoder, before tokenizers starts its thread pool: per-core figures compare.
-    os.environ["RAYON_NUM_THREADS"] = "1"
+if "--child" not in sys.argv or sys.argv[sys.argv.index("--child") + 1 :][:1] == ["encode"]:
+    # One thread per encoder, before any library starts a thread pool: per-core figures compare
+    # (THREAD_ENV below). Not in a prepare child, which sets its own threads.
+    os.environ.update(RAYON_NUM_THREADS="1", FASTOKENS_BPE_THREADS="1")
 
 import argparse
 import cProfile
@@ -77,6 +113,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import psutil
 from machine_info import machine, ratio_keys, require, spread  # benchmarks/ (the script's folder)
 
@@ -88,9 +125,17 @@ except ImportError:  # an image without it: gzip instead
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 FILE_BYTES = 4 << 20
+# Rayon (tokenizers, gigatoken, fastokens) reads RAYON_NUM_THREADS; fastokens also starts a BPE
+# worker thread of its own unless FASTOKENS_BPE_THREADS=1. tiktoken and kitoken: the calling thread.
+THREAD_ENV = {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}
+# CPU seconds over wall seconds of a timed encode above which it used more than one core.
+MAX_CPU_PER_WALL = 1.1
 LANGUAGES = ["zh_CN", "zh_TW", "ja", "ko", "ar", "fa", "ru", "uk", "hi"]
-CLASSES = ["code", "prose", "multilingual", "mixed"]
-PEERS = ["ours", "hf_fast", "tiktoken"]
+CJK_LANGUAGES = ["zh_CN", "zh_TW", "ja", "ko"]
+CLASSES = ["code", "prose", "multilingual", "mixed", "cjk"]
+# ours (fastokens, through data_prep.encoder) and HF's encode_batch_fast, tiktoken, then the peers that
+# load an HF tokenizer.json (bpe_openai cannot: reported as such); a peer not installed is reported and skipped.
+PEERS = ["ours", "hf_fast", "tiktoken", "gigatoken", "kitoken", "bpe_openai"]
 # GPT-2's pre-tokenizer regex, as HF's ByteLevel pre-tokenizer and tiktoken's r50k_base write it.
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -119,10 +164,15 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def code_texts(limit: int) -> list[str]:
+def code_texts(limit: int, packages: bool = False) -> list[str]:
+    """The standard library's Python files; with ``packages``, then the installed packages' (for
+    the prepare corpus, larger than the standard library)."""
     from data_prep.sources import _stdlib_files
 
-    return _distinct((t for t in map(_read, _stdlib_files()) if t), limit)
+    paths = _stdlib_files()
+    if packages:
+        paths += sorted(Path(psutil.__file__).resolve().parents[1].rglob("*.py"))
+    return _distinct((t for t in map(_read, paths) if t), limit)
 
 
 def prose_texts(limit: int) -> list[str]:
@@ -148,7 +198,7 @@ def _catalog_documents(language: str) -> list[list[str]]:
         try:
             with open(path, "rb") as f:
                 catalog = gettext.GNUTranslations(f)._catalog
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError, IndexError):  # IndexError: a malformed Plural-Forms header
             continue
         messages = [v for k, v in sorted(catalog.items(), key=lambda kv: str(kv[0])) if k and v and v not in seen]
         seen.update(messages)
@@ -156,9 +206,9 @@ def _catalog_documents(language: str) -> list[list[str]]:
     return docs
 
 
-def multilingual_texts(limit: int, seed: int = 0) -> list[str]:
+def multilingual_texts(limit: int, seed: int = 0, languages: list[str] = LANGUAGES) -> list[str]:
     rng, emoji = random.Random(seed), _emoji()
-    per_language = [d for d in map(_catalog_documents, LANGUAGES) if d]
+    per_language = [d for d in map(_catalog_documents, languages) if d]
     out, size = [], 0
     while size < limit and any(per_language):
         for docs in filter(None, per_language):
@@ -173,11 +223,35 @@ def multilingual_texts(limit: int, seed: int = 0) -> list[str]:
     return out
 
 
+def cjk_texts(limit: int) -> list[str]:
+    """The Chinese (Simplified, Traditional), Japanese and Korean catalogs' messages, 40 a
+    document, a language per document in turn, without emoji."""
+    per_language = [d for d in map(_catalog_documents, CJK_LANGUAGES) if d]
+    return interleave([["\n".join(messages) for messages in docs] for docs in per_language], limit)
+
+
 def text_classes(mb: float) -> dict[str, list[str]]:
     limit = int(mb * 1e6)
     classes = {"code": code_texts(limit), "prose": prose_texts(limit), "multilingual": multilingual_texts(limit)}
     classes["mixed"] = interleave(list(classes.values()), limit)
+    classes["cjk"] = cjk_texts(limit)
     return classes
+
+
+def prepare_texts(limit: int) -> tuple[list[str], dict[str, float]]:
+    """The prepare runs' corpus, ``mixed`` grown past what the classes above hold: code (the standard
+    library, then the installed packages), prose, and the messages of every locale's catalogs on
+    this machine, a document of each in turn until ``limit`` bytes (a class that runs out drops out:
+    its MB are reported)."""
+    locales = sorted(p.name for p in Path("/usr/share/locale").iterdir() if (p / "LC_MESSAGES").is_dir())
+    groups = {
+        "code": code_texts(limit, packages=True),
+        "prose": prose_texts(limit),
+        "multilingual": multilingual_texts(limit, languages=locales),
+    }
+    texts = interleave(list(groups.values()), limit)
+    taken = {id(t) for t in texts}
+    return texts, {name: round(mb_of([t for t in group if id(t) in taken]), 1) for name, group in groups.items()}
 
 
 def interleave(groups: list[list[str]], limit: int) -> list[str]:
@@ -212,66 +286,220 @@ def tiktoken_encoding(tokenizer):
     return tiktoken.Encoding("ours", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
 
-def encoders(tokenizer) -> dict[str, Callable[[], Callable[[list[str]], list[list[int]]]]]:
-    """Per peer, a factory of a fresh encoder (built outside the timed part)."""
+Encode = Callable[[list[str]], object]
+Split = Callable[[object], list[np.ndarray]]
+
+
+def _per_document(out) -> list[np.ndarray]:
+    return [np.asarray(ids, dtype=np.int64) for ids in out]
+
+
+def build_encoder(peer: str, spec: str) -> tuple[Encode, Split]:
+    """Peer ``peer``'s encoder for the tokenizer.json ``spec``, one thread, special tokens in the
+    text read as special (as HF's ``encode_batch`` does): the timed call, and how to cut its
+    output (taken as it comes, each library's fastest single-thread output) into one id array
+    per document, outside the timed part. Raises ``Unsupported`` when the peer cannot load it."""
     from tokenizers import Tokenizer
 
-    from data_prep.encoder import FastBPE
+    if peer == "ours":
+        from data_prep.encoder import make_encoder
 
-    json_spec = tokenizer.to_str()
-
-    def ours():
-        encoder = FastBPE(Tokenizer.from_str(json_spec))
-        return lambda texts: [a.tolist() for a in encoder.encode_batch(texts)]
-
-    def hf_fast():
-        hf = Tokenizer.from_str(json_spec)
-        return lambda texts: [e.ids for e in hf.encode_batch_fast(texts)]
-
-    def tik():
-        encoding = tiktoken_encoding(tokenizer)
+        encoder = make_encoder(Tokenizer.from_str(spec))
+        require(
+            type(encoder).__name__ == "FastokensEncoder", f"make_encoder fell back to {type(encoder).__name__} on our tokenizer"
+        )
+        return encoder.encode_batch, _per_document
+    if peer == "hf_fast":
+        hf = Tokenizer.from_str(spec)
+        return (lambda texts: [e.ids for e in hf.encode_batch_fast(texts)]), _per_document
+    if peer == "tiktoken":
+        encoding = tiktoken_encoding(Tokenizer.from_str(spec))
         # Special tokens in the text count as such, as in HF and ours (a package's docs hold "<|endoftext|>").
-        return lambda texts: [encoding.encode(t, allowed_special="all") for t in texts]
+        return (lambda texts: [encoding.encode(t, allowed_special="all") for t in texts]), _per_document
+    if peer == "gigatoken":
+        import gigatoken
 
-    return {"ours": ours, "hf_fast": hf_fast, "tiktoken": tik}
+        giga = gigatoken.Tokenizer.from_json(spec)
+        # One numpy array per document, on the calling thread: faster here than encode_batch(parallel=False)
+        # (an awkward Array) and than encode_batch_list; added tokens from tokenizer.json are matched.
+        return (lambda texts: [giga.encode(t) for t in texts]), _per_document
+    if peer == "kitoken":
+        import kitoken
+
+        kit = kitoken.Kitoken.from_tokenizers(spec.encode())
+        # encode_specials=True: our special tokens in the text become their ids (False spells them out).
+        return (lambda texts: kit.encode_all(texts, True)), _per_document
+    if peer == "bpe_openai":
+        import bpe_openai._bindings as bindings
+
+        raise Unsupported(
+            "bpe-openai builds only the encodings compiled into it "
+            f"({', '.join(bindings.supported_encodings())}): no constructor from a vocabulary and merges"
+        )
+    raise ValueError(f"unknown peer {peer!r}")
 
 
-def first_difference(texts: list[str], got: list[list[int]], want: list[list[int]], decode) -> str:
+class Unsupported(Exception):
+    """The peer cannot load our tokenizer (or is not installed)."""
+
+
+def _status_mib(*fields: str) -> list[float]:
+    """Fields of ``/proc/self/status`` in MiB (VmHWM: this process' peak resident set)."""
+    values = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return [int(values[f].split()[0]) / 1024 for f in fields]
+
+
+def child_encode(peer: str, spec_path: str, texts_path: str, out_path: str) -> dict:
+    """One timed encode in this fresh process: build (outside the timed part), encode, peak memory."""
+    spec = Path(spec_path).read_text()
+    texts = json.loads(Path(texts_path).read_text())
+    module = {"ours": "data_prep.encoder", "hf_fast": "tokenizers", "tiktoken": "tiktoken", "bpe_openai": "bpe_openai"}
+    try:
+        __import__(module.get(peer, peer))
+    except ImportError as error:
+        return {"error": f"not installed: {error}"}
+    (rss_before,) = _status_mib("VmRSS")
+    start = time.perf_counter()
+    try:
+        encode, split = build_encoder(peer, spec)
+    except Unsupported as error:
+        return {"error": str(error)}
+    except Exception as error:  # a peer that fails on our tokenizer.json: reported, not fatal
+        if peer in ("ours", "hf_fast"):
+            raise
+        return {"error": f"{type(error).__name__}: {error}"}
+    encode(["a"])  # one-off lazy set-up (gigatoken: ~0.2 s on its first call in a process) counts as build
+    build_s = time.perf_counter() - start
+    (hwm_built,) = _status_mib("VmHWM")
+    cpu = time.process_time()  # CPU time of all threads, exact (getrusage counts in clock ticks)
+    # out_path "-": the unique-words run, batches of 100 documents whose ids are dropped (memory
+    # then is the encoder's own, not a growing output).
+    batches = [texts] if out_path != "-" else [texts[i : i + 100] for i in range(0, len(texts), 100)]
+    start = time.perf_counter()
+    for batch in batches:
+        out = encode(batch)
+    seconds = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    (hwm,) = _status_mib("VmHWM")
+    result = {
+        "seconds": seconds,
+        "build_s": build_s,
+        "cpu_per_wall": cpu / seconds,
+        "threads": len(os.listdir("/proc/self/task")),
+        "build_mib": hwm_built - rss_before,
+        "peak_mib": hwm - rss_before,
+        "process_peak_mib": hwm,
+    }
+    if out_path == "-":
+        return result
+    docs = split(out)
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    np.savez(out_path, ids=np.concatenate(docs).astype(np.int64) if docs else np.zeros(0, np.int64), lengths=lengths)
+    return result
+
+
+def run_encode_child(peer: str, spec_path: Path, texts_path: Path, out_path: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env |= THREAD_ENV
+    args = [sys.executable, __file__, "--child", "encode", peer, str(spec_path), str(texts_path), str(out_path)]
+    proc = subprocess.run(args, capture_output=True, env=env, text=True)
+    if proc.returncode:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        require(peer not in ("ours", "hf_fast"), f"{peer} failed (exit code {proc.returncode}): {tail}")
+        return {"error": f"exit code {proc.returncode}: {tail}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def first_difference(got: list[np.ndarray], want: list[np.ndarray], decode) -> str:
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        if a != b:
+        if not np.array_equal(a, b):
+            a, b = a.tolist(), b.tolist()
             at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-            return f"document {i}, token {at}: {decode(a[at : at + 4])!r} vs HF {decode(b[at : at + 4])!r}"
+            return f"document {i}, token {at}: {decode(a[at : at + 4])} vs HF {decode(b[at : at + 4])}"
     return ""
 
 
-def encode_runs(classes: dict[str, list[str]], tokenizer, repeats: int) -> tuple[dict, dict]:
-    """MB/s per class and peer, per repeat, in a rotating order; ids checked on the first repeat."""
-    factories = encoders(tokenizer)
+def _documents(path: Path) -> list[np.ndarray]:
+    with np.load(path) as saved:
+        ids, lengths = saved["ids"], saved["lengths"]
+    return np.split(ids, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=False)
 
-    speeds = {c: {p: [] for p in PEERS} for c in classes}
+def encode_runs(classes: dict[str, list[str]], tokenizer, repeats: int, tmp: str) -> tuple[dict, dict]:
+    """Per class and repeat, each peer in a fresh process, in an order that rotates every repeat:
+    MB/s, build seconds, peak memory; ids checked against HF ``Tokenizer.encode_batch`` (the
+    pipeline's reference, computed here once) on every document of every repeat."""
+    from tokenizers import Tokenizer
+
+    def decode(ids: list[int]) -> list[str]:
+        # Token by token: a difference is often the same text cut differently.
+        return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
+    spec_path = Path(tmp) / "tokenizer.json"
+    spec_path.write_text(tokenizer.to_str())
+    reference_tokenizer = Tokenizer.from_str(tokenizer.to_str())
+    runs: dict = {name: {p: [] for p in PEERS} for name in classes}
+    errors: dict[str, str] = {}
     checks: dict = {}
     for name, texts in classes.items():
+        texts_path = Path(tmp) / f"{name}.json"
+        texts_path.write_text(json.dumps(texts))
+        want = [np.asarray(e.ids, dtype=np.int64) for e in reference_tokenizer.encode_batch(texts)]
+        checks[f"tokens_{name}"] = int(sum(map(len, want)))
         mb = mb_of(texts)
         for r in range(repeats):
-            ids = {}
-            for peer in PEERS[r % 3 :] + PEERS[: r % 3]:
-                encode = factories[peer]()
-                start = time.perf_counter()
-                out = encode(texts)
-                speeds[name][peer].append(mb / (time.perf_counter() - start))
-                if r == 0:
-                    ids[peer] = out
-            if r == 0:
-                ours_differ = first_difference(texts, ids["ours"], ids["hf_fast"], decode)
-                require(not ours_differ, f"our ids differ from HF's on {name}: {ours_differ}")
-                same = sum(a == b for a, b in zip(ids["tiktoken"], ids["hf_fast"], strict=True))
-                checks[f"tiktoken_identical_docs_{name}"] = f"{same}/{len(texts)}"
-                checks[f"tiktoken_first_difference_{name}"] = first_difference(texts, ids["tiktoken"], ids["hf_fast"], decode)
-                checks[f"tokens_{name}"] = sum(map(len, ids["hf_fast"]))
-    return speeds, checks
+            for peer in PEERS[r % len(PEERS) :] + PEERS[: r % len(PEERS)]:
+                if peer in errors:
+                    continue
+                out_path = Path(tmp) / f"ids-{peer}.npz"
+                out = run_encode_child(peer, spec_path, texts_path, out_path)
+                if "error" in out:
+                    errors[peer] = out["error"]
+                    continue
+                got = _documents(out_path)
+                out_path.unlink()
+                require(len(got) == len(texts), f"{peer} returned {len(got)} documents for {len(texts)} on {name}")
+                out["identical"] = sum(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+                if out["identical"] < len(texts):
+                    out["first_difference"] = first_difference(got, want, decode)
+                    # Not an assert: python -O must not hide a wrong encoder.
+                    require(peer != "ours", f"our ids differ from HF's on {name}: {out['first_difference']}")
+                out["mb_s"] = mb / out["seconds"]
+                runs[name][peer].append(out)
+    for peer, error in errors.items():
+        require(peer not in ("ours", "hf_fast"), f"{peer} could not run: {error}")
+        checks[f"{peer}_error"] = error
+        for name in classes:
+            runs[name].pop(peer)
+    return runs, checks
+
+
+def unique_words(total_bytes: int, seed: int = 2) -> list[str]:
+    """Documents of 600 seeded random lowercase words of 4-12 letters: nearly every word is new,
+    the worst case for a word cache (the unique-words memory run only)."""
+    rng, letters, texts, size = random.Random(seed), "abcdefghijklmnopqrstuvwxyz", [], 0
+    while size < total_bytes:
+        texts.append(" ".join("".join(rng.choices(letters, k=rng.randint(4, 12))) for _ in range(600)))
+        size += len(texts[-1])
+    return texts
+
+
+def unique_words_runs(tokenizer, peers: list[str], mb: float, tmp: str) -> dict:
+    """Each peer, in a fresh process, over ``mb`` MB of unique words in batches of 100 documents
+    (ids dropped): whether its caches stay bounded (``<peer>_unique_words_peak_mib``)."""
+    spec_path, texts_path = Path(tmp) / "tokenizer.json", Path(tmp) / "unique_words.json"
+    spec_path.write_text(tokenizer.to_str())
+    texts = unique_words(int(mb * 1e6))
+    texts_path.write_text(json.dumps(texts))
+    result: dict = {"unique_words_mb": round(mb_of(texts), 1)}
+    for peer in peers:
+        out = run_encode_child(peer, spec_path, texts_path, Path("-"))
+        if "error" in out:
+            result[f"{peer}_unique_words_error"] = out["error"]
+            continue
+        result[f"{peer}_unique_words_peak_mib"] = round(out["peak_mib"], 1)
+        result[f"{peer}_unique_words_mb_s"] = round(mb_of(texts) / out["seconds"], 2)
+    return result
 
 
 # --- prepare, in a fresh process --------------------------------------------------------
@@ -430,8 +658,13 @@ def prepare_runs(texts: list[str], repeats: int, workers: int, tmp: str, profile
 
 
 def child(argv: list[str]) -> None:
-    mode, corpus, store, workers, profile = argv
-    require(mode == "prepare", f"unknown child mode {mode!r}: only 'prepare'")
+    mode, *rest = argv
+    if mode == "encode":
+        peer, spec_path, texts_path, out_path = rest
+        print(json.dumps(child_encode(peer, spec_path, texts_path, out_path)))
+        return
+    require(mode == "prepare", f"unknown child mode {mode!r}: 'prepare' or 'encode'")
+    corpus, store, workers, profile = rest
     print(json.dumps(child_prepare(corpus, store, int(workers), profile == "1")))
 
 
@@ -439,16 +672,21 @@ def child(argv: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=3.0, help="MB of text per class for the encoder runs")
-    parser.add_argument("--prepare-mb", type=float, default=12.0, help="MB of mixed text through prepare")
+    parser.add_argument("--prepare-mb", type=float, default=256.0, help="MB of mixed text through prepare")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="processes of the parallel prepare run")
     parser.add_argument("--quick", action="store_true", help="smoke run: 0.4 MB per class, 2 MB through prepare")
+    parser.add_argument("--no-prepare", action="store_true", help="the encoder runs only (no prepare runs)")
+    parser.add_argument(
+        "--unique-words-mb", type=float, default=0.0, help="also encode this many MB of random words (cache memory)"
+    )
     parser.add_argument("--profile", action="store_true", help="also profile one 1-process prepare run, by stage")
     parser.add_argument("--big-gb", type=float, default=0.0, help="also run a corpus this big through prepare (memory)")
     parser.add_argument("--tmp", default=None, help="where to write corpora (default: system temp)")
     args = parser.parse_args()
     if args.quick:
         args.mb, args.prepare_mb = 0.4, 2.0
+    require(args.repeats >= 1, "--repeats must be at least 1")
     started = time.perf_counter()
     result, ratios = run(args)
     if args.big_gb:
@@ -460,13 +698,78 @@ def main() -> None:
         "seconds": round(time.perf_counter() - started),
     }
     summary = ratio_keys(ratios)
-    summary["ratios"]["prepare_mb_s_per_core"] = result["prepare_mb_s_per_core"]
-    summary["spread"]["prepare_mb_s_per_core"] = result["prepare_mb_s_per_core_spread"]
+    if "prepare_mb_s_per_core" in result:
+        summary["ratios"]["prepare_mb_s_per_core"] = result["prepare_mb_s_per_core"]
+        summary["spread"]["prepare_mb_s_per_core"] = result["prepare_mb_s_per_core_spread"]
     result |= summary
-    result["machine"] = machine(["tokenizers", "tiktoken", "numpy", "zstandard"], rayon_threads=1)
+    packages = ["tokenizers", "tiktoken", "gigatoken", "fastokens", "kitoken", "bpe-openai", "numpy", "zstandard"]
+    result["machine"] = machine(packages, **{k.lower(): v for k, v in THREAD_ENV.items()})
     for key, value in result.items():
         print(f"  {key:<40} {value}")
     print(json.dumps(result))
+
+
+def _cpu_per_wall(outs: list[dict]) -> float:
+    """CPU seconds over wall seconds of all these timed encodes together (one run of ~10 ms can read
+    1.4 from a moment of an allocator's background thread)."""
+    return sum(o["cpu_per_wall"] * o["seconds"] for o in outs) / sum(o["seconds"] for o in outs)
+
+
+def encode_summary(runs: dict, classes: dict[str, list[str]]) -> tuple[dict, dict[str, list[float]], list[str]]:
+    """Result keys per class and peer, per-repeat ratios, and the table's lines."""
+    result: dict = {}
+    ratios: dict[str, list[float]] = {}
+    peers = [p for p in PEERS if p in runs[next(iter(classes))]]
+    exact = [p for p in peers if all(o["identical"] == len(classes[n]) for n in classes for o in runs[n][p])]
+    result["exact_peers"] = [p for p in exact if p != "ours"]
+    # A peer that kept more than one core busy has no per-core figure: not a fastest exact peer. (Threads
+    # that take turns, as HF's caller and its one Rayon worker do, still make one core.)
+    many = [p for p in peers if _cpu_per_wall([o for n in classes for o in runs[n][p]]) > MAX_CPU_PER_WALL]
+    result["multi_threaded_peers"] = many
+    require("ours" not in many, "our encoder kept more than one core busy")
+    single = [p for p in result["exact_peers"] if p not in many]
+    lines = [f"{'class':<13} {'peer':<10} {'MB/s':>8} {'[min, max]':>17} {'identical':>11} {'peak MiB':>9} {'build s':>8}"]
+    for name, texts in classes.items():
+        for peer in peers:
+            outs = runs[name][peer]
+            s = spread([o["mb_s"] for o in outs])
+            identical = min(o["identical"] for o in outs)
+            result[f"{peer}_mb_s_{name}"] = round(s["median"], 2)
+            result[f"{peer}_mb_s_{name}_spread"] = [round(s["min"], 2), round(s["max"], 2)]
+            result[f"identical_{peer}_{name}"] = f"{identical}/{len(texts)}"
+            # Peak resident set the build and the encode (output included) added to the process.
+            result[f"{peer}_peak_mib_{name}"] = round(max(o["peak_mib"] for o in outs), 1)
+            result[f"{peer}_process_peak_mib_{name}"] = round(max(o["process_peak_mib"] for o in outs), 1)
+            differences = [o["first_difference"] for o in outs if "first_difference" in o]
+            if differences:
+                result[f"{peer}_first_difference_{name}"] = differences[0]
+            span = f"[{s['min']:.1f}, {s['max']:.1f}]"
+            lines.append(
+                f"{name:<13} {peer:<10} {s['median']:>8.2f} {span:>17} {result[f'identical_{peer}_{name}']:>11} "
+                f"{result[f'{peer}_peak_mib_{name}']:>9} {statistics.median(o['build_s'] for o in outs):>8.3f}"
+            )
+        ours = [o["mb_s"] for o in runs[name]["ours"]]
+        ratios[f"{name}_vs_hf_fast"] = [o / h["mb_s"] for o, h in zip(ours, runs[name]["hf_fast"], strict=True)]
+        if single:
+            fastest = max(single, key=lambda p: result[f"{p}_mb_s_{name}"])
+            result[f"fastest_exact_peer_{name}"] = fastest
+            per_repeat = [o / p["mb_s"] for o, p in zip(ours, runs[name][fastest], strict=True)]
+            ratios[f"ours_vs_fastest_exact_peer_{name}"] = per_repeat
+            result[f"ours_vs_fastest_exact_peer_{name}"] = round(statistics.median(per_repeat), 3)
+            result[f"ours_vs_fastest_exact_peer_{name}_spread"] = [round(min(per_repeat), 3), round(max(per_repeat), 3)]
+    if "mixed" in classes and "tiktoken" in peers:
+        ours = [o["mb_s"] for o in runs["mixed"]["ours"]]
+        ratios["mixed_vs_tiktoken"] = [o / t["mb_s"] for o, t in zip(ours, runs["mixed"]["tiktoken"], strict=True)]
+    for peer in peers:
+        outs = [o for name in classes for o in runs[name][peer]]
+        result[f"{peer}_build_s"] = round(statistics.median(o["build_s"] for o in outs), 3)
+        result[f"{peer}_build_mib"] = round(max(o["build_mib"] for o in outs), 1)
+        # One core each: CPU seconds over wall seconds of the timed encodes (1.0 for one busy core), over
+        # all of them and at most in one, and the process' threads after them, at most.
+        result[f"{peer}_cpu_per_wall"] = round(_cpu_per_wall(outs), 2)
+        result[f"{peer}_cpu_per_wall_max"] = round(max(o["cpu_per_wall"] for o in outs), 2)
+        result[f"{peer}_threads_max"] = max(o["threads"] for o in outs)
+    return result, ratios, lines
 
 
 def run(args: argparse.Namespace) -> tuple[dict, dict[str, list[float]]]:
@@ -478,22 +781,24 @@ def run(args: argparse.Namespace) -> tuple[dict, dict[str, list[float]]]:
     start = time.perf_counter()
     tokenizer = train_tokenizer(classes["mixed"], TokenizerConfig())
     result["tokenizer_training_s_1_thread"] = round(time.perf_counter() - start, 1)
-    speeds, checks = encode_runs(classes, tokenizer, args.repeats)
-    ratios: dict[str, list[float]] = {}
-    for name in classes:
-        for peer in PEERS:
-            s = spread(speeds[name][peer])
-            result[f"{peer}_mb_s_{name}"] = round(s["median"], 2)
-            result[f"{peer}_mb_s_{name}_spread"] = [round(s["min"], 2), round(s["max"], 2)]
-        ratios[f"{name}_vs_hf_fast"] = [o / h for o, h in zip(speeds[name]["ours"], speeds[name]["hf_fast"], strict=True)]
-    ratios["mixed_vs_tiktoken"] = [o / t for o, t in zip(speeds["mixed"]["ours"], speeds["mixed"]["tiktoken"], strict=True)]
+    with tempfile.TemporaryDirectory(prefix="bench-tokenize-encode-", dir=args.tmp) as tmp:
+        runs, checks = encode_runs(classes, tokenizer, args.repeats, tmp)
+        if args.unique_words_mb:
+            peers = [p for p in PEERS if p in runs["mixed"]]
+            result |= unique_words_runs(tokenizer, peers, args.unique_words_mb, tmp)
+    encoded, ratios, table = encode_summary(runs, classes)
+    print("\n".join(table))
+    result |= encoded
     result["ours_encode_mb_s_1"] = result["ours_mb_s_mixed"]
-    result["identical_ids"] = True  # ours == HF on every class: checked in encode_runs (raises otherwise)
+    result["identical_ids"] = True  # ours == HF on every document of every class: checked in encode_runs (raises otherwise)
     result |= checks
+    if args.no_prepare:
+        return result, ratios
 
-    prepare_texts = interleave([code_texts(10**10), prose_texts(10**10), multilingual_texts(10**10)], int(args.prepare_mb * 1e6))
+    corpus, by_class = prepare_texts(int(args.prepare_mb * 1e6))
+    result |= {f"prepare_corpus_mb_{name}": mb for name, mb in by_class.items()}
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-", dir=args.tmp) as tmp:
-        prepared = prepare_runs(prepare_texts, args.repeats, args.workers, tmp, args.profile)
+        prepared = prepare_runs(corpus, args.repeats, args.workers, tmp, args.profile)
     ratios["prepare_scaling_2_processes"] = prepared.pop("_scaling")
     per_core = prepared.pop("_per_core")
     result |= prepared
