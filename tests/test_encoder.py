@@ -31,15 +31,20 @@ EDGE_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
+def stdlib_texts(files: int) -> list[str]:
+    """The first ``files`` standard-library Python files that are UTF-8, whole: code to train and encode."""
     texts = []
-    for path in _stdlib_files()[:50]:
+    for path in _stdlib_files()[:files]:
         try:
             texts.append(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError:
             continue
-    return texts + distinct_docs(20) + EDGE_CASES
+    return texts
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    return stdlib_texts(50) + distinct_docs(20) + EDGE_CASES
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from common.contracts import SPECIAL_TOKENS
 from data_prep.config import TokenizerConfig
-from data_prep.sources import _stdlib_files
 from data_prep.tokenizer import train_tokenizer
 from tests.helpers import distinct_docs
-from tests.test_encoder import EDGE_CASES, LONG_RUNS, multilingual_docs
+from tests.test_encoder import EDGE_CASES, LONG_RUNS, multilingual_docs, stdlib_texts
 
 
 def hf_trained(texts: list[str], config: TokenizerConfig) -> Tokenizer:
@@ -28,14 +27,8 @@ def hf_trained(texts: list[str], config: TokenizerConfig) -> Tokenizer:
 
 
 def corpus() -> list[str]:
-    code = []
-    for path in _stdlib_files()[:60]:
-        try:
-            code.append(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            continue
     # Code, prose, eight scripts with emoji and astral letters, long runs without spaces, special tokens in text.
-    return code + distinct_docs(30) + multilingual_docs(40) + LONG_RUNS + EDGE_CASES
+    return stdlib_texts(60) + distinct_docs(30) + multilingual_docs(40) + LONG_RUNS + EDGE_CASES
 
 
 @pytest.mark.parametrize(
