@@ -1786,3 +1786,69 @@ def rank_processes(launcher_pid: int) -> list:
     import psutil
 
     return [c for c in psutil.Process(launcher_pid).children() if "spawn_main" in " ".join(c.cmdline())]
+
+
+# ----------------------------------------------------------------------------------------------
+# Text for the tokenizer's trainer and encoder (tests/test_encoder.py, tests/test_tokenizer.py)
+
+EDGE_CASES = [
+    "café naïve 一二三 ²³ x² emoji 😀😀 it's we'll I'd 'S 'LL",
+    "tabs\t\t\nx\u3000y\u00a0z \u2003 w\n\n\n  \n a",
+    "<|endoftext|>hello<|endoftext|> <|pad|>x<|endof",
+    "\u0600\u0661\u0662 किताब 한국어 ა \u0301a\u0301 Ⅷ ٣٤",
+    "   leading",
+    "trailing   ",
+    "\n",
+    "a\n",
+    "\x1c\x1dseparators\x85next line",
+    "\U000e0001 tag \U0010ffff private \ue000 unassigned \U0003134b\U000e01f0",
+    "12345 3.14 1,000 ...!!! ?? -- __init__ self._x=[1,2]",
+    "line\r\nwindows\rmac",
+    "",
+]
+
+
+def stdlib_texts(files: int) -> list[str]:
+    """The first ``files`` standard-library Python files that are UTF-8, whole: code to train and encode."""
+    from data_prep.sources import _stdlib_files as stdlib_files
+
+    texts = []
+    for path in stdlib_files()[:files]:
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            continue
+    return texts
+
+
+# Real sentences per script; the seeded mix below repeats them in new orders, as a corpus would.
+SCRIPTS = {
+    "cjk": ["无法打开文件，请检查权限。", "鉴定令牌过期处理已禁用", "日本語の文章には空白がありません。", "東京都の天気"],
+    "hangul": ["마지막 로그인 후 로그인 시도가 실패하였습니다.", "암호 기한이 곧 끝납니다"],
+    "kana": ["ひらがなとカタカナ", "ファイルを開けませんでした。もう一度お試しください"],
+    "arabic": ["لا يمكن فتح الملف، يرجى التحقق من الأذونات.", "مرحبا بالعالم"],
+    "cyrillic": ["Не удалось открыть файл: доступ запрещён.", "Привет, мир! Съешь же ещё этих мягких булок."],
+    "devanagari": ["फ़ाइल खोली नहीं जा सकी, अनुमति जाँचें।", "नमस्ते दुनिया"],
+    "emoji": ["👍🏽 done ✅", "👨‍👩‍👧‍👦 family", "🇯🇵🇰🇷 flags 😀😀😀", "🏳️‍🌈"],
+    # Letters and numbers beyond U+FFFF (CJK extension B, mathematical letters and digits) next to others.
+    "astral": ["𠀀𠀁漢字𠀂", "abc𝐀𝐁𝐂def", "x𝟙𝟚3"],
+}
+
+
+def multilingual_docs(n: int, seed: int = 0) -> list[str]:
+    """Documents mixing the scripts' sentences, emoji between them (a fixed seed: always the same)."""
+    rng = random.Random(seed)
+    sentences = [s for group in SCRIPTS.values() for s in group]
+    return ["\n".join(rng.choice(sentences) + rng.choice(["", " ", "😀", "。"]) for _ in range(30)) for _ in range(n)]
+
+
+LONG_RUNS = [
+    "".join(SCRIPTS["cjk"]) * 40,  # no spaces for ~2,000 characters
+    "".join(SCRIPTS["kana"] + SCRIPTS["hangul"]).replace(" ", "") * 30,
+    "あ" * 3000,
+    "a" * 5000,
+    " " * 3000 + "x",
+    "!" * 2000,
+    "😀" * 1000,
+    "ـ" * 2000,  # Arabic tatweel
+]

@@ -6,8 +6,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from common.contracts import SPECIAL_TOKENS
 from data_prep.config import TokenizerConfig
 from data_prep.tokenizer import train_tokenizer
-from tests.helpers import distinct_docs
-from tests.test_encoder import EDGE_CASES, LONG_RUNS, multilingual_docs, stdlib_texts
+from tests.helpers import EDGE_CASES, LONG_RUNS, distinct_docs, multilingual_docs, stdlib_texts
 
 
 def hf_trained(texts: list[str], config: TokenizerConfig) -> Tokenizer:
