@@ -38,14 +38,15 @@ SPLITS = ("train", "val")
 DROPPED = {DUPLICATE: "duplicate", NEAR_DUPLICATE: "near_duplicate"}
 
 
-def sample_texts(store: Store, work: str, parts: list[Partition]) -> Iterator[str]:
-    """The tokenizer's training sample (``resolve`` chose it), in corpus order, from the scan's text."""
+def sample_texts(store: Store, work: str, partitions: int) -> Iterator[str]:
+    """The tokenizer's training sample (``resolve`` chose it), in corpus order, from the scans' text
+    (no source is read: the listing is not needed)."""
     sample = get_array(store, f"{work}/sample.npy")
     if not len(sample):
         return
     last = sample[-1]
-    for part in parts:
-        scan = PartitionScan.load(store, work, part.index)
+    for index in range(partitions):
+        scan = PartitionScan.load(store, work, index)
         passing = scan.passing()
         chosen = np.isin(passing, sample)
         if not chosen.any():
@@ -58,7 +59,6 @@ def sample_texts(store: Store, work: str, parts: list[Partition]) -> Iterator[st
 
 
 def encode_partition(
-    data: DataConfig,
     files: list[RawFile],
     part: Partition,
     store: Store,

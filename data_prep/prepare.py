@@ -224,7 +224,7 @@ def tokenizer_stage(prep: Preparation, store: Store) -> None:
     tokenizer, given_from = given_tokenizer(store, prep.tokenizer_key, prep.tokenizer)
     if tokenizer is None:
         with trainer_threads(worker_count(prep.data.workers)):
-            tokenizer = train_tokenizer(sample_texts(store, prep.work, _listing(prep).partitions), prep.tokenizer)
+            tokenizer = train_tokenizer(sample_texts(store, prep.work, prep.partitions), prep.tokenizer)
     store.put_bytes(f"{prep.work}/{TOKENIZER}", tokenizer.to_str().encode())
     sampled = f"trained on {store.get_json(f'{prep.work}/resolution.json')['sample_bytes']:,} bytes" if not given_from else ""
     log.info("tokenizer %s", given_from or sampled)
@@ -235,7 +235,7 @@ def encode_stage(prep: Preparation, store: Store, index: int) -> None:
     tokenizer = work_tokenizer(store, prep.work)
     set_worker_state(prep.data, tokenizer)
     with WorkerPool(prep.data.workers) as pool:
-        encode_partition(prep.data, listing.files, listing.partitions[index], store, prep.work, pool, *_token_format(tokenizer))
+        encode_partition(listing.files, listing.partitions[index], store, prep.work, pool, *_token_format(tokenizer))
 
 
 def _token_format(tokenizer: Tokenizer) -> tuple[int, np.dtype]:

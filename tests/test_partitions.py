@@ -168,12 +168,12 @@ def test_a_stage_that_failed_runs_again_alone(tmp_path, monkeypatch):
     real = encode.encode_partition
     failing = {"left": 1}
 
-    def flaky(data, files, part, *rest):
+    def flaky(files, part, *rest):
         if part.index == 1 and failing["left"]:
             failing["left"] -= 1
-            real(data, files, part, *rest)  # wrote its outputs, then the pod was lost
+            real(files, part, *rest)  # wrote its outputs, then the pod was lost
             raise ConnectionError("pod lost")
-        return real(data, files, part, *rest)
+        return real(files, part, *rest)
 
     monkeypatch.setattr(prepare, "encode_partition", flaky)
     prepare.encode_stage(prep, store, 0)
