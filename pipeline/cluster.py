@@ -59,6 +59,14 @@ class ClusterConfig:
     """ServiceAccount of train and evaluate: reads datasets/ and models/, writes runs/."""
     registry_service_account: str = "pretrain-registry"
     """ServiceAccount of register: reads runs/ and datasets/, writes models/."""
+    remote: bool = False
+    """Tasks run as pods of a shared cluster, not on this machine: what a task writes outside the store
+    is lost with its pod, so its runs must be tracked by an MLflow server (``pretrain check`` refuses a
+    SQLite or file tracking URI under such a profile)."""
+    tracking_uri: str = ""
+    """The MLflow server the task pods record into (http(s)://), set in every pod as $MLFLOW_TRACKING_URI;
+    a run's tracking.uri still wins. '' = none: tracking.uri, else $MLFLOW_TRACKING_URI, else a SQLite
+    file beside the default store (docs/tracking.md)."""
 
 
 def load_cluster(path: str | None = None) -> ClusterConfig:

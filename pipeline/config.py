@@ -5,8 +5,10 @@ span sections. They run wherever a config is built: ``PipelineConfig(...)`` itse
 config that cannot work (``__post_init__``), and the places a run is launched from, a preset
 read by ``load_config`` (``pretrain run``, ``pretrain check``) and ``pyflyte run … --config``
 (flytekit builds the input through ``PipelineConfig.from_json``), also check what the launching
-machine decides: that local corpus paths exist and that the layout fits the train task's world
-(``$PRETRAIN_CLUSTER``'s nodes × ranks per node). Nothing runs and nothing is written before.
+machine decides: that local corpus paths exist, that the layout fits the train task's world
+(``$PRETRAIN_CLUSTER``'s nodes × ranks per node) and, under a profile whose tasks run on a cluster,
+that the runs are tracked by an MLflow server (``tracking_problems``). Nothing runs and nothing is
+written before.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from common.settings import from_dict, problems_error, read_settings
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from evaluation.config import EvalConfig
 from evaluation.lm_eval_catalog import parse_metric_name, shipped_tasks
-from pipeline.cluster import CLUSTER_ENV, load_cluster
+from pipeline.cluster import CLUSTER_ENV, ClusterConfig, load_cluster
 from registry.config import DEFAULT_GATE_METRIC, RegistryConfig
 from tracking.config import TrackingConfig
+from tracking.uri import TRACKING_URI_ENV, is_remote
 from training.config import (
     ModelConfig,
     ParallelConfig,
@@ -42,7 +45,15 @@ from training.config import (
     world_problems,
 )
 
-__all__ = ["PipelineConfig", "RegistryConfig", "from_dict", "launch_world", "load_config", "parse_config"]
+__all__ = [
+    "PipelineConfig",
+    "RegistryConfig",
+    "from_dict",
+    "launch_world",
+    "load_config",
+    "parse_config",
+    "tracking_problems",
+]
 
 
 # Set while a loader builds a config it checks whole afterwards, with the launch rules.
@@ -85,11 +96,14 @@ class PipelineConfig:
         if not _deferred.get():
             self.check()
 
-    def problems(self, world_size: int | None = None, where: str = "") -> list[str]:
+    def problems(
+        self, world_size: int | None = None, where: str = "", cluster: ClusterConfig | None = None, profile: str = ""
+    ) -> list[str]:
         """Every problem, one line each: each section's own, then the rules that span sections.
         With ``world_size`` (ranks of the train task; ``where`` says where that number comes
         from), also what the launching machine decides: local corpus paths that name nothing,
-        and a layout or batch that does not split over that world."""
+        and a layout or batch that does not split over that world. With ``cluster`` (the cluster
+        profile, named ``profile``), also where its pods track the run (``tracking_problems``)."""
         out: list[str] = []
         if "://" in self.store and not self.store.startswith(("s3://", "file://")):
             out.append(f"store is {self.store!r}: use a local path or s3://bucket/prefix ('' = $PRETRAIN_STORE)")
@@ -127,11 +141,20 @@ class PipelineConfig:
                     dp = world_size // (tp * pp)
                     how = f" (data-parallel size = {world_size} ranks ÷ (TP {tp} × PP {pp}){where})"
                     out += batch_problems(self.train, dp, how)
+        if cluster is not None:
+            out += tracking_problems(self.tracking, cluster, profile)
         return out
 
-    def check(self, world_size: int | None = None, where: str = "", source: str = "") -> None:
+    def check(
+        self,
+        world_size: int | None = None,
+        where: str = "",
+        source: str = "",
+        cluster: ClusterConfig | None = None,
+        profile: str = "",
+    ) -> None:
         """Raise one ConfigError listing every problem (see ``problems``); ``source`` names the file."""
-        problems = self.problems(world_size, where)
+        problems = self.problems(world_size, where, cluster, profile)
         if problems:
             raise problems_error(problems, source)
 
@@ -146,6 +169,37 @@ class PipelineConfig:
             import click  # flytekit's command line is click's: its own error, printed without a traceback
 
             raise click.BadParameter(str(e)) from e
+
+
+def tracking_problems(tracking: TrackingConfig, cluster: ClusterConfig, profile: str = "") -> list[str]:
+    """Under a profile whose tasks run on a cluster (``cluster.remote``), one line if the run would not be
+    tracked by an MLflow server: the URI its pods record into, ``tracking.uri`` or else the profile's
+    ``tracking_uri`` (their $MLFLOW_TRACKING_URI), is a SQLite database, a file: URI, a plain path or
+    none at all (a SQLite file in the pod), or a database MLflow would keep the artifacts beside (in the
+    pod). Such a run is lost with its pod. A local profile keeps its SQLite default; tracking off passes."""
+    if not cluster.remote or not tracking.enabled:
+        return []
+    named = f"cluster profile {Path(profile).stem}" if profile else "the cluster profile"
+    server = cluster.tracking_uri.strip()
+    if tracking.uri.strip():
+        setting, uri = "tracking.uri", tracking.uri.strip()
+        fallback = f"'' for the profile's ({server})" if is_remote(server) else "'' and set the profile's tracking_uri"
+        remedy = f"set it to the MLflow server's http(s):// URL (infra/mlflow), or {fallback}"
+    else:
+        setting, uri = f"tracking_uri of {named} (the pods' ${TRACKING_URI_ENV})", server
+        where = profile if profile.endswith((".yaml", ".yml")) else "the profile"
+        remedy = f"set tracking_uri in {where} (or tracking.uri) to the MLflow server's http(s):// URL"
+        remedy += ", e.g. http://mlflow:5000 (infra/mlflow)"
+    if is_remote(uri):
+        return []
+    pods = f"the pods of {named}" if setting == "tracking.uri" else "its pods"
+    if not uri:
+        what = f"{pods} would record into a SQLite file in the pod, lost with it"
+    elif uri.startswith(("sqlite:", "file:")) or "://" not in uri:
+        what = f"{pods} would record into the pod, lost with it"
+    else:
+        what = f"a database, not an MLflow server: {pods} would keep the run's artifacts in the pod, lost with it"
+    return [f"{setting} is {uri!r}: {what}; {remedy}"]
 
 
 def launch_profile(path: str | None = None) -> str:
@@ -194,7 +248,7 @@ def parse_config(values: Any, source: str = "", launch: bool = True) -> Pipeline
     # Every problem at once: what could not be read, and the rules on what could (defaults standing in).
     if launch:
         world, where = launch_world()
-        problems += config.problems(world, f"; {world} = {where}")
+        problems += config.problems(world, f"; {world} = {where}", load_cluster(), launch_profile())
     else:
         problems += config.problems()
     if problems:

@@ -20,6 +20,7 @@ from kubernetes.client import (
 )
 
 from pipeline.cluster import ClusterConfig, kueue_labels, load_cluster
+from tracking.uri import TRACKING_URI_ENV
 
 CLUSTER: ClusterConfig = load_cluster()
 LOCK = Path(__file__).resolve().parent.parent / "requirements.lock"
@@ -92,8 +93,12 @@ def pod_template(service_account: str, cluster: ClusterConfig = CLUSTER) -> PodT
     """Kueue labels (the team's queue, its priority), the task's least-privilege identity, and Pod Security
     `restricted`: a numeric non-root user, no privilege escalation, no capabilities, RuntimeDefault seccomp,
     a read-only root filesystem with emptyDirs for /tmp (also $HOME) and /root (where fast registration
-    unpacks the code); train's /dev/shm is the emptyDir that ``shared_memory=True`` adds."""
+    unpacks the code); train's /dev/shm is the emptyDir that ``shared_memory=True`` adds. The profile's
+    MLflow server, if it names one, is the pods' $MLFLOW_TRACKING_URI."""
     seccomp = V1SeccompProfile(type="RuntimeDefault")
+    env = [V1EnvVar(name="HOME", value="/tmp")]
+    if cluster.tracking_uri:
+        env.append(V1EnvVar(name=TRACKING_URI_ENV, value=cluster.tracking_uri))
     primary = V1Container(
         name="primary",
         security_context=V1SecurityContext(
@@ -105,7 +110,7 @@ def pod_template(service_account: str, cluster: ClusterConfig = CLUSTER) -> PodT
             seccomp_profile=seccomp,
         ),
         volume_mounts=[V1VolumeMount(name="tmp", mount_path="/tmp"), V1VolumeMount(name="workdir", mount_path="/root")],
-        env=[V1EnvVar(name="HOME", value="/tmp")],
+        env=env,
     )
     spec = V1PodSpec(
         containers=[primary],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flytekit import task
 
+from pipeline.cluster import ClusterConfig
 from pipeline.config import PipelineConfig
 from tasks.placement import data_task
 from tasks.user_errors import as_messages
@@ -11,10 +12,13 @@ from tasks.user_errors import as_messages
 
 @task(**data_task())
 @as_messages
-def check_settings(config: PipelineConfig, world_size: int) -> None:
-    """Refuse, one line per problem, a config that cannot run on ``world_size`` ranks (the train task's).
+def check_settings(config: PipelineConfig, world_size: int, cluster: ClusterConfig | None = None) -> None:
+    """Refuse, one line per problem, a config that cannot run on ``world_size`` ranks (the train task's)
+    or, under ``cluster`` (the profile the workflow was registered with), would not be tracked by its
+    MLflow server.
 
     ``pyflyte run --config`` and ``pretrain run`` check before submitting; this node covers launches
     from the Flyte console and from launch plans, on the cluster, before the data stage starts.
     """
-    config.check(world_size, f"; {world_size} = the train task's ranks", source="the workflow's input")
+    where = f"; {world_size} = the train task's ranks"
+    config.check(world_size, where, source="the workflow's input", cluster=cluster)

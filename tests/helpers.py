@@ -520,8 +520,11 @@ CORE_KINDS = {
     ("v1", "ConfigMap"): "V1ConfigMap",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+    ("v1", "Service"): "V1Service",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
 }
 NAMESPACED = {"ServiceAccount", "ResourceQuota", "LimitRange", "ConfigMap", "Role", "RoleBinding", "LocalQueue"}
+NAMESPACED |= {"Service", "NetworkPolicy"}
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 QUOTA_RESOURCE = re.compile(
@@ -1003,6 +1006,46 @@ def rendered_cluster_resources(project: str = PROJECT) -> dict[str, list[tuple[s
             assert not unresolved, f"{name} in {domain}: no value for {unresolved} in customData"
             out.setdefault(namespace, []).append((name, yaml.safe_load(rendered)))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The MLflow tracking servers (infra/mlflow): one Helm release of the community-charts chart per domain
+
+MLFLOW_NAMESPACE = "mlflow"
+MLFLOW_CHART_VERSION = re.compile(r"community-charts/mlflow --version (\d+\.\d+\.\d+)\b")
+
+
+def mlflow_release(domain: str) -> str:
+    """The Helm release of a domain's server (infra/README.md, "Install")."""
+    return f"mlflow-{domain}"
+
+
+def helm_merge(base: Any, override: Any) -> Any:
+    """``helm -f base -f override``: mappings merge key by key, anything else (lists too) is replaced;
+    a null deletes the key."""
+    if not isinstance(base, dict) or not isinstance(override, dict):
+        return copy.deepcopy(override)
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = helm_merge(merged.get(key), value)
+    return merged
+
+
+def mlflow_values(domain: str) -> dict:
+    """What release mlflow-<domain> is installed with: infra/mlflow/values.yaml, then infra/mlflow/<domain>.yaml."""
+    ((shared,), (own,)) = load_docs("mlflow/values.yaml"), load_docs(f"mlflow/{domain}.yaml")
+    return helm_merge(shared, own)
+
+
+def chart_fullname(release: str, values: dict, chart: str = "mlflow") -> str:
+    """The chart's ``mlflow.fullname`` (the standard Helm helper): the name of its Service and Deployment."""
+    if values.get("fullnameOverride"):
+        return str(values["fullnameOverride"])[:63].rstrip("-")
+    name = values.get("nameOverride") or chart
+    return (release if name in release else f"{release}-{name}")[:63].rstrip("-")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -439,6 +439,81 @@ def test_pretrain_run_fails_before_anything_and_writes_nothing(tmp_path, isolate
     assert list(Path(isolated["PRETRAIN_STORE"]).iterdir()) == []
 
 
+# -- tracking under a cluster profile (issue 30, item 4) -----------------------------------------
+
+GPT_125M = ROOT / "configs" / "gpt-125m.yaml"  # written for gpu-2x8: fits its 16 ranks
+
+
+def pretrain_check(capsys, *sets: str) -> tuple[int, list[str]]:
+    from cli.main import main
+
+    status = main(["check", "--config", str(GPT_125M), *(a for item in sets for a in ("--set", item))])
+    captured = capsys.readouterr()
+    return status, captured.err.splitlines() if status else captured.out.splitlines()
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///x.db", "/data/mlruns", "mlruns", "file:///data/mlruns"])
+def test_pretrain_check_under_a_cluster_profile_refuses_a_tracking_uri_in_the_pod(uri, isolated, capsys, monkeypatch):
+    monkeypatch.setenv("PRETRAIN_CLUSTER", str(GPU_2X8))
+    status, err = pretrain_check(capsys, f"tracking.uri={uri}")
+    assert status == 2
+    assert err == [
+        f"error: the settings in {GPT_125M} with --set tracking.uri={uri} have 1 problem:",
+        f"  - tracking.uri is {uri!r}: the pods of cluster profile gpu-2x8 would record into the pod, lost with it; "
+        "set it to the MLflow server's http(s):// URL (infra/mlflow), or '' for the profile's (http://mlflow:5000)",
+    ]
+
+
+@pytest.mark.parametrize("uri", ["", "http://mlflow:5000", "https://mlflow.example.org"])
+def test_pretrain_check_under_a_cluster_profile_passes_an_mlflow_server(uri, isolated, capsys, monkeypatch):
+    monkeypatch.setenv("PRETRAIN_CLUSTER", str(GPU_2X8))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///on-this-machine.db")  # never reaches the pods: not checked
+    status, out = pretrain_check(capsys, f"tracking.uri='{uri}'")
+    assert status == 0 and len(out) == 1 and out[0].startswith("ok: "), out
+
+
+def test_the_local_profile_keeps_its_sqlite_or_file_tracking(isolated, capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///x.db")
+    from cli.main import main
+
+    for uri in ("", "sqlite:///x.db", "mlruns"):
+        assert main(["check", "--set", f"tracking.uri='{uri}'"]) == 0, capsys.readouterr().err
+    assert parse_config({"tracking": {"uri": "sqlite:///x.db"}}).tracking.uri == "sqlite:///x.db"
+
+
+def test_a_cluster_profile_without_a_server_is_refused_and_tracking_off_passes(tmp_path, monkeypatch):
+    """A profile whose pods run on the cluster but names no MLflow server: its pods would fall back to SQLite."""
+    profile = tmp_path / "gpu-nomlflow.yaml"
+    values = {k: v for k, v in yaml.safe_load(GPU_2X8.read_text()).items() if k != "tracking_uri"}
+    profile.write_text(yaml.safe_dump(values))
+    monkeypatch.setenv("PRETRAIN_CLUSTER", str(profile))
+    preset = yaml.safe_load(GPT_125M.read_text()) | {"cluster_profile": ""}
+    (line,) = problems_of(preset)
+    assert line == (
+        "tracking_uri of cluster profile gpu-nomlflow (the pods' $MLFLOW_TRACKING_URI) is '': its pods would record "
+        f"into a SQLite file in the pod, lost with it; set tracking_uri in {profile} (or tracking.uri) to the MLflow "
+        "server's http(s):// URL, e.g. http://mlflow:5000 (infra/mlflow)"
+    )
+    assert parse_config(preset | {"tracking": {"uri": "http://mlflow.example.org:5000"}})
+    assert parse_config(preset | {"tracking": {"enabled": False}})  # nothing is tracked: nothing to lose
+
+
+def test_the_workflows_first_node_applies_the_same_rule_in_the_pod(tmp_path, monkeypatch):
+    """A launch from the console or a launch plan, which no command line checked, stops at check_settings."""
+    monkeypatch.setenv("PRETRAIN_LOG_DIR", str(tmp_path))  # the failed task's traceback
+    from pipeline.cluster import load_cluster
+    from tasks.settings import check_settings
+    from tracking.config import TrackingConfig
+
+    cluster = load_cluster(str(GPU_2X8))
+    check_settings(config=PipelineConfig(), world_size=2, cluster=cluster)  # the profile's server
+    bad = PipelineConfig(tracking=TrackingConfig(uri="sqlite:///x.db"))
+    check_settings(config=bad, world_size=2)  # registered under the local profile: SQLite is fine
+    with pytest.raises(Exception) as raised:
+        check_settings(config=bad, world_size=2, cluster=cluster)
+    assert "tracking.uri is 'sqlite:///x.db': the pods of the cluster profile would record into the pod" in str(raised.value)
+
+
 @pytest.mark.slow
 def test_pyflyte_run_with_a_bad_config_fails_before_the_first_task(tmp_path, isolated):
     bad = write(tmp_path, BAD)

@@ -46,9 +46,12 @@ def test_infra_tree_has_the_expected_files():
         "k8s/namespaces.yaml",
         "k8s/service-accounts.yaml",
         "k8s/resource-quotas.yaml",
+        "k8s/mlflow.yaml",
+        "mlflow/values.yaml",
+        *(f"mlflow/{d}.yaml" for d in DOMAINS),
         "images/Dockerfile.train",
-        *(f"iam/{d}/{r}.json" for d in DOMAINS for r in ("data", "train", "registry", "reader")),
-        *(f"iam/trust/{d}/{r}.json" for d in DOMAINS for r in ("data", "train", "registry", "reader")),
+        *(f"iam/{d}/{r}.json" for d in DOMAINS for r in ("data", "train", "registry", "reader", "mlflow")),
+        *(f"iam/trust/{d}/{r}.json" for d in DOMAINS for r in ("data", "train", "registry", "reader", "mlflow")),
         "iam/flyte-backend.json",
         "iam/trust/flyte-backend.json",
         *(f"flyte/project-domain-attributes/{d}-{a}.yaml" for d in DOMAINS for a in ("task-resources", "execution-config")),
@@ -71,6 +74,7 @@ MANIFESTS = [
     "k8s/namespaces.yaml",
     "k8s/service-accounts.yaml",
     "k8s/resource-quotas.yaml",
+    "k8s/mlflow.yaml",
     "kueue/resource-flavors.yaml",
     "kueue/cluster-queues.yaml",
     "kueue/local-queues.yaml",
@@ -129,10 +133,22 @@ SERVICE_ACCOUNT = {
     "metadata": {"name": "pretrain-data", "namespace": "pretrain-development"},
     "automountServiceAccountToken": False,
 }
+EXTERNAL_NAME = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "mlflow", "namespace": "pretrain-development"},
+    "spec": {"type": "ExternalName", "externalName": "mlflow-development.mlflow.svc.cluster.local"},
+}
+NETWORK_POLICY = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"name": "mlflow-development", "namespace": "mlflow"},
+    "spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 5000, "protocol": "TCP"}]}]},
+}
 
 
 def test_core_checker_accepts_good_objects():
-    for good in (NAMESPACE, QUOTA, SERVICE_ACCOUNT):
+    for good in (NAMESPACE, QUOTA, SERVICE_ACCOUNT, EXTERNAL_NAME, NETWORK_POLICY):
         assert not core_object_errors(good), core_object_errors(good)
 
 
@@ -156,6 +172,13 @@ def test_core_checker_accepts_good_objects():
         (mutated(SERVICE_ACCOUNT, lambda o: o.update(automountToken=False)), "unknown field of V1ServiceAccount"),
         (mutated(SERVICE_ACCOUNT, lambda o: o.update(automountServiceAccountToken="false")), "expected bool"),
         (mutated(SERVICE_ACCOUNT, lambda o: o["metadata"].pop("name")), "not a valid ServiceAccount name"),
+        (mutated(EXTERNAL_NAME, lambda o: o["spec"].update(externalname="x")), "unknown field of V1ServiceSpec"),
+        (mutated(EXTERNAL_NAME, lambda o: o["metadata"].pop("namespace")), "Service is namespaced"),
+        (
+            mutated(NETWORK_POLICY, lambda o: o["spec"]["ingress"][0].update(form=[])),
+            "unknown field of V1NetworkPolicyIngressRule",
+        ),
+        (mutated(NETWORK_POLICY, lambda o: o["spec"].update(policyTypes="Ingress")), "expected a list"),
     ],
 )
 def test_core_checker_rejects_bad_objects(bad, expected):

@@ -1,9 +1,12 @@
-"""Flyte (flyte-binary values, flytectl project-domain attributes) and the training operator chart values."""
+"""Flyte (flyte-binary values, flytectl project-domain attributes), the training operator chart values, and the
+MLflow servers' chart values with the tracking URI the task pods get."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
+from urllib.parse import urlsplit
 
 import pytest
 from flyteidl.admin import matchable_resource_pb2
@@ -12,15 +15,20 @@ from google.protobuf.json_format import ParseDict, ParseError
 from tests.helpers import (
     DOMAINS,
     INFRA,
+    MLFLOW_CHART_VERSION,
+    MLFLOW_NAMESPACE,
     PRETRAIN_NAMESPACES,
     PROJECT,
     by_name,
+    chart_fullname,
     cluster_profiles,
     custom_data,
     flyte_values,
     helm_tpl,
     k8s_model_errors,
     load_docs,
+    mlflow_release,
+    mlflow_values,
     namespace_for,
     objects,
     qty,
@@ -286,6 +294,7 @@ def test_cluster_resource_templates_render_the_checked_in_manifests():
     checked_in = (
         objects("k8s/namespaces.yaml") + objects("k8s/resource-quotas.yaml") + objects("k8s/service-accounts.yaml")
     ) + objects("kueue/local-queues.yaml")
+    checked_in += objects("k8s/mlflow.yaml")  # the ExternalName Service `mlflow` of each pretrain namespace
 
     def namespace_of(obj):
         return obj["metadata"]["name"] if obj["kind"] == "Namespace" else obj["metadata"]["namespace"]
@@ -444,3 +453,127 @@ def test_training_operator_values():
     assert not errors, errors
     cpu_pool = by_name(objects("kueue/resource-flavors.yaml", "ResourceFlavor"))["cpu"]["spec"]["nodeLabels"]
     assert values["nodeSelector"].items() <= cpu_pool.items(), "the operator runs on the CPU pool"
+
+
+# ----------------------------------------------------------------------------------------------
+# MLflow: the chart values of each domain's server (infra/mlflow) and the tracking URI of the task pods
+
+# Keys of the community-charts mlflow chart this deployment may set (as FLYTE_BINARY_KEYS): a misspelt
+# key is silently ignored by Helm, e.g. a `backendStore.postgress` would leave the in-memory SQLite.
+MLFLOW_CHART_KEYS = {
+    **dict.fromkeys(["replicaCount", "nameOverride", "fullnameOverride", "imagePullSecrets", "strategy"]),
+    "image": {"repository", "pullPolicy", "tag"},
+    "serviceAccount": {"create", "automount", "annotations", "name"},
+    **dict.fromkeys(["podAnnotations", "extraPodLabels", "podSecurityContext", "securityContext"]),
+    "service": {"enabled", "type", "port", "name", "annotations"},
+    "ingress": {"enabled", "className", "annotations", "hosts", "tls"},
+    "log": {"enabled", "level"},
+    "telemetry": {"enabled"},
+    "backendStore": {
+        **dict.fromkeys(["databaseMigration", "databaseConnectionCheck", "defaultSqlitePath"]),
+        "postgres": {"enabled", "host", "port", "database", "user", "password", "driver"},
+        "existingDatabaseSecret": {"name", "usernameKey", "passwordKey"},
+    },
+    "postgresql": None,  # the Bitnami subchart's own values
+    "mysql": None,
+    "artifactRoot": {
+        **dict.fromkeys(["proxiedArtifactStorage", "defaultArtifactRoot", "defaultArtifactsDestination"]),
+        "s3": {"enabled", "bucket", "path", "awsAccessKeyId", "awsSecretAccessKey", "existingSecret"},
+        "azureBlob": None,
+        "gcs": None,
+    },
+    **dict.fromkeys(["extraArgs", "extraFlags", "extraEnvVars", "extraSecretNamesForEnvFrom", "serviceMonitor"]),
+    **dict.fromkeys(["resources", "nodeSelector", "tolerations", "affinity", "livenessProbe", "readinessProbe"]),
+}
+SECRET_KEYS = re.compile(r"password|secret|accesskey", re.IGNORECASE)
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI of every task pod (plugins.k8s.default-env-vars)."""
+    env = {k: v for item in inline()["plugins"]["k8s"]["default-env-vars"] for k, v in item.items()}
+    return env["MLFLOW_TRACKING_URI"]
+
+
+def inline_secrets(values, path: str = "") -> list[str]:
+    """Every non-empty value under a key that names a credential (not the names of a Secret's keys)."""
+    if isinstance(values, dict):
+        return [e for k, v in values.items() if not k.startswith("existing") for e in inline_secrets(v, f"{path}.{k}")]
+    return [path] if values not in ("", None, False) and SECRET_KEYS.search(path.rpartition(".")[2]) else []
+
+
+def test_mlflow_values_use_known_keys_and_valid_kubernetes_pieces():
+    for rel in ["mlflow/values.yaml", *(f"mlflow/{d}.yaml" for d in DOMAINS)]:
+        (values,) = load_docs(rel)
+        assert not key_errors(values, MLFLOW_CHART_KEYS, rel), key_errors(values, MLFLOW_CHART_KEYS, rel)
+    values = mlflow_values("production")
+    errors = k8s_model_errors(values["podSecurityContext"], "V1PodSecurityContext", "podSecurityContext")
+    errors += k8s_model_errors(values["securityContext"], "V1SecurityContext", "securityContext")
+    errors += k8s_model_errors(values["resources"], "V1ResourceRequirements", "resources")
+    assert not errors, errors
+    assert all(isinstance(v, str) for v in [*values["extraArgs"].values(), *values["extraEnvVars"].values()])
+    cpu_pool = by_name(objects("kueue/resource-flavors.yaml", "ResourceFlavor"))["cpu"]["spec"]["nodeLabels"]
+    assert values["nodeSelector"].items() <= cpu_pool.items(), "the servers run on the CPU pool"
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_each_domains_mlflow_keeps_runs_in_postgres_and_artifacts_in_its_prefix(domain):
+    values = mlflow_values(domain)
+    store = values["backendStore"]
+    postgres = store["postgres"]
+    assert postgres["enabled"] is True and postgres["host"] and postgres["port"] == 5432, "a real database, not SQLite"
+    assert postgres["database"] == f"mlflow_{domain}"
+    assert not values["postgresql"]["enabled"] and not values["mysql"]["enabled"]
+    secret = store["existingDatabaseSecret"]
+    assert secret == {"name": f"mlflow-{domain}-db", "usernameKey": "username", "passwordKey": "password"}
+    assert not inline_secrets(values), f"credentials belong in Secrets and IRSA: {inline_secrets(values)}"
+    artifacts = values["artifactRoot"]
+    assert artifacts["proxiedArtifactStorage"] is True, "--serve-artifacts: only the server's role touches the prefix"
+    assert artifacts["s3"]["enabled"] is True
+    assert (artifacts["s3"]["bucket"], artifacts["s3"]["path"]) == ("pretrain", f"mlflow-artifacts/{domain}")
+    assert not any(artifacts.get(other, {}).get("enabled") for other in ("azureBlob", "gcs"))
+    account = values["serviceAccount"]
+    assert account["create"] is False and account["name"] == f"mlflow-{domain}"
+    (sa,) = [a for a in objects("k8s/mlflow.yaml", "ServiceAccount") if a["metadata"]["name"] == account["name"]]
+    assert sa["metadata"]["namespace"] == MLFLOW_NAMESPACE
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(f":role/pretrain-{domain}-mlflow")
+    assert sa["automountServiceAccountToken"] is False
+
+
+def test_every_pod_tracks_into_its_own_domains_mlflow_service():
+    """MLFLOW_TRACKING_URI names, in each pretrain namespace, an ExternalName Service pointing at the Service
+    the chart creates for release mlflow-<domain>, on its port; the server answers that Host header."""
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    uri = tracking_uri()
+    parts = urlsplit(uri)
+    assert parts.scheme == "http" and parts.hostname and parts.port, uri
+    remote = {name: p for name, p in cluster_profiles().items() if p.remote}
+    assert remote, "a cluster profile whose pods run on the cluster"
+    assert {name: p.tracking_uri for name, p in remote.items()} == dict.fromkeys(remote, uri)
+    rendered = {ns: [o for _, o in objs if o["kind"] == "Service"] for ns, objs in rendered_cluster_resources().items()}
+    checked_in = objects("k8s/mlflow.yaml", "Service")
+    databases = set()
+    for domain, namespace in zip(DOMAINS, PRETRAIN_NAMESPACES, strict=True):
+        values = mlflow_values(domain)
+        server = f"{chart_fullname(mlflow_release(domain), values)}.{MLFLOW_NAMESPACE}.svc.cluster.local"
+        for services in (rendered[namespace], [s for s in checked_in if s["metadata"]["namespace"] == namespace]):
+            (service,) = [s for s in services if s["metadata"]["name"] == parts.hostname]
+            assert service["spec"] == {"type": "ExternalName", "externalName": server}, (namespace, service)
+        assert values["service"]["port"] == parts.port
+        allowed = [h.strip() for h in values["extraEnvVars"]["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")]
+        for host in (parts.netloc, f"{server}:{parts.port}", f"localhost:{parts.port}", "10.0.3.7:5000"):
+            assert is_allowed_host_header(allowed, host), f"{domain}'s server refuses Host {host}"
+        assert not is_allowed_host_header(allowed, f"mlflow.attacker.example:{parts.port}")
+        databases.add((values["backendStore"]["postgres"]["database"], values["artifactRoot"]["s3"]["path"]))
+    assert len(databases) == len(DOMAINS), "each domain its own database and artifact prefix"
+
+
+def test_mlflow_chart_version_is_pinned_and_the_same_everywhere():
+    """infra/README.md installs release mlflow-<domain> of each domain with the version the values name."""
+    files = ["README.md", "mlflow/values.yaml", *(f"mlflow/{d}.yaml" for d in DOMAINS)]
+    found = {rel: MLFLOW_CHART_VERSION.findall((INFRA / rel).read_text()) for rel in files}
+    assert all(found.values()), f"no pinned `community-charts/mlflow --version X.Y.Z` in {[r for r, v in found.items() if not v]}"
+    assert len({v for versions in found.values() for v in versions}) == 1, found
+    readme = (INFRA / "README.md").read_text()
+    loop = f"helm install {mlflow_release('$d')} community-charts/mlflow --version {found['README.md'][0]} --namespace mlflow"
+    assert loop in readme and "-f infra/mlflow/values.yaml -f infra/mlflow/$d.yaml" in readme

@@ -28,6 +28,11 @@ FLYTE = "pretrain-flyte/"  # infra/flyte/values.yaml: configuration.storage
 TASK_ROLES = ("data", "train", "registry", "reader")
 
 
+def mlflow_artifacts(domain: str) -> str:
+    """What the domain's MLflow server keeps in the bucket: its artifacts (infra/mlflow/<domain>.yaml)."""
+    return f"pretrain/mlflow-artifacts/{domain}/"
+
+
 def store(domain: str) -> str:
     """The store of a domain: s3://pretrain/store/<domain> ($PRETRAIN_STORE of its execution config)."""
     return f"pretrain/store/{domain}/"
@@ -73,6 +78,11 @@ def task_role_spec(role: str, d: str) -> RoleSpec:
 # pretrain-<domain>-<role>), plus Flyte's control plane, which serves every domain.
 ROLES = {f"{d}/{r}": task_role_spec(r, d) for d in DOMAINS for r in TASK_ROLES}
 ROLES["flyte-backend"] = RoleSpec(read={FLYTE}, write={FLYTE}, delete={FLYTE}, list={"pretrain-flyte"})
+# Each domain's MLflow server (release mlflow-<domain>) serves its artifacts (--serve-artifacts): it alone
+# reads, writes, lists and deletes (mlflow gc) its prefix, and nothing else.
+for _d in DOMAINS:
+    _artifacts = {mlflow_artifacts(_d)}
+    ROLES[f"{_d}/mlflow"] = RoleSpec(read=_artifacts, write=_artifacts, delete=_artifacts, list=_artifacts)
 
 
 def arn(path: str) -> str:
@@ -167,10 +177,40 @@ def for_domain(pairs: list[tuple[str, str]], d: str) -> list[tuple[str, str]]:
     return [(a, o.format(S=store(d).rstrip("/"), D=d)) for a, o in pairs]
 
 
+# What an MLflow server does with its artifacts: a run's files (links/store.json, charts/loss.png,
+# validation/report.html) under <destination>/<experiment>/<run>/artifacts/, and mlflow gc's deletes.
+# {M} is the domain's artifact prefix.
+MLFLOW_NEEDS = [
+    ("s3:PutObject", "{M}/1/0a1b2c/artifacts/charts/loss.png"),
+    ("s3:AbortMultipartUpload", "{M}/1/0a1b2c/artifacts/validation/report.html"),
+    ("s3:GetObject", "{M}/1/0a1b2c/artifacts/links/store.json"),
+    ("s3:DeleteObject", "{M}/1/0a1b2c/artifacts/charts/loss.png"),
+]
+MLFLOW_MUST_NOT = [
+    ("s3:GetObject", "pretrain/store/{D}/models/gpt-tiny/4/card.json"),
+    ("s3:PutObject", "pretrain/store/{D}/runs/9f0e/metrics.jsonl"),
+    ("s3:GetObject", "pretrain/incoming/x.jsonl"),
+    ("s3:PutObject", "pretrain/mlflow-artifacts/x.png"),  # the other domains' parent
+    ("s3:PutObject", "{M}-old/1/x.png"),  # a sibling that merely starts like the prefix
+    ("s3:GetObject", "pretrain-flyte/metadata/propeller/pretrain-{D}-abc/inputs.pb"),
+]
+
+
+def mlflow_for_domain(pairs: list[tuple[str, str]], d: str) -> list[tuple[str, str]]:
+    return [(a, o.format(M=mlflow_artifacts(d).rstrip("/"), D=d)) for a, o in pairs]
+
+
+def other_domains_artifacts(d: str) -> list[tuple[str, str]]:
+    others = [mlflow_artifacts(o) for o in DOMAINS if o != d]
+    return [(a, f"{prefix}1/0a1b2c/artifacts/charts/loss.png") for prefix in others for a in ("s3:GetObject", "s3:PutObject")]
+
+
 NEEDS = {f"{d}/{r}": for_domain(TASK_NEEDS[r], d) for d in DOMAINS for r in TASK_ROLES}
 NEEDS["flyte-backend"] = FLYTE_BACKEND_NEEDS
+NEEDS |= {f"{d}/mlflow": mlflow_for_domain(MLFLOW_NEEDS, d) for d in DOMAINS}
 MUST_NOT = {f"{d}/{r}": for_domain(TASK_MUST_NOT[r], d) for d in DOMAINS for r in TASK_ROLES}
 MUST_NOT["flyte-backend"] = FLYTE_BACKEND_MUST_NOT
+MUST_NOT |= {f"{d}/mlflow": mlflow_for_domain(MLFLOW_MUST_NOT, d) + other_domains_artifacts(d) for d in DOMAINS}
 
 # Listings (bucket, s3:prefix) that each task role's code sends: the store lists with
 # Prefix=<store prefix>/<folder>/ (S3Store._iter_keys, boto3 list_objects_v2), and a HEAD of a
@@ -225,6 +265,19 @@ for _listings in TASK_MUST_NOT_LIST.values():
     _listings += [("pretrain", "store/*"), ("pretrain-flyte", None), ("pretrain-flyte", ""), ("pretrain-flyte", "metadata/")]
 
 
+# The MLflow server lists a run's artifacts (list_objects_v2, Prefix=<destination>/<experiment>/<run>/artifacts/)
+MLFLOW_LISTS = [("pretrain", "mlflow-artifacts/{D}/1/0a1b2c/artifacts/"), ("pretrain", "mlflow-artifacts/{D}")]
+MLFLOW_MUST_NOT_LIST = [
+    ("pretrain", None),
+    ("pretrain", ""),
+    ("pretrain", "mlflow-artifacts/"),
+    ("pretrain", "mlflow-artifacts/{D}-old/"),
+    ("pretrain", "store/{D}/"),
+    ("pretrain", "incoming/"),
+    ("pretrain-flyte", None),
+]
+
+
 def lists_for_domain(listings: list[tuple[str, str | None]], d: str) -> list[tuple[str, str | None]]:
     key = store(d).removeprefix("pretrain/").rstrip("/")  # an s3:prefix is a key, without the bucket
     return [(b, None if p is None else p.format(S=key, D=d)) for b, p in listings]
@@ -270,6 +323,18 @@ def test_each_role_lists_where_its_tasks_list_and_nowhere_else(domain, role):
     assert not granted, f"{domain}/{role} may list {granted}"
 
 
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_each_mlflow_server_lists_only_its_domains_artifacts(domain):
+    policy = load_json(f"iam/{domain}/mlflow.json")
+    own = [(b, p.format(D=domain)) for b, p in MLFLOW_LISTS]
+    refused = [(b, p) for b, p in own if not may_list(policy, b, p)]
+    assert not refused, f"{domain}/mlflow may not list {refused}"
+    others = [(b, p if p is None else p.format(D=domain)) for b, p in MLFLOW_MUST_NOT_LIST]
+    others += [("pretrain", f"mlflow-artifacts/{other}/1/") for other in DOMAINS if other != domain]
+    granted = [(b, p) for b, p in others if may_list(policy, b, p)]
+    assert not granted, f"{domain}/mlflow may list {granted}"
+
+
 def test_flyte_backend_lists_its_whole_bucket_and_nothing_of_the_store():
     """Flyte's control plane serves every domain: pretrain-flyte unconditionally, never pretrain."""
     policy = load_json("iam/flyte-backend.json")
@@ -298,7 +363,7 @@ def service_account_roles() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     accounts = [
         (sa["metadata"]["namespace"], sa["metadata"]["name"], sa["metadata"]["annotations"][IRSA])
-        for sa in objects("k8s/service-accounts.yaml", "ServiceAccount")
+        for sa in objects("k8s/service-accounts.yaml", "ServiceAccount") + objects("k8s/mlflow.yaml", "ServiceAccount")
     ]
     values = flyte_values()
     accounts.append(("flyte", "flyte-binary", values["serviceAccount"]["annotations"][IRSA]))

@@ -1,6 +1,7 @@
 """Least privilege in infra/ (issue 19, item 5): each domain's roles reach only that domain's prefixes and
 are assumable only by that domain's ServiceAccounts; every pod meets Pod Security `restricted`; the
-image's runtime user cannot write the installed packages."""
+image's runtime user cannot write the installed packages. Each domain's MLflow server (issue 30) is the
+same: its role reaches its artifacts only, only its domain's pods reach it."""
 
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ from tests.helpers import (
     CLUSTER_PROFILES,
     DOMAINS,
     INFRA,
+    MLFLOW_NAMESPACE,
     PROJECT,
     ROOT,
     condition_holds,
     flyte_values,
     load_docs,
     load_json,
+    mlflow_release,
+    mlflow_values,
     objects,
     policy_allows,
     rendered_cluster_resources,
+    selector_matches,
 )
 
 TASK_ROLES = ("data", "train", "registry", "reader")
@@ -158,6 +163,18 @@ def test_no_role_lists_a_whole_bucket_or_the_whole_store(domain, role):
     assert not listed, f"{domain}/{role} may list {listed}"
 
 
+@pytest.mark.parametrize("own, other", CROSS, ids=[f"{a}-on-{b}" for a, b in CROSS])
+def test_a_domains_mlflow_server_is_denied_another_domains_artifacts_and_every_store(own, other):
+    doc = policy(own, "mlflow")
+    keys = [f"pretrain/mlflow-artifacts/{other}/1/0a1b2c/artifacts/charts/loss.png", *domain_objects(own).values()]
+    keys += domain_objects(other).values()
+    granted = [(a, k) for k in keys for a in (GET, PUT, DELETE) if policy_allows(doc, a, arn(k))]
+    assert not granted, f"{own}/mlflow may touch {granted}"
+    listed = [p for p in (None, "", "mlflow-artifacts/", f"mlflow-artifacts/{other}/", f"store/{own}/") if lists(doc, "store", p)]
+    assert not listed, f"{own}/mlflow may list {listed}"
+    assert lists(doc, "store", f"mlflow-artifacts/{own}/1/0a1b2c/artifacts/")
+
+
 def test_the_domains_store_is_what_its_executions_use_and_its_roles_can_write():
     for domain in DOMAINS:
         (doc,) = load_docs(f"flyte/project-domain-attributes/{domain}-execution-config.yaml")
@@ -201,6 +218,15 @@ def test_trust_admits_only_the_domains_own_service_account(domain, role):
     admitted = [s for s in everyone if trust_admits(doc, s)]
     assert admitted == [account(domain, role)]
     assert not trust_admits(doc, account(domain, role), aud="something-else")
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_mlflow_trust_admits_only_the_domains_server(domain):
+    doc = load_json(f"iam/trust/{domain}/mlflow.json")
+    servers = [f"system:serviceaccount:{MLFLOW_NAMESPACE}:{mlflow_release(d)}" for d in DOMAINS]
+    everyone = servers + [account(d, r) for d in DOMAINS for r in TASK_ROLES] + ["system:serviceaccount:flyte:flyte-binary"]
+    everyone += [f"system:serviceaccount:{PROJECT}-{domain}:{mlflow_release(domain)}"]  # the right name, another namespace
+    assert [s for s in everyone if trust_admits(doc, s)] == [f"system:serviceaccount:{MLFLOW_NAMESPACE}:{mlflow_release(domain)}"]
 
 
 def test_production_roles_reject_development_and_staging_accounts():
@@ -371,6 +397,59 @@ def test_training_operator_pod_satisfies_restricted():
     }
     assert not restricted_errors(spec, "training-operator")
     assert values["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_mlflow_server_container_satisfies_restricted(domain):
+    """The server container meets `restricted`; namespace mlflow enforces `baseline` (the chart's init
+    containers set no context) and audits and warns on `restricted`."""
+    values = mlflow_values(domain)
+    spec = {
+        "securityContext": values["podSecurityContext"],
+        "containers": [{"name": "mlflow", "securityContext": values["securityContext"]}],
+    }
+    assert not restricted_errors(spec, f"mlflow-{domain}")
+    (namespace,) = [n for n in objects("k8s/mlflow.yaml", "Namespace") if n["metadata"]["name"] == MLFLOW_NAMESPACE]
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] in ("baseline", "restricted")
+    assert labels["pod-security.kubernetes.io/audit"] == labels["pod-security.kubernetes.io/warn"] == "restricted"
+
+
+def test_only_a_domains_pods_reach_its_mlflow_server():
+    """Each server's NetworkPolicy selects that release's pods and admits only its domain's namespace, on its port."""
+    policies = objects("k8s/mlflow.yaml", "NetworkPolicy")
+    namespaces = {n["metadata"]["name"]: n for n in objects("k8s/namespaces.yaml", "Namespace")}
+    for domain in DOMAINS:
+        release = mlflow_release(domain)
+        pod = {"app.kubernetes.io/name": "mlflow", "app.kubernetes.io/instance": release}  # the chart's selector labels
+        selecting = [
+            p
+            for p in policies
+            if p["metadata"]["namespace"] == MLFLOW_NAMESPACE and selector_matches(p["spec"]["podSelector"], pod)
+        ]
+        (netpol,) = selecting
+        assert netpol["spec"]["policyTypes"] == ["Ingress"]
+        (rule,) = netpol["spec"]["ingress"]
+        assert rule["from"] and all(set(peer) == {"namespaceSelector"} for peer in rule["from"]), rule
+        assert rule["ports"] == [{"port": mlflow_values(domain)["service"]["port"], "protocol": "TCP"}]
+        admitted = []
+        for name in [*namespaces, MLFLOW_NAMESPACE, "flyte", "default"]:
+            labels = {"kubernetes.io/metadata.name": name, **namespaces.get(name, {"metadata": {}})["metadata"].get("labels", {})}
+            if any(selector_matches(peer["namespaceSelector"], labels) for peer in rule["from"]):
+                admitted.append(name)
+        assert admitted == [f"{PROJECT}-{domain}"], (domain, admitted)
+
+
+def test_pods_of_a_cluster_profile_track_into_its_server():
+    """A profile whose pods run on the cluster puts its MLflow server in every task's pod template; the local one none."""
+    for name, spec in serialized_pod_specs().items():
+        profile = yaml.safe_load((ROOT / "configs" / "cluster" / f"{name.split('/')[0]}.yaml").read_text())
+        (primary,) = spec["containers"]
+        env = {e["name"]: e["value"] for e in primary["env"]}
+        if profile.get("remote"):
+            assert profile["tracking_uri"].startswith("http") and env["MLFLOW_TRACKING_URI"] == profile["tracking_uri"], name
+        else:
+            assert "MLFLOW_TRACKING_URI" not in env, name
 
 
 def test_flyte_binary_runs_as_non_root():

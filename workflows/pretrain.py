@@ -41,7 +41,7 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
         config: The whole run: corpus, tokenizer, validation thresholds, model, parallelism,
             training, evaluation and registry settings, and the object store.
     """
-    settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node)
+    settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node, cluster=CLUSTER)
     base_model = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model)
     # The run opens before the corpus is listed: a corpus that stops there ends a FAILED run, not none.
     tracking = start_tracking(config=config)
