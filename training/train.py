@@ -40,7 +40,7 @@ from storage import open_store
 from training.callbacks import Callbacks, OnRecord
 from training.checkpointing.manager import CheckpointManager
 from training.config import ModelConfig, ParallelConfig, TrainConfig
-from training.data import StreamingLoader
+from training.data import Reading, StreamingLoader
 from training.distributed import init_distributed, shutdown_distributed
 from training.model.step import StepResult, build_step, micro_batches
 from training.observe.console import StepLines
@@ -127,14 +127,15 @@ class Trainer:
         self.rank0 = dist.get_rank() == 0
         self.dp_size, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         micro_batches(cfg, self.dp_size)  # fail on an impossible batch split before loading anything
+        reading = Reading.of_job()  # collective: one rank per model-parallel group reads, once per node
         self.loader, manifest = StreamingLoader.for_split(
-            dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards
+            dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards, reading=reading
         )
         self.seq_len = manifest["seq_len"]
         self.val_loader = None  # the validation split's, for the Validator (none when the split is empty or it is off)
         if cfg.val_every > 0 and manifest["splits"].get("val", {}).get("shards"):
             self.val_loader, _ = StreamingLoader.for_split(
-                dataset, "val", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards
+                dataset, "val", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards, reading=reading
             )
         self.tokens_per_step = cfg.global_batch_size * self.seq_len
         self.step = build_step(model_cfg, parallel, cfg, manifest["vocab_size"], self.seq_len)

@@ -6,7 +6,9 @@ rows each time, so the points compare), and the data-parallel mean joins the ste
 ``val_loss`` (with its seconds, ``val_time_s``, outside the step time). From the record it reaches
 metrics.jsonl, the step line, TensorBoard (``val/loss``), MLflow and the loss charts. Forward only, with
 no gradient and no random numbers drawn: the training is the same with it on or off (its settings are
-observing ones, outside the run's identity).
+observing ones, outside the run's identity). Its loader reads as the training loader does (``training.data.Reading``):
+the first rank of each model-parallel group reads, through its node's shard cache, and broadcasts each batch to the
+group, so every rank takes the same batches in the same order (``due`` is the same on every rank).
 """
 
 from __future__ import annotations
