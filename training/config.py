@@ -163,6 +163,10 @@ class TrainConfig:
     """Save a checkpoint every N steps (the last step is always saved)."""
     keep_checkpoints: int = 2
     """Committed checkpoints kept per run (older ones are deleted)."""
+    async_checkpoints: bool = True
+    """Complete each checkpoint in the background: the step loop stalls only while the state is copied to
+    host memory; writing, digests, upload and commit overlap the next steps (one save at a time, the last
+    waited for). Off: the step loop waits for the commit. It holds a second copy of the state in host memory."""
     shuffle_window_shards: int = 4
     """Shards whose rows are shuffled together each epoch (shard order is shuffled too); the loader
     holds about twice this many shards in memory."""
@@ -280,6 +284,8 @@ OBSERVING_FIELDS = (
     "loss_spike_factor",
     "on_bad_loss",
     "max_skipped_steps",
+    # When a checkpoint completes, not what it holds: a run saved either way resumes the same.
+    "async_checkpoints",
 )
 
 

@@ -14,8 +14,10 @@ from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, layout_problems, world_problems
 from training.observe.diagnostics import enable_flight_recorder
 
-# A gloo group with its own, longer timeout for waits around checkpoint uploads (see checkpoint_group).
+# Gloo groups with their own, longer timeout for waits around checkpoint uploads (see checkpoint_group),
+# and for the collectives of a checkpoint saved in the background (see saver_group).
 _checkpoint_group = None
+_saver_group = None
 
 
 def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = False) -> None:
@@ -25,7 +27,7 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
     ``standalone`` process (evaluation, a notebook) gets a world of one on an in-memory
     store, ignoring any RANK/MASTER_PORT left in its environment by an earlier launch.
     """
-    global _checkpoint_group
+    global _checkpoint_group, _saver_group
     cpu_compat.apply()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -43,6 +45,7 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
             enable_flight_recorder()
             dist.init_process_group(backend=backend, timeout=timeout)
         _checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=parallel.checkpoint_timeout_s))
+        _saver_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=parallel.checkpoint_timeout_s))
     world = dist.get_world_size()
     tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
     check_parallel(parallel)
@@ -66,6 +69,13 @@ def checkpoint_group():
     return _checkpoint_group
 
 
+def saver_group():
+    """All ranks, on gloo, with ``parallel.checkpoint_timeout_s``, used only by the thread that completes a
+    checkpoint save in the background: collectives of two threads on one group would interleave differently
+    on different ranks, so the step loop's collectives and the saver's never share a group."""
+    return _saver_group
+
+
 def _raise(problems: list[str]) -> None:
     if problems:
         raise problems_error(problems)
@@ -81,11 +91,11 @@ def check_parallel(parallel: ParallelConfig, model: ModelConfig | None = None) -
 
 
 def shutdown_distributed() -> None:
-    global _checkpoint_group
+    global _checkpoint_group, _saver_group
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-    _checkpoint_group = None
+    _checkpoint_group = _saver_group = None

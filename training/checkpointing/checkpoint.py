@@ -49,16 +49,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.contracts import (
-    CHECKPOINT_DIGESTS,
-    CHECKPOINT_META,
-    CHECKPOINT_MODEL,
-    checkpoint_prefix,
-    committed_steps,
-)
-from common.digests import digest_problems, file_sha256, folder_files
+from common.contracts import CHECKPOINT_DIGESTS, CHECKPOINT_META, CHECKPOINT_MODEL
+from common.contracts import checkpoint_prefix as checkpoint_prefix  # re-exported: the names of the run's checkpoints
+from common.contracts import committed_steps as committed_steps  # and which of them count
+from common.digests import digest_problems
 from common.errors import UserError
-from storage import COMMIT_MARKER, AlreadyCommitted, Store
+from storage import COMMIT_MARKER, Store
 from training.checkpointing import optimizer_state
 from training.checkpointing.staging import make_job_folder, remove_job_folder, store_root
 from training.distributed import checkpoint_group
@@ -141,31 +137,6 @@ def _optimizer_step(optimizer) -> float:
 
 
 # -- digests: what was committed is what loads ----------------------------------------
-def _gather_digests(staging: Path) -> dict[str, str] | None:
-    """Collective: the sha256 of every file staged on every node, on rank 0 (None elsewhere).
-
-    Each node stages only its own ranks' files and its local leader uploads them, so no rank
-    sees all the files: the ranks of a node split their node's files between them (after the
-    barrier that ends the writes), and rank 0 gathers every node's share. The digests are of
-    the staged bytes, so a file that changes during or after the upload is caught at load.
-    """
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    mine = folder_files(staging)[local_rank::local_world] if local_rank < local_world else []
-    share = {rel: file_sha256(staging / rel) for rel in mine}
-    group = checkpoint_group()
-    shares: list[dict[str, str] | None] = [None] * dist.get_world_size(group) if dist.get_rank() == 0 else []
-    dist.gather_object(share, shares if dist.get_rank() == 0 else None, dst=0, group=group)
-    if dist.get_rank() != 0:
-        return None
-    digests: dict[str, str] = {}
-    for part in shares:
-        for rel, digest in (part or {}).items():
-            if digests.setdefault(rel, digest) != digest:  # two nodes staged different bytes under one name
-                raise RuntimeError(f"checkpoint file {rel} was staged with different contents on two nodes")
-    return dict(sorted(digests.items()))
-
-
 def verify(folder: Path, where: str) -> None:
     """Raise CheckpointIntegrityError unless ``folder`` (a downloaded checkpoint, ``where`` its
     URL) holds exactly the files its ``digests.json`` lists, each with the listed sha256."""
@@ -395,73 +366,7 @@ def load_rng_state(path: Path) -> dict:
         raise CheckpointIntegrityError(f"{path} is not RNG state saved by this release ({why}); nothing was loaded") from e
 
 
-# -- save and load ----------------------------------------------------------------
-def save(
-    store: Store, run_prefix: str, step: int, model, optimizer, meta: dict, keep: int, files: dict[str, bytes] | None = None
-) -> str:
-    """Save on every rank (collective); returns the committed checkpoint's key prefix. ``files``
-    (rank 0's) are committed with the checkpoint, e.g. the metrics up to this step, so that a
-    resume finds them consistent with the weights whenever the crash came."""
-    from megatron.core import dist_checkpointing
-
-    rank = dist.get_rank()
-    prefix = checkpoint_prefix(run_prefix, step)
-    # Committed already (by this run before a crash, or by an identical execution): done. Nothing
-    # is uploaded or deleted, the committed files stay as they are; every rank learns it from rank 0.
-    done = [store.is_committed(prefix) if rank == 0 else None]
-    dist.broadcast_object_list(done, src=0, group=checkpoint_group())
-    if done[0]:
-        if rank == 0:
-            _prune(store, run_prefix, keep)
-        _barrier()
-        return prefix
-    job = _job_folder(store)
-    staging = job / "save"
-    if _local_leader():
-        (staging / CHECKPOINT_MODEL).mkdir(parents=True)
-        (staging / "rng").mkdir()
-    _barrier()
-    model_state = model.sharded_state_dict()
-    if optimizer_state.is_megatron(optimizer):
-        model_state[optimizer_state.KEY] = optimizer_state.sharded(optimizer, model, is_loading=False)
-        meta = {**meta, **optimizer_state.checkpoint_meta(optimizer)}
-    else:
-        meta = {**meta, "optimizer_step": _optimizer_step(optimizer)}
-        model_state |= _optimizer_sharded_state(model_state, optimizer)
-    dist_checkpointing.save(model_state, str(staging / CHECKPOINT_MODEL))
-    torch.save(_rng_state(), staging / "rng" / f"rank-{rank:05d}.pt")
-    if rank == 0:
-        (staging / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
-        for name, data in (files or {}).items():
-            (staging / name).write_bytes(data)
-        # Leftovers of an upload that never committed. The run's lease (training.runs.lease) makes this
-        # job the run's only writer, so they are no one else's work in progress.
-        if not store.is_committed(prefix):
-            store.delete_prefix(prefix)
-    _barrier()
-    digests = _gather_digests(staging)  # collective; rank 0's
-    if _local_leader():
-        store.upload_dir(staging, prefix)
-    _barrier()
-    if rank == 0:
-        store.put_json(f"{prefix}/{CHECKPOINT_DIGESTS}", {"format": DIGESTS_FORMAT, "files": digests})
-        try:
-            store.commit(prefix, {"step": step})
-        except AlreadyCommitted:
-            pass  # committed meanwhile by an identical writer: the same step of the same run counts as done
-        _prune(store, run_prefix, keep)
-    _barrier()
-    if _local_leader():
-        remove_job_folder(job)
-    return prefix
-
-
-def _prune(store: Store, run_prefix: str, keep: int) -> None:
-    """Delete all but the ``keep`` latest committed checkpoints of the run (``keep`` 0: none)."""
-    for old in committed_steps(store, run_prefix)[:-keep] if keep > 0 else []:
-        store.delete_prefix(checkpoint_prefix(run_prefix, old))
-
-
+# -- load (saving: training.checkpointing.saving) ------------------------------------
 def fetch(store: Store, prefix: str, dest: Path, committed_at: str | None = None) -> Path:
     """Download a checkpoint to ``dest`` (once per node: call on local leaders) and check every
     file against its ``digests.json`` (CheckpointIntegrityError, nothing loaded, if one differs,

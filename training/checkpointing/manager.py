@@ -29,6 +29,7 @@ from common.contracts import (
 from common.errors import ConfigError
 from storage import Store
 from training.checkpointing import checkpoint
+from training.checkpointing.saving import PendingSave, start_save
 from training.config import ParallelConfig, TrainConfig
 from training.data import StreamingLoader
 from training.distributed import checkpoint_group
@@ -65,6 +66,8 @@ class CheckpointManager:
         self.prefix = ""
         """The key prefix of the run's latest committed checkpoint ('' while there is none)."""
         self.lease: RunLease | None = None
+        self.pending: PendingSave | None = None
+        """The save completing in the background (``train.async_checkpoints``), if any."""
 
     def start(self, cleanup: ExitStack, base_model: str, log: RunLog) -> int:
         """Take the run's lease (released by ``cleanup``), then resume from the run's latest checkpoint
@@ -139,23 +142,40 @@ class CheckpointManager:
             print(f"initialised {self.run} from {self.store.url(base_model)}", flush=True)
 
     def maybe_save(self, step: int, files: Callable[[], dict[str, bytes]], timer: StepTimer) -> bool:
-        """Save after ``step`` if it is due (every ``train.checkpoint_every`` steps, and the last), timed as
-        the step's checkpoint phase, with ``files()`` (the callbacks' state): whether it saved."""
+        """Save after ``step`` if it is due (every ``train.checkpoint_every`` steps, and the last), with
+        ``files()`` (the callbacks' state): whether it saved. The step's checkpoint phase times what the
+        step loop waits for: the previous save where it is still completing, and this one's snapshot
+        (the whole save with ``train.async_checkpoints`` off). A save that failed in the background
+        raises here, at the next step."""
+        if self.pending is not None and self.pending.done():
+            self.wait()
         if step % self.cfg.checkpoint_every and step != self.cfg.steps:
             return False
         with timer.phase("checkpoint"):
             self.save(step, files())
         return True
 
+    def wait(self) -> None:
+        """Wait for the save completing in the background, if any (this rank's side): its prefix is the
+        run's latest committed checkpoint."""
+        if self.pending is None:
+            return
+        self.progress.enter(f"checkpoint save at step {self.pending.step}, completing", self.timeout_s)
+        self.prefix = self.pending.wait()
+        self.pending = None
+
     def finish(self) -> list[LayoutSpan]:
-        """After the last step (lease checked): the layouts that trained the run's steps."""
+        """After the last step: the last save committed, the lease checked; the layouts that trained the run's steps."""
+        self.wait()
         self.check_lease()
         if not self.prefix:
             raise ConfigError(f"train.steps={self.cfg.steps} leaves nothing to train")
         return self.layouts(self.cfg.steps)
 
     def save(self, step: int, files: dict[str, bytes]) -> None:
-        """Commit the checkpoint of ``step`` with ``files`` (rank 0's: the run log's copies)."""
+        """Save the checkpoint of ``step`` with ``files`` (rank 0's: the run log's copies), after the previous
+        save completed (two never overlap): committed on return, or completing in the background."""
+        self.wait()
         meta = {
             "step": step,
             "layout": asdict(self.layout),
@@ -168,7 +188,10 @@ class CheckpointManager:
         self.check_lease()  # nothing written by a job that lost the run to an identical one
         self.loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
         model, optimizer = self.step.model, self.step.optimizer
-        self.prefix = checkpoint.save(self.store, self.run, step, model, optimizer, meta, self.cfg.keep_checkpoints, files)
+        keep, background = self.cfg.keep_checkpoints, self.cfg.async_checkpoints
+        self.pending = start_save(self.store, self.run, step, model, optimizer, meta, keep, files, background)
+        if not background:
+            self.wait()
 
     def layouts(self, last_step: int) -> list[LayoutSpan]:
         """The layouts that trained steps 1..``last_step``: the history, then this call's."""
