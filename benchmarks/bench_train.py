@@ -27,6 +27,9 @@ parameter count, and of the data loader against what training consumes, measured
     (``training/observe/metrics.py``). ``--profile`` profiles two steps each of ``ours`` and ``plain_compiled``
     with torch.profiler and groups the self time (CUDA kernels on a GPU, CPU ops on a CPU) into attention,
     matmul, norm, rope, activation, loss, optimizer, compiled (inductor-fused) and other.
+(e) the step loop's stall per checkpoint: ``benchmarks/bench_checkpoint.py`` (a 60 M-parameter model, its
+    weights and AdamW moments saved to SeaweedFS S3), asynchronous against synchronous, the same state, rotated;
+    its ``async_stall_vs_sync_save`` (goal ≤ 0.15) joins "ratios" and "spread". ``--no-checkpoint`` skips it.
 (d) the loader at its real job: ``benchmarks/bench_loader.py`` (two data-parallel ranks, cold, from the
     SeaweedFS S3 server, a 300 MB gpt-1b-shaped dataset) against one 8-GPU node's demand; on a GPU the
     demand is this run's own tokens/s, elsewhere the recorded H200 figure. ``--loader-s3-mb 0`` skips it.
@@ -51,10 +54,11 @@ Prints human-readable lines, then one JSON object as the last line:
                                measure of feeding GPUs from S3; kept for continuity)
   loader_s3                    (d) benchmarks/bench_loader.py's result: two ranks, cold, from SeaweedFS S3;
                                its ratios (loader_s3_vs_node_demand, goal >= 10) join "ratios" and "spread"
+  checkpoint                   (e) bench_checkpoint.py's result: sync_save_s, async_stall_s, async_complete_s
   machine                      CPU, cores, threads, device, versions (benchmarks/machine_info.py)
 
   python benchmarks/bench_train.py [--device cpu|cuda] [--size tiny|small|350m|1b] [--repeats 3]
-                                   [--steps N] [--warmup N] [--threads N] [--profile] [--no-loader]
+                                   [--steps N] [--warmup N] [--threads N] [--profile] [--no-loader] [--no-checkpoint]
                                    [--loader-s3-mb MB]
   --size tiny is the smoke run (seconds, plus the compile).
 """
@@ -469,6 +473,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's; 1 is steadier on a busy CPU)")
     parser.add_argument("--profile", action="store_true", help="profile two steps of ours and plain_compiled, grouped by op")
     parser.add_argument("--no-loader", action="store_true", help="skip (b) and (d), the loader measurements")
+    parser.add_argument("--no-checkpoint", action="store_true", help="skip (e), the checkpoint stall measurement")
     parser.add_argument(
         "--loader-s3-mb", type=float, default=-1, help="(d): MB of the S3 loader dataset (default 300; 0 skips; tiny: 0)"
     )
@@ -570,6 +575,20 @@ def main() -> None:
                 result["spread"] |= result["loader_s3"]["spread"]
             except Exception as err:  # a GPU image without SeaweedFS: still report the rest
                 result["loader_s3"] = {"skipped": f"{type(err).__name__}: {err}"}
+    if args.no_checkpoint:
+        result["checkpoint"] = {"skipped": "--no-checkpoint"}
+    else:
+        # (e) the step loop's stall per checkpoint, asynchronous against synchronous (bench_checkpoint.py).
+        from bench_checkpoint import measure as measure_checkpoint
+
+        try:
+            # --size tiny, the smoke run: a small model, a file store, one repeat (not the goal's figure).
+            smoke = {"layers": 2, "hidden": 128, "store_kind": "local", "vocab": 4096, "min_parameters": 0}
+            result["checkpoint"] = measure_checkpoint(repeats=args.repeats, **(smoke if args.size == "tiny" else {}))
+            result["ratios"] |= result["checkpoint"]["ratios"]
+            result["spread"] |= result["checkpoint"]["spread"]
+        finally:
+            shutdown_distributed()
     result["machine"] = machine(["torch", "megatron-core", "triton"])
     report(result)
     print(json.dumps(result))

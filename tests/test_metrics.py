@@ -96,3 +96,6 @@ def test_bench_train_runs(tmp_path):
     assert result["ratio_ours_vs_plain"] == pytest.approx(ratio, abs=1e-3)  # the JSON rounds to 3 places
     assert abs(result["plain"]["parameters"] / result["ours"]["parameters"] - 1) < 0.01
     assert result["loader"]["tokens_per_s"] > 0 and result["ratio_loader_vs_consumption"] > 0
+    stall = result["checkpoint"]  # (e), the smoke run's small model: the figures are there and consistent
+    assert result["ratios"]["async_stall_vs_sync_save"] == stall["ratios"]["async_stall_vs_sync_save"] > 0
+    assert 0 < stall["async_stall_s"]["median"] <= stall["async_complete_s"]["median"]
