@@ -41,6 +41,7 @@ from registry.registry import download, list_models, promote, resolve, show
 from storage import default_store_uri, open_store
 from training.observe.health import row_ranges
 from training.runs import catalog as runs
+from training.runs.goodput import PARTS as GOODPUT_PARTS
 
 
 def _store(args: argparse.Namespace):
@@ -241,8 +242,8 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
         dataset = (row["dataset"] or "?")[: runs.SHORT_ID]
         print(
             f"{row['id']}  steps {row['steps_done']}/{planned}  checkpoint {checkpoint}  loss {_num(row['final_loss'], '.4f')}  "
-            f"{_num(row['tokens_per_s'], ',.0f')} tok/s  MFU {_num(row['mfu'], '.1%')}  {layout}  dataset {dataset}"
-            + (f"  {_when(row['modified'])}" if row["modified"] is not None else "")
+            f"{_num(row['tokens_per_s'], ',.0f')} tok/s  MFU {_num(row['mfu'], '.1%')}  goodput {_num(row['goodput'], '.1%')}  "
+            f"{layout}  dataset {dataset}" + (f"  {_when(row['modified'])}" if row["modified"] is not None else "")
         )
     return 0
 
@@ -378,6 +379,7 @@ def _run_lines(run: dict) -> list[str]:
     )
     if run["peak_flops_source"]:
         out.append(f"  MFU's peak FLOP/s: {run['peak_flops_source']}")
+    out += _goodput_lines(run["goodput"])
     out += _breakdown_lines(run["breakdown"])
     out += _rank_lines(run["ranks"], run["stragglers"])
     out.append(f"health: {_count(len(run['health']), 'event')}" if run["health"] else "health: no NaN/Inf or spiking loss")
@@ -412,6 +414,23 @@ def _wrapped(text: str, width: int = 110) -> list[str]:
     import textwrap
 
     return textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _goodput_lines(goodput: dict | None) -> list[str]:
+    """The goodput ledger: the productive fraction of the run's wall time, and every part of that time."""
+    if goodput is None:
+        return ["goodput: not recorded (a run from before the goodput ledger)"]
+    wall = goodput["wall_s"]
+    out = [
+        f"goodput: {_num(goodput['fraction'], '.1%')} of {wall:.1f} s wall time productive, "
+        f"over {_count(goodput['attempts'], 'attempt')} (first start to last update)",
+        f"  {'part':<18} {'seconds':>9} {'share':>7}",
+    ]
+    for part in GOODPUT_PARTS:
+        seconds = goodput["parts"].get(part, 0.0)
+        out.append(f"  {part:<18} {seconds:9.2f} {_num(seconds / wall if wall > 0 else None, '7.1%')}")
+    out.append(f"  {'unaccounted':<18} {goodput['unaccounted_s']:9.2f}")
+    return out
 
 
 def _breakdown_lines(breakdown: dict) -> list[str]:
@@ -457,6 +476,7 @@ def _file_lines(files: dict) -> list[str]:
         f"  step times   {files['step_times']}",
         f"  health       {files['health']}",
         f"  tensorboard  {files['tensorboard']}",
+        f"  goodput      {files['goodput']}",
     ]
     for window in files["profiles"]:
         out.append(f"  profile of steps {window['first']}-{window['last']} (Perfetto, TensorBoard's profiler):")

@@ -38,6 +38,7 @@ from common.contracts import (
     CHECKPOINT_META,
     DATASETS,
     DIAGNOSTICS,
+    GOODPUT,
     HEALTH,
     METRICS,
     MODELS,
@@ -70,7 +71,7 @@ once nothing in it changed for this long."""
 
 CHECKPOINTS, EVAL, VALIDATION = "checkpoints", "eval", "validation"
 ALIASES, REGISTRATIONS = "aliases", "registrations"
-RUN_FILES = {METRICS, STEP_TIMES, HEALTH, RUN_LEASE, TENSORBOARD, DIAGNOSTICS}
+RUN_FILES = {METRICS, STEP_TIMES, HEALTH, RUN_LEASE, TENSORBOARD, DIAGNOSTICS, GOODPUT}
 """What a run's folder holds besides its checkpoints and evaluations (``common.contracts``)."""
 TEMPORARY = ".tmp-"
 """A local store's temporary files (``storage.store``): a write in flight or left by a killed writer."""

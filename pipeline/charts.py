@@ -7,7 +7,8 @@ Used by ``pretrain runs compare`` (PNG/SVG files) and by the Decks and ``pretrai
 
 Every drawn series carries an SVG id (matplotlib's ``gid``) naming what it is, so that a test, or a person
 reading the SVG, can find it: ``raw-<i>``, ``smooth-<i>``, ``validation-<i>`` for run ``i``'s loss,
-``series`` for a single metric, ``line-<i>`` for series ``i`` of a line chart.
+``series`` for a single metric, ``line-<i>`` for series ``i`` of a line chart, ``goodput-<part>`` for a part of the
+goodput bar.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.plotting import COLORS, axes, integer_steps, text
+from pipeline.plotting import COLORS, SIZE, axes, integer_steps, text
 
 SMOOTHING_FRACTION = 0.05
 """The moving average spans this fraction of a run's steps (at least ``MIN_WINDOW``, odd)."""
@@ -143,4 +144,22 @@ def lines_figure(
     return fig
 
 
-__all__ = ["Curve", "lines_figure", "loss_figure", "series_figure", "smooth", "window_for"]
+def goodput_figure(parts: list[tuple[str, float]], wall_s: float, title: str = "where the wall time went") -> Any:
+    """One horizontal bar of the run's wall time, stacked by part in ``parts``' order ((name, seconds); parts of
+    no time are left out), each part's segment in its color; the legend gives each part's seconds and share."""
+    fig, ax = axes(title, "seconds", "", size=(SIZE[0], 1.9))
+    left = 0.0
+    for i, (name, seconds) in enumerate(parts):
+        if not seconds > 0:
+            continue
+        share = f" ({seconds / wall_s:.1%})" if wall_s > 0 else ""
+        label = text(f"{name.replace('_', ' ')}: {seconds:,.1f} s{share}")
+        ax.barh([0], [seconds], left=[left], height=0.6, color=COLORS[i % len(COLORS)], gid=f"goodput-{name}", label=label)
+        left += seconds
+    ax.set_yticks([])
+    ax.set_xlim(0, max(left, wall_s, 1e-9))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+__all__ = ["Curve", "goodput_figure", "lines_figure", "loss_figure", "series_figure", "smooth", "window_for"]

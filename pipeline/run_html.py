@@ -1,6 +1,6 @@
 """A training run as HTML, read from its files in the store: its curves (loss with its validation points, and
-the other per-step series), where its step time goes (the phase table and every rank, as ``pretrain runs show``
-prints them, and charts), its warnings; and runs side by side.
+the other per-step series), where its wall time goes (the goodput ledger's bar) and its step time (the phase table
+and every rank, as ``pretrain runs show`` prints them, and charts), its warnings; and runs side by side.
 
 The train task's Decks (``tasks.train``), the last task's Comparison Deck and ``pretrain runs report``
 (``pipeline.run_report``) are all made here, so they show the same thing. No Flyte, no torch.
@@ -17,6 +17,8 @@ from pipeline import charts
 from pipeline.deck_html import STYLE, chart, fmt, grid, num
 from storage import Store
 from training.runs import catalog as training_runs
+from training.runs.goodput import PARTS as GOODPUT_PARTS
+from training.runs.goodput import Goodput, load_goodput
 from training.runs.runlog import read_jsonl
 
 # Per-step metrics of training/observe/metrics.py charted besides the loss: (record key, title, y label, scale).
@@ -34,14 +36,15 @@ TRAIN_DECKS = ("Training curves", "Step time", "Warnings")
 
 def run_sections(store: Store, run_id: str) -> dict[str, str]:
     """The HTML of each of ``TRAIN_DECKS`` for the run ``run_id`` (its id, not a prefix), from its files: the
-    per-step records, every rank's step times, and the loss chart's validation points: those the training
-    measured (``train.val_every``) and those of its committed evaluations (``catalog.loss_history``)."""
+    per-step records, every rank's step times, the loss chart's validation points: those the training
+    measured (``train.val_every``) and those of its committed evaluations (``catalog.loss_history``), and the
+    goodput ledger (its bar heads the step time's section)."""
     run = run_prefix(run_id)
     metrics = read_jsonl(store, metrics_key(run))
     validation = training_runs.loss_history(store, run_id, metrics)["validation"]
     return {
         "Training curves": training_curves(metrics, validation),
-        "Step time": step_time(metrics, read_jsonl(store, step_times_key(run))),
+        "Step time": goodput_bar(load_goodput(store, run)) + step_time(metrics, read_jsonl(store, step_times_key(run))),
         "Warnings": run_warnings(metrics),
     }
 
@@ -65,6 +68,22 @@ def training_curves(metrics: list[dict], validation: list[tuple[int, float]] | N
     source = last.get("peak_flops_source")
     note = f"<p>MFU against {escape(fmt(last.get('peak_flops')))} FLOP/s per device ({escape(source)}).</p>" if source else ""
     return "".join(parts) + note if parts else "<h3>training curves</h3><p>no data</p>"
+
+
+# --- where the wall time goes -------------------------------------------------------------------
+def goodput_bar(goodput: Goodput | None) -> str:
+    """The run's wall time as one bar stacked by part (``training.runs.goodput``: productive steps, start-up, data
+    waits, checkpoint stalls, evaluation, shutdown, restarts, re-trained steps), its legend in seconds, under the
+    productive fraction and the attempts; a run without a ledger says so."""
+    if goodput is None:
+        return f"{STYLE}<h3>goodput</h3><p>not recorded (a run from before the goodput ledger)</p>"
+    parts = [(part, goodput.parts[part]) for part in GOODPUT_PARTS]
+    attempts = f"{goodput.attempts} attempt" + ("" if goodput.attempts == 1 else "s")
+    return (
+        f"{STYLE}<h3>goodput</h3><p>{escape(num(goodput.fraction, '.1%'))} of {escape(num(goodput.wall_s, ',.1f'))} s "
+        f"wall time in productive steps, over {escape(attempts)} (first start to last update)</p>"
+        + chart(charts.goodput_figure(parts, goodput.wall_s))
+    )
 
 
 # --- where a step's time goes --------------------------------------------------------------------

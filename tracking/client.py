@@ -224,6 +224,18 @@ def figure_metrics(figures: Mapping[str, Any], step: int) -> list[tuple[str, flo
     return [(k, v, timestamp_ms(step), step) for k, v in numbers.items() if v is not None]
 
 
+def goodput_metrics(goodput: Mapping[str, Any] | None, step: int) -> list[tuple[str, float, int, int]]:
+    """(name, value, timestamp ms, step) of a run's goodput (``training.runs.goodput.Goodput.to_dict()``; None: no
+    ledger, no points) at the run's last step: ``goodput`` (the productive fraction of the wall time),
+    ``goodput_wall_s`` and ``goodput_<part>_s`` for each part of it."""
+    if not goodput:
+        return []
+    figures = {"goodput": goodput.get("fraction"), "goodput_wall_s": goodput.get("wall_s")}
+    figures |= {f"goodput_{part}_s": seconds for part, seconds in (goodput.get("parts") or {}).items()}
+    numbers = {metric_name(k): _number(v) for k, v in figures.items()}
+    return [(k, v, timestamp_ms(step), step) for k, v in numbers.items() if v is not None and math.isfinite(v)]
+
+
 def log_points(mlflow, run_id: str, points: Iterable[tuple[str, float, int, int]]) -> int:
     """Send ``points`` in batches MLflow accepts; identical points already there are kept once. Returns the count."""
     from mlflow.entities import Metric

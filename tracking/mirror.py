@@ -10,7 +10,8 @@ What one execution's MLflow run gets (``record_execution``):
 * metrics: every record of the run's metrics.jsonl with its step (one point per step, see
   ``tracking.client``), and the card's numeric figures at the last step: the evaluation's under their
   own names (val_loss, perplexity, bits_per_byte, lm-eval results), the training summary's under
-  ``summary.`` (``tracking.client.figure_name``);
+  ``summary.`` (``tracking.client.figure_name``), and the run's goodput ledger at the last step (``goodput``, the
+  productive fraction of its wall time, and ``goodput_<part>_s``: ``training.runs.goodput``);
 * small artifacts: ``links/store.json``, the store keys and URLs of the checkpoint, the evaluation
   outputs, the Hugging Face export, the registry entry and its card (links, never copies of
   checkpoints), and what the caller renders (the loss chart, the validation report: ``tasks.track``).
@@ -51,6 +52,7 @@ from tracking.client import (
     figure_metrics,
     find_run,
     fresh_execution_id,
+    goodput_metrics,
     log_files,
     log_points,
     set_tags,
@@ -60,6 +62,7 @@ from tracking.client import (
 )
 from tracking.params import run_name
 from tracking.uri import sqlite_path
+from training.runs.goodput import load_goodput
 
 LINKS_ARTIFACT = "links/store.json"
 RESERVED_LATEST = "latest-registered"
@@ -169,6 +172,8 @@ def record_execution(
     records = [line for line in store.get_bytes(metrics_key(run)).decode().splitlines() if line.strip()]
     points = [p for line in records for p in step_metrics(json.loads(line))]
     points += figure_metrics(card.metrics, card.lineage.training_steps)
+    goodput = load_goodput(store, run)
+    points += goodput_metrics(goodput.to_dict() if goodput is not None else None, card.lineage.training_steps)
     log_points(mlflow, run_id, points)
     mlflow.log_dict(run_id, links(store, model, card), LINKS_ARTIFACT)
     log_files(mlflow, run_id, files or {})

@@ -5,7 +5,7 @@ belongs to components built from their own config, each owning its cadence and s
 manager (``training.checkpointing.manager``: resume, start from a base model, save, the run's lease),
 the run log (``training.runs.runlog``: metrics, step times, health events) and the step callbacks
 (``training.callbacks``: loss health, validation loss, stragglers, metrics, profiler, step lines, the
-MLflow sender).
+MLflow sender, the goodput ledger: ``training.runs.goodput``).
 
 Launch it under torchrun, a Flyte ``Elastic`` task, or ``training.launch.spawn``: it
 reads RANK/WORLD_SIZE/MASTER_* from the environment. The run id is a hash of the dataset
@@ -36,6 +36,7 @@ import torch.distributed as dist
 from common.codeversion import code_version
 from common.contracts import CheckpointRef, DatasetRef, run_prefix
 from common.hashing import config_hash
+from common.stages import mark_stage
 from storage import open_store
 from training.callbacks import Callbacks, OnRecord
 from training.checkpointing.manager import CheckpointManager
@@ -45,6 +46,7 @@ from training.distributed import init_distributed, shutdown_distributed
 from training.model.step import StepResult, build_step, micro_batches
 from training.observe.console import StepLines
 from training.observe.diagnostics import write_diagnostics
+from training.observe.goodput import GoodputCallback
 from training.observe.health import BadLossError, LossHealth
 from training.observe.metrics import StepMetrics
 from training.observe.profiling import WindowProfiler
@@ -145,17 +147,22 @@ class Trainer:
         self.log = RunLog(self.store, self.run_prefix, self.rank0)
         meta = {"model": asdict(model_cfg), "train": asdict(cfg), "dataset": dataset.version}
         self.checkpoints = CheckpointManager(self.store, self.run_prefix, self.step, self.loader, meta, parallel, cfg, progress)
+        self.goodput = GoodputCallback.for_rank(self.store, self.run_prefix, self.rank0)  # this attempt's goodput ledger
 
     def run(self, cleanup: ExitStack, on_record: Callable[[dict], None] | None = None) -> CheckpointRef:
         """Resume → steps ``start + 1``..``train.steps`` → finish: the last checkpoint. ``cleanup`` releases
         the run's lease however training ends; ``on_record`` (rank 0) hears each final step record."""
+        cleanup.callback(self.goodput.end)  # the attempt's end, however it ends (after the lease's release)
         start = self.checkpoints.start(cleanup, self.base_model, self.log)
+        self.goodput.resumed(start)
         self._observe(on_record)
         for step in range(start + 1, self.cfg.steps + 1):
             self._train_step(step)
         return self._finish()
 
     def _train_step(self, step: int) -> None:
+        if self.rank0:
+            mark_stage("train-step")  # where a soak's kill lands (common.stages; nothing unless it is on)
         self.progress.enter(f"step {step}", self.parallel.stall_timeout_s)
         self.callbacks.before_step(step)
         self.timer.start(step)
@@ -203,6 +210,7 @@ class Trainer:
             WindowProfiler(cfg, self.store, self.run_prefix, rank, param.device),
             *([StepLines(cfg.steps, cfg.log_every)] if self.rank0 else []),
             *([OnRecord(on_record)] if on_record is not None and self.rank0 else []),
+            self.goodput,  # last: a step ends once every other callback heard it, a save once the run log published
         ]
         self.callbacks = Callbacks(callbacks)
 

@@ -11,7 +11,8 @@ leaves under ``runs/<id>/`` (``common.contracts`` names them):
   dataset version;
 - ``tensorboard/plugins/profile/steps_A-B/``: profiler traces and memory snapshots per rank;
 - ``diagnostics/``: stacks and flight-recorder dumps of stalled ranks;
-- ``eval/<key>/results.json``: committed evaluations.
+- ``eval/<key>/results.json``: committed evaluations;
+- ``goodput/attempt-*.json``: each training attempt's goodput ledger (``training.runs.goodput``).
 
 A run is found by its id or a unique prefix of it (``resolve_run``).
 """
@@ -43,6 +44,7 @@ from common.contracts import (
 from common.errors import UserError
 from common.settings import flat_settings
 from storage import Store
+from training.runs.goodput import Goodput, goodput_prefix, load_goodput
 from training.runs.runlog import read_jsonl
 
 RUNS = "runs"
@@ -122,9 +124,11 @@ def _latest_meta(store: Store, run: str, steps: list[int]) -> dict:
     return store.get_json(f"{checkpoint_prefix(run, steps[-1])}/{CHECKPOINT_META}") if steps else {}
 
 
-def summary(store: Store, run_id: str) -> dict[str, Any]:
-    """One row of ``pretrain runs list``: progress, final figures, layout, dataset, last change."""
+def summary(store: Store, run_id: str, goodput: Goodput | None = None) -> dict[str, Any]:
+    """One row of ``pretrain runs list``: progress, final figures, goodput (the productive fraction of its wall
+    time), layout, dataset, last change. ``goodput``: the run's, when the caller has loaded it already."""
     run = run_prefix(run_id)
+    goodput = goodput or load_goodput(store, run)
     steps = committed_steps(store, run)
     meta = _latest_meta(store, run, steps)
     metrics = read_jsonl(store, metrics_key(run))
@@ -140,6 +144,7 @@ def summary(store: Store, run_id: str) -> dict[str, Any]:
         "final_loss_steps": min(FINAL_LOSS_STEPS, sum(1 for m in metrics if "skipped" not in m)),
         "tokens_per_s": _median([m.get("tokens_per_s") for m in metrics]),
         "mfu": mfu,
+        "goodput": goodput.fraction if goodput is not None else None,
         "layout": _layout_short(layouts[-1]) if layouts else None,
         "layouts": len(layouts),
         "dataset": meta.get("dataset"),
@@ -266,6 +271,7 @@ def _files(store: Store, run: str) -> dict[str, Any]:
         "step_times": store.url(step_times_key(run)),
         "health": store.url(health_key(run)),
         "tensorboard": store.url(tensorboard_prefix(run)),
+        "goodput": store.url(goodput_prefix(run)),
         "profiles": sorted(windows.values(), key=lambda w: (w["first"], w["last"])),
         "diagnostics": [store.url(key) for key in store.list(f"{diagnostics_prefix(run)}/")],
     }
@@ -294,8 +300,10 @@ def show(store: Store, text: str) -> dict[str, Any]:
     if not health:  # a run from before health.jsonl: its refused steps carry the event
         health = [m["health"] for m in metrics if "health" in m]
     memory = [m["peak_memory_mib"] for m in metrics if isinstance(m.get("peak_memory_mib"), (int, float))]
+    goodput = load_goodput(store, run)
     return {
-        **summary(store, run_id),
+        **summary(store, run_id, goodput),
+        "goodput": goodput.to_dict() if goodput is not None else None,
         "checkpoints": [{"step": s, "uri": store.url(checkpoint_prefix(run, s))} for s in steps],
         "config": {"model": meta.get("model"), "train": meta.get("train")},
         "layout_history": _layouts(meta),
