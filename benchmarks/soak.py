@@ -3,19 +3,24 @@
     python benchmarks/soak.py [--seed 18] [--per-stage 2] [--outages 2] [--work DIR] [--keep]
 
 One SeaweedFS S3 server (``storage.s3server.S3Server``) holds the store ``s3://soak/store``.
-An uninterrupted reference run of a small pipeline (``soak_config``) records what a run must
-produce: the dataset version, the final checkpoint's tensors (weights and AdamW moments,
-``training.checkpointing.snapshot``), the card's metrics, and the timeline of its stages as seen in the
-store. Then each trial
+Every pipeline writes its stage markers (``common.stages``: a line ``<name> <time>`` as each
+stage's work begins) to a file of its own (``$PRETRAIN_STAGE_MARKERS``). An uninterrupted
+reference run of a small pipeline (``soak_config``) records what a run must produce: the dataset
+version, the final checkpoint's tensors (weights and AdamW moments,
+``training.checkpointing.snapshot``), the card's metrics, its training goodput
+(``training.runs.goodput``), its markers, and the timeline of its stages as seen in the store
+(when each stage and each checkpoint committed). Then each trial
 
 1. resets the store and flytekit's local cache (a private ``HOME``) to the state just before
    its stage: empty for prepare and validate; for the later stages, the reference's store
    objects and cache entries of the stages before it (the cache key of a task is its inputs
    and code version, and those refs point into the same store URI, so a trial of ``train``
    starts exactly where a fresh execution would be when train begins);
-2. runs ``pretrain run --config soak.yaml`` (its own session) and, at a seeded random point of
-   the trial's stage, SIGKILLs the whole process group, or stops the S3 server for a few
-   seconds and starts it again (same data folder and port) while objects are being uploaded;
+2. runs ``pretrain run --config soak.yaml`` (its own session), waits until its marker file shows
+   the trial's stage started (for train, checkpoint and checkpoint-upload: the chosen step or
+   save), and SIGKILLs the whole process group a seeded random delay later, inside that stage's
+   window as the reference ran it; or stops the S3 server for a few seconds and starts it again
+   (same data folder and port) while objects are being uploaded;
 3. reruns the same command to completion with the same ``HOME``, as a Flyte retry would
    (cached stages hit);
 4. checks: exactly one committed registry version (no twins); every committed prefix whole
@@ -24,22 +29,24 @@ store. Then each trial
    partial prefix is visible as complete; the dataset version, the final checkpoint's and the
    registered copy's tensors (``torch.equal``, every key, same key sets), the per-step losses
    (each step once, none lost, none doubled) and the card's metrics (timing ones excluded)
-   identical to the reference's.
+   identical to the reference's; and reads the run's goodput over its attempts.
 
-Where a kill lands is read from the store at the moment of the kill (which stage had not
-committed yet), and ``kills_by_stage`` counts those; ``checkpoint`` is a kill inside a
-checkpoint commit (some of a step's files uploaded, no ``_COMMITTED``), ``train`` one inside
-a step. The last line of stdout is one JSON object (see docs/soak.md).
+Where a kill landed is the stage the run's last marker before it names (``kill_stage``; the
+store says what a marker cannot: whether an asynchronous upload had committed), and
+``kills_by_stage`` counts those; the store's own view (``stage_of``) is kept beside as a
+cross-check (``store_disagrees``). The last line of stdout is one JSON object (see docs/soak.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +61,8 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from common.contracts import CARD, ENTRY_CHECKPOINT, MANIFEST, TOKENIZER  # noqa: E402
+from common.stages import ENV as MARKERS_ENV  # noqa: E402
+from common.stages import Marker, read_markers  # noqa: E402
 from storage import COMMIT_MARKER, open_store  # noqa: E402
 from storage.s3server import S3Server  # noqa: E402
 
@@ -61,11 +70,28 @@ BUCKET = "soak"
 STORE_PREFIX = "store"
 MODEL = "gpt-soak"
 STEPS = 24
-STAGES = ("prepare", "validate", "train", "checkpoint", "evaluate", "register")
+STAGES = ("prepare", "validate", "train", "checkpoint", "checkpoint-upload", "evaluate", "register")
 CACHED_TASKS = ("prepare_data", "validate_data", "train_model", "evaluate_model", "register_model")
 # Where each stage's trial starts: the cached tasks (and their store objects) that precede it.
-STARTS = {"prepare": 0, "validate": 0, "train": 2, "checkpoint": 2, "evaluate": 3, "register": 4}
+STARTS = {"prepare": 0, "validate": 0, "train": 2, "checkpoint": 2, "checkpoint-upload": 2, "evaluate": 3, "register": 4}
 POLL_S = 0.05
+MARKER_POLL_S = 0.01  # the marker file is local: reading it costs microseconds
+CHECKPOINT_EVERY = 8
+CHECKPOINTS = [s for s in range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY)]
+# The stage a marker says is running: its own name, but a step's is the train stage's (common.stages).
+MARKER_STAGES = {"train-step": "train"}
+# Where the store may stand when a kill landed in a stage (a cross-check of the markers' word).
+STORE_AGREES = {
+    "prepare": {"prepare"},
+    "validate": {"validate"},
+    "train": {"train", "checkpoint"},
+    "checkpoint": {"train", "checkpoint"},
+    "checkpoint-upload": {"train", "checkpoint"},
+    "evaluate": {"evaluate"},
+    "register": {"register"},
+}
+GOODPUT_STAGES = ("train", "checkpoint", "checkpoint-upload")  # kills whose run's goodput is compared
+GOODPUT_GOAL = 0.9  # goodput under kills / the reference's
 
 
 def soak_config(corpus: Path) -> dict[str, Any]:
@@ -138,8 +164,15 @@ class StoreView:
     """The bucket's objects under the store's prefix, listed directly (one request per poll)."""
 
     server: S3Server
+    _clients: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def client(self):
+        """One client per endpoint (a restarted server keeps its port): polls in a tight loop make none."""
+        if self.server.endpoint not in self._clients:
+            self._clients[self.server.endpoint] = self._new_client()
+        return self._clients[self.server.endpoint]
+
+    def _new_client(self):
         import boto3
         from botocore.config import Config
 
@@ -152,10 +185,11 @@ class StoreView:
             config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
         )
 
-    def keys(self) -> set[str]:
+    def keys(self, under: str = "") -> set[str]:
+        """The store's keys (those under ``under``, e.g. ``runs/``), relative to the store."""
         found: set[str] = set()
         client = self.client()
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{STORE_PREFIX}/"):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{STORE_PREFIX}/{under}"):
             found.update(o["Key"][len(STORE_PREFIX) + 1 :] for o in page.get("Contents", []))
         return found
 
@@ -183,6 +217,27 @@ class Position:
         return f"{self.objects} objects of its prefix written" if self.stage != "done" else ""
 
 
+def checkpoint_files(keys: set[str]) -> dict[int, int]:
+    """How many objects each checkpoint step's prefix holds (``runs/<id>/checkpoints/step-N/...``)."""
+    files: dict[int, int] = {}
+    for k in keys:
+        parts = k.split("/")
+        if len(parts) >= 5 and parts[0] == "runs" and parts[2] == "checkpoints" and parts[3].startswith("step-"):
+            step = int(parts[3].removeprefix("step-"))
+            files[step] = files.get(step, 0) + 1
+    return files
+
+
+def committed_steps(keys: set[str]) -> set[int]:
+    """The checkpoint steps whose commit marker is in the store (pruned ones are gone)."""
+    found: set[int] = set()
+    for k in keys:
+        parts = k.split("/")
+        if len(parts) == 5 and parts[0] == "runs" and parts[2] == "checkpoints" and parts[4] == COMMIT_MARKER:
+            found.add(int(parts[3].removeprefix("step-")))
+    return found
+
+
 def stage_of(keys: set[str]) -> Position:
     """Where a pipeline stands, from one listing of the store."""
 
@@ -193,15 +248,8 @@ def stage_of(keys: set[str]) -> Position:
         return Position("prepare", sum(k.startswith("datasets/") for k in keys))
     if not marker(3, "datasets/", "/validation"):
         return Position("validate", sum("/validation/" in k for k in keys))
-    files: dict[int, int] = {}
-    committed: set[int] = set()
-    for k in keys:
-        parts = k.split("/")
-        if len(parts) >= 5 and parts[0] == "runs" and parts[2] == "checkpoints" and parts[3].startswith("step-"):
-            step = int(parts[3].removeprefix("step-"))
-            files[step] = files.get(step, 0) + 1
-            if len(parts) == 5 and parts[4] == COMMIT_MARKER:
-                committed.add(step)
+    files = checkpoint_files(keys)
+    committed = committed_steps(keys)
     latest = max(committed, default=0)
     if latest < STEPS:
         uploading = [s for s in files if s not in committed and s > latest]  # not a pruned older one
@@ -215,6 +263,148 @@ def stage_of(keys: set[str]) -> Position:
     if not any(k.endswith(f"/{COMMIT_MARKER}") and k.count("/") == 3 for k in entry):
         return Position("register", len(entry))
     return Position("done")
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage markers (common.stages): where a kill is aimed, and where it landed
+
+
+def save_step(save: int) -> int:
+    """The step of a run's ``save``-th checkpoint save (1-based) in a run that started from scratch, as
+    every faulted train trial and the reference do."""
+    return CHECKPOINTS[min(max(save, 1), len(CHECKPOINTS)) - 1]
+
+
+def upload_open(markers: list[Marker], committed: set[int]) -> bool:
+    """Whether the latest asynchronous upload was still running: a ``checkpoint-upload`` marker was
+    written and its save's commit marker is not in the store (``committed``: committed steps there)."""
+    uploads = sum(m.name == "checkpoint-upload" for m in markers)
+    return uploads > 0 and max(committed, default=0) < save_step(uploads)
+
+
+def kill_stage(markers: list[Marker], committed: set[int], store_stage: str = "", at: float | None = None) -> str:
+    """The stage a kill at ``at`` (time.time(); None: after every marker) landed in, from the run's markers:
+    the one its last marker before ``at`` names ("start-up" before any: the CLI importing, the tasks
+    before prepare), with what a marker cannot say read from the store (``committed``: the committed
+    checkpoint steps right after the kill, ``store_stage``: ``stage_of`` then):
+
+    - ``checkpoint-upload`` when an asynchronous upload was running (``upload_open``) and the last
+      marker is a step's, the train task's or the upload's own; once that save committed, ``train``;
+    - ``checkpoint`` (the synchronous part of a save) until that save commits, ``train`` after it
+      (a run that marks no step after its save is back in its steps all the same);
+    - a run that writes no ``checkpoint`` marker (no marker inside training yet): a kill in ``train``
+      while the store shows a save's files without its commit marker is in ``checkpoint``."""
+    seen = [m for m in markers if at is None or m.at <= at]
+    if not seen:
+        return "start-up"
+    stage = MARKER_STAGES.get(seen[-1].name, seen[-1].name)
+    if stage in ("train", "checkpoint-upload") and upload_open(seen, committed):
+        return "checkpoint-upload"
+    if stage == "checkpoint-upload":
+        return "train"
+    if stage == "checkpoint":
+        saves = sum(m.name == "checkpoint" for m in seen)
+        return "train" if max(committed, default=0) >= save_step(saves) else "checkpoint"
+    if stage == "train" and store_stage == "checkpoint" and not any(m.name == "checkpoint" for m in seen):
+        return "checkpoint"
+    return stage
+
+
+def nth(markers: list[Marker], name: str, occurrence: int) -> int | None:
+    """The index in ``markers`` of the ``occurrence``-th (1-based) marker named ``name``, or None."""
+    hits = [i for i, m in enumerate(markers) if m.name == name]
+    return hits[occurrence - 1] if 0 < occurrence <= len(hits) else None
+
+
+def window(markers: list[Marker], index: int, end: float | None = None, bounded: bool = True) -> float:
+    """How long the stage that ``markers[index]`` opened ran, in seconds: until the next marker (when
+    ``bounded``) or ``end`` (when the store showed its commit), whichever came first; 0 when neither is known."""
+    ends = [end] if end is not None else []
+    if bounded and index + 1 < len(markers):
+        ends.append(markers[index + 1].at)
+    return max(min(ends) - markers[index].at, 0.0) if ends else 0.0
+
+
+def plain_steps(markers: list[Marker]) -> list[int]:
+    """The occurrences (1-based) of ``train-step`` markers followed by another step's: steps with no save."""
+    steps = [i for i, m in enumerate(markers) if m.name == "train-step"]
+    return [n for n, i in enumerate(steps, 1) if i + 1 < len(markers) and markers[i + 1].name == "train-step"]
+
+
+@dataclass
+class MarkerAim:
+    """A kill ``delays[0]`` seconds after the ``occurrences[0]``-th marker named ``name`` was written (by its
+    own time). When that marker's window closes before the kill is due (``closed``: a step or save quicker
+    than in the reference), the aim moves on to the next occurrence and its delay, while there is one."""
+
+    name: str
+    occurrences: list[int]
+    delays: list[float]
+    until_commit: bool = False  # the window ends at its save's commit only (an asynchronous upload: steps go on)
+
+    def fire_at(self, markers: list[Marker]) -> float | None:
+        """When the kill is due (time.time()), once the marker is there; None before."""
+        index = nth(markers, self.name, self.occurrences[0])
+        return None if index is None else markers[index].at + self.delays[0]
+
+    def closed(self, markers: list[Marker], committed: set[int]) -> bool:
+        """Whether the aimed occurrence's window is over: a save's once it committed (``committed``: the
+        store's committed steps), any other's (and a save's synchronous part) once a later marker is there."""
+        index = nth(markers, self.name, self.occurrences[0])
+        if index is None:
+            return False
+        if self.name in ("checkpoint", "checkpoint-upload") and max(committed, default=0) >= save_step(self.occurrences[0]):
+            return True
+        return not self.until_commit and index + 1 < len(markers)
+
+    def move_on(self) -> bool:
+        """Aim at the next occurrence; False (and the aim unchanged) when there is none."""
+        if len(self.occurrences) < 2:
+            return False
+        del self.occurrences[0], self.delays[0]
+        return True
+
+    def describe(self) -> str:
+        later = f" (then #{', #'.join(map(str, self.occurrences[1:]))} if it closes first)" if len(self.occurrences) > 1 else ""
+        return f"{self.delays[0]:.2f} s after {self.name} marker #{self.occurrences[0]}{later}"
+
+
+def goodput_summary(reference: float | None, under_kills: list[float], note: str = "") -> dict[str, Any]:
+    """The JSON line's goodput keys: the reference run's training goodput, the median and min over the
+    kill trials' runs, their ratio to the reference (``ratios``, ``spread`` of the per-trial ratio) and
+    the goal (≥ GOODPUT_GOAL); nulls, with ``goodput_note`` saying why, when a figure is missing."""
+    ratios = [g / reference for g in under_kills] if reference and under_kills else []
+    median = statistics.median(under_kills) if under_kills else None
+    kills = None
+    if median is not None:
+        kills = {"median": round(median, 4), "min": round(min(under_kills), 4), "trials": len(under_kills)}
+    ratio = round(median / reference, 3) if ratios and median is not None and reference else None
+    out: dict[str, Any] = {
+        "goodput_reference": round(reference, 4) if reference is not None else None,
+        "goodput_under_kills": kills,
+        "ratios": {"goodput_vs_reference": ratio},
+        "spread": {"goodput_vs_reference": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None},
+        "goal": {"goodput_vs_reference": f">= {GOODPUT_GOAL}", "met": None if ratio is None else ratio >= GOODPUT_GOAL},
+    }
+    if ratio is None:
+        out["goodput_note"] = note or (f"no kill landed in {' / '.join(GOODPUT_STAGES)}" if reference else "no reference goodput")
+    return out
+
+
+def goodput_of(store, run: str) -> tuple[dict[str, Any] | None, str]:
+    """The training goodput of ``run`` (``runs/<id>``) over all its attempts (``training.runs.goodput``), as
+    ``Goodput.to_dict()`` with its ``fraction``; or None and why not (the module absent, nothing recorded)."""
+    try:
+        from training.runs.goodput import load_goodput
+    except ImportError as e:
+        return None, f"training.runs.goodput cannot be imported ({e})"
+    try:
+        found = load_goodput(store, run)
+    except Exception as e:  # noqa: BLE001 - a figure missing must not stop the soak's checks
+        return None, f"load_goodput({run}) failed: {type(e).__name__}: {str(e)[:200]}"
+    if found is None or found.fraction is None:
+        return None, f"no goodput recorded for {run}" + ("" if found is None else " (no wall time)")
+    return {**found.to_dict(), "fraction": found.fraction}, ""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,7 +520,9 @@ class Trial:
     number: int
     stage: str  # where the fault is aimed
     fault: str  # "kill" | "outage"
-    landed: str = ""  # where it landed, from the store at that moment
+    aim: str = ""  # how: the marker and delay, or the store/log event of a fallback
+    landed: str = ""  # where it landed: a kill's from the run's markers (kill_stage), an outage's from the store
+    store_stage: str = ""  # where the store stood right after a kill (stage_of): the cross-check
     detail: str = ""
     fault_at_s: float = 0.0  # seconds after the faulted run started
     outage_s: float = 0.0
@@ -343,10 +535,9 @@ class Trial:
     recovered: bool = False
     orphans: int = 0
     orphan_commands: list[str] = field(default_factory=list)
-
-
-CHECKPOINT_EVERY = 8
-CHECKPOINTS = [s for s in range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY)]
+    goodput: float | None = None  # the run's training goodput after its rerun (training.runs.goodput)
+    goodput_detail: dict[str, Any] | None = None  # Goodput.to_dict(), or None with goodput_note
+    goodput_note: str = ""
 
 
 @dataclass
@@ -364,6 +555,13 @@ class Aim:
     steps: list[int] = field(default_factory=list)
     tight: bool = False
     armed_at: float | None = None
+
+    def describe(self) -> str:
+        if self.steps:
+            point = f"checkpoint step {self.steps[0]} or later, {self.objects} files uploaded"
+        else:
+            point = f"{self.objects} objects of its prefix written" if self.objects else f"{self.delay:.2f} s in"
+        return f"by the store: {self.stage}, {point}" + (f", after {self.after.strip()!r} in the log" if self.after else "")
 
     def armed(self, log_text: str) -> bool:
         if self.steps:  # from the step's line on: its checkpoint save follows it
@@ -405,6 +603,13 @@ class Soak:
         self.reference = Outcome()
         self.reference_objects: dict[str, bytes] = {}
         self.reference_home = work / "reference-home"
+        self.reference_markers: list[Marker] = []
+        self.seen: dict[str, float] = {}  # the reference: when the store first showed each stage (time.time())
+        self.commits: dict[int, float] = {}  # the reference: when each checkpoint step's commit marker appeared
+        self.reference_goodput: dict[str, Any] | None = None
+        self.goodput_note = ""
+        self.fallbacks: dict[str, str] = {}  # stages aimed without markers (the code writes none there): why
+        self.skipped: dict[str, str] = {}  # stages no kill can be aimed at in this code: why
         self.code = pin_code(work / "code")
 
     # -- processes ----------------------------------------------------------------------------
@@ -420,11 +625,17 @@ class Soak:
             "PYTHONPATH": str(self.code),  # ahead of the editable install: the pinned copy runs
             "PRETRAIN_LOG_DIR": str(self.work / "logs"),
             "SOAK_TAG": tag,  # finds any process of this pipeline that left its group
+            MARKERS_ENV: str(self.markers(tag)),  # every process of the pipeline writes its stage markers there
         }
+
+    def markers(self, tag: str) -> Path:
+        return self.work / "markers" / f"{tag}.txt"
 
     def start(self, home: Path, tag: str) -> tuple[subprocess.Popen, Path]:
         log = self.work / "logs" / f"{tag}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        self.markers(tag).parent.mkdir(parents=True, exist_ok=True)
+        self.markers(tag).unlink(missing_ok=True)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [str(Path(sys.executable).parent / "pretrain"), "run", "--config", str(self.config)],
@@ -437,12 +648,15 @@ class Soak:
         self.procs.append(proc)
         return proc, log
 
-    def kill(self, proc: subprocess.Popen) -> None:
+    def kill(self, proc: subprocess.Popen) -> float:
+        """SIGKILL the process group; returns when the signal was sent (time.time()), after waiting for the leader."""
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        sent = time.time()
         proc.wait(timeout=60)
+        return sent
 
     def orphans(self, tag: str, grace_s: float = 10.0) -> list[str]:
         """Processes of pipeline ``tag`` still alive ``grace_s`` after it ended or its group was killed
@@ -485,19 +699,29 @@ class Soak:
 
     # -- the reference ---------------------------------------------------------------------------
     def run_reference(self) -> None:
-        """An uninterrupted run; records the timeline of its stages in the store (seconds after start)."""
+        """An uninterrupted run; records its stage markers, the timeline of its stages in the store (seconds
+        after start; and by the clock, ``seen``) and when each checkpoint's commit marker appeared (``commits``)."""
         self.view.wipe()
         began = time.monotonic()
         proc, log = self.start(self.reference_home, "reference")
         while proc.poll() is None:
             try:
-                stage = stage_of(self.view.keys()).stage
+                keys = self.view.keys()
             except Exception:  # noqa: BLE001 - a poll that failed is retried
-                stage = ""
-            if stage and stage not in self.timeline:
-                self.timeline[stage] = round(time.monotonic() - began, 2)
-            time.sleep(0.1)
+                keys = None
+            now = time.time()
+            if keys is not None:
+                stage = stage_of(keys).stage
+                if stage not in self.timeline:
+                    self.timeline[stage] = round(time.monotonic() - began, 2)
+                    self.seen[stage] = now
+                for step in committed_steps(keys):
+                    self.commits.setdefault(step, now)
+            # Saves' commits bound the checkpoint windows: seen within a few hundredths of a second.
+            time.sleep(0.02 if self.timeline.get("train") and "evaluate" not in self.timeline else 0.1)
         self.timeline["done"] = round(time.monotonic() - began, 2)
+        self.seen.setdefault("done", time.time())
+        self.reference_markers = read_markers(self.markers("reference"))
         if proc.returncode != 0:
             raise RuntimeError(f"the reference run failed (exit {proc.returncode}):\n{log.read_text()[-3000:]}")
         store = open_store(f"s3://{BUCKET}/{STORE_PREFIX}")
@@ -509,6 +733,20 @@ class Soak:
             raise RuntimeError(f"the reference run registered versions {self.reference.versions}")
         for key in self.view.keys():
             self.reference_objects[key] = store.get_bytes(key)
+        names = {m.name for m in self.reference_markers}
+        missing = [n for n in ("prepare", "validate", "train", "evaluate", "register") if n not in names]
+        if missing:
+            raise RuntimeError(f"the reference run wrote no stage marker {missing} ({self.markers('reference')})")
+        if not plain_steps(self.reference_markers):
+            self.fallbacks["train"] = "no train-step markers: aimed 0-0.3 s after a step's line in the log"
+        if "checkpoint" not in names:
+            self.fallbacks["checkpoint"] = "no checkpoint markers: aimed at a save's upload seen in the store"
+        if "checkpoint-upload" not in names:
+            self.skipped["checkpoint-upload"] = (
+                "the reference run wrote no checkpoint-upload marker: its saves upload synchronously, "
+                "so there is no asynchronous upload to kill"
+            )
+        self.reference_goodput, self.goodput_note = goodput_of(store, self.reference.run)
 
     # -- a trial's starting state ----------------------------------------------------------------
     def restore(self, stage: str, home: Path) -> None:
@@ -547,9 +785,53 @@ class Soak:
         nxt = order[order.index(stage) + 1]
         return max(self.timeline.get(nxt, 0.0) - self.timeline.get(stage, 0.0), 0.5)
 
-    def aim(self, trial: Trial) -> Aim:
-        """A seeded random point of the trial's stage."""
-        rng, target = self.rng, trial.stage
+    def aim(self, trial: Trial) -> MarkerAim | Aim:
+        """A seeded random point of the trial's stage: a kill's by the run's markers (``marker_aim``), an
+        outage's by the store (``store_aim``: it must meet an upload), but in evaluate (no upload to meet)."""
+        if trial.fault == "outage" and trial.stage != "evaluate":
+            return self.store_aim(trial.stage)
+        return self.marker_aim(trial.stage)
+
+    def marker_aim(self, target: str) -> MarkerAim | Aim:
+        """A seeded random delay after the marker that opens ``target``, inside that stage's window in the
+        reference: 5-85 % of it. The window ends at the next marker or when the store showed the stage's
+        commit, whichever came first; an asynchronous upload's ends at its save's commit only (steps go on
+        meanwhile). Steps and saves: a drawn one, then (if its window closes before the kill is due) the
+        later ones, each at the same fraction of its own window. A stage this code marks nothing inside
+        (``fallbacks``) is aimed as before markers (``store_aim``)."""
+        rng, markers = self.rng, self.reference_markers
+        if target in self.fallbacks:
+            return self.store_aim(target)
+        fraction = rng.uniform(0.05, 0.85)
+
+        def spans(name: str, occurrences: list[int], end: dict[int, float] | None = None) -> list[float]:
+            found = []
+            for occurrence in occurrences:
+                index = nth(markers, name, occurrence)
+                assert index is not None
+                until = end.get(save_step(occurrence)) if end is not None else None
+                found.append(fraction * window(markers, index, until, bounded=name != "checkpoint-upload"))
+            return found
+
+        if target == "train":  # inside a step with no save
+            steps = plain_steps(markers)
+            later = steps[steps.index(rng.choice(steps)) :]
+            return MarkerAim("train-step", later, spans("train-step", later))
+        if target in ("checkpoint", "checkpoint-upload"):
+            saves = [k for k in range(1, sum(m.name == target for m in markers) + 1) if save_step(k) in self.commits]
+            if not saves:
+                raise RuntimeError(f"the reference run's {target} markers match no committed checkpoint")
+            later = saves[saves.index(rng.choice(saves)) :]
+            return MarkerAim(target, later, spans(target, later, self.commits), until_commit=target == "checkpoint-upload")
+        index = nth(markers, target, 1)
+        assert index is not None
+        ends = {"prepare": "validate", "validate": "train", "evaluate": "register", "register": "done"}
+        return MarkerAim(target, [1], [fraction * window(markers, index, self.seen.get(ends[target]))])
+
+    def store_aim(self, target: str) -> Aim:
+        """A seeded random point of ``target`` as the store and the run's output show it (outages, and the
+        kills of a stage with no markers inside it)."""
+        rng = self.rng
         if target == "prepare":
             if rng.random() < 0.5:  # while the shards are uploaded: after some of the dataset's objects
                 return Aim("encode:", "prepare", objects=rng.randint(1, 4), tight=True)
@@ -564,6 +846,75 @@ class Soak:
             return Aim("", "register", objects=rng.randint(2, 12), tight=True)
         return Aim("", target, delay=rng.uniform(0.05, 0.85) * self._span(target))
 
+    def place_kill(self, trial: Trial, proc: subprocess.Popen, tag: str, began: float) -> None:
+        """Kill the run now and record where it landed: by its markers (``kill_stage``), the store's word beside."""
+        trial.fault_at_s = round(time.monotonic() - began, 2)
+        sent = self.kill(proc)
+        if proc.returncode != -signal.SIGKILL:
+            trial.landed, trial.detail = "missed", f"the run ended (exit {proc.returncode}) before the kill"
+            return
+        markers = read_markers(self.markers(tag))
+        try:
+            keys: set[str] | None = self.view.keys()  # nothing moves after the kill
+        except Exception as e:  # noqa: BLE001 - the cross-check is lost, not the trial
+            keys, trial.detail = None, f"store not listed ({type(e).__name__}); "
+        where = stage_of(keys) if keys is not None else Position("unknown")
+        trial.landed = kill_stage(markers, committed_steps(keys or set()), where.stage, at=sent)
+        trial.store_stage = where.stage
+        last = [m for m in markers if m.at <= sent]
+        said = f"last marker {last[-1].name} {sent - last[-1].at:.2f} s before" if last else "no marker yet"
+        trial.detail += f"{said}; store: {where.stage}" + (f" ({where.describe()})" if where.describe() else "")
+
+    def wait_for(self, aim: MarkerAim, proc: subprocess.Popen, tag: str) -> bool:
+        """Wait for the aim's marker (the marker file, read every MARKER_POLL_S), then until its time plus
+        the delay, moving on while the aimed window closes first (an upload's commit: one listing of
+        ``runs/`` per poll): True when due, False when the run ended first."""
+        path = self.markers(tag)
+        while proc.poll() is None:
+            markers = read_markers(path)
+            due = aim.fire_at(markers)
+            if due is not None and time.time() < due:
+                committed: set[int] = set()
+                if aim.until_commit:
+                    try:
+                        committed = committed_steps(self.view.keys("runs/"))
+                    except Exception:  # noqa: BLE001 - a poll that failed is retried
+                        pass
+                if aim.closed(markers, committed) and aim.move_on():
+                    continue
+            if due is not None and time.time() >= due:
+                return True
+            time.sleep(MARKER_POLL_S if due is None else min(max(due - time.time(), 0.0), MARKER_POLL_S))
+        return False
+
+    def fire_by_store(self, trial: Trial, proc: subprocess.Popen, log: Path, aim: Aim, tag: str, began: float) -> bool:
+        """Poll the store and the run's output until ``aim`` is due, then kill (placed by the markers) or
+        stop S3 for a few seconds; False when the run ended first."""
+        while proc.poll() is None:
+            text = log.read_text(errors="replace")
+            try:
+                where = stage_of(self.view.keys())
+            except Exception:  # noqa: BLE001 - a poll that failed is retried
+                continue
+            if aim.due(where, text, time.monotonic() - began):
+                if trial.fault == "kill":
+                    self.place_kill(trial, proc, tag, began)
+                else:
+                    trial.fault_at_s = round(time.monotonic() - began, 2)
+                    trial.landed, trial.detail = where.stage, where.describe()
+                    self.outage(trial)
+                return True
+            if not aim.tight_now(where, text):
+                time.sleep(POLL_S)
+        return False
+
+    def outage(self, trial: Trial) -> None:
+        """S3 stopped for 2-6 s (seeded), then started again on the same data folder and port."""
+        self.server.stop()
+        trial.outage_s = round(self.rng.uniform(2.0, 6.0), 2)
+        time.sleep(trial.outage_s)
+        self.server.start()
+
     def run_trial(self, trial: Trial) -> Trial:
         tag = f"trial-{trial.number:02d}-{trial.stage}-{trial.fault}"
         home = self.work / "homes" / tag
@@ -571,31 +922,21 @@ class Soak:
         aim = self.aim(trial)
         if trial.fault == "outage" and trial.stage == "prepare":
             aim = Aim("encode:", "prepare", objects=1, tight=True)  # while objects are uploaded
+        trial.aim = aim.describe()
         began = time.monotonic()
         proc, log = self.start(home, f"{tag}-faulted")
-        fired = False
-        while proc.poll() is None and not fired:
-            text = log.read_text(errors="replace")
-            try:
-                where = stage_of(self.view.keys())
-            except Exception:  # noqa: BLE001 - a poll that failed is retried
-                continue
-            elapsed = time.monotonic() - began
-            if aim.due(where, text, elapsed):
-                fired = True
-                trial.fault_at_s = round(elapsed, 2)
-                if trial.fault == "kill":
-                    self.kill(proc)
-                    where = stage_of(self.view.keys())  # where it stopped: nothing moves after the kill
-                    trial.landed, trial.detail = where.stage, where.describe()
-                else:
-                    self.server.stop()
-                    trial.landed, trial.detail = where.stage, where.describe()
-                    trial.outage_s = round(self.rng.uniform(2.0, 6.0), 2)
-                    time.sleep(trial.outage_s)
-                    self.server.start()
-            elif not aim.tight_now(where, text):
-                time.sleep(POLL_S)
+        if isinstance(aim, MarkerAim):
+            fired = self.wait_for(aim, proc, f"{tag}-faulted")
+            trial.aim += f"; fired {aim.describe()}"
+            if fired and trial.fault == "kill":
+                self.place_kill(trial, proc, f"{tag}-faulted", began)
+            elif fired:  # an outage in evaluate: where by the markers, the store may not answer
+                trial.fault_at_s = round(time.monotonic() - began, 2)
+                trial.landed = kill_stage(read_markers(self.markers(f"{tag}-faulted")), set())
+                trial.detail = f"S3 stopped after the {trial.landed} marker"
+                self.outage(trial)
+        else:
+            fired = self.fire_by_store(trial, proc, log, aim, f"{tag}-faulted", began)
         if trial.fault == "outage" or not fired:
             try:
                 proc.wait(timeout=600)
@@ -616,6 +957,9 @@ class Soak:
             got = read_outcome(store)
             trial.checks = compare(self.reference, got)
             trial.twins = max(len(got.versions) - 1, 0)
+            # The run's goodput over its attempts, the killed one and the rerun.
+            trial.goodput_detail, trial.goodput_note = goodput_of(store, got.run)
+            trial.goodput = trial.goodput_detail["fraction"] if trial.goodput_detail else None
         else:
             trial.checks = {"rerun_tail": text[-1500:]}
         checks = trial.checks
@@ -626,8 +970,8 @@ class Soak:
         return trial
 
 
-def schedule(per_stage: int, outages: int, rng: random.Random) -> list[Trial]:
-    plan = [(stage, "kill") for stage in STAGES for _ in range(per_stage)]
+def schedule(per_stage: int, outages: int, rng: random.Random, stages: tuple[str, ...] = STAGES) -> list[Trial]:
+    plan = [(stage, "kill") for stage in stages for _ in range(per_stage)]
     targets = ["checkpoint", "register", "prepare", "evaluate"]
     plan += [(targets[i % len(targets)], "outage") for i in range(outages)]
     rng.shuffle(plan)
@@ -637,7 +981,7 @@ def schedule(per_stage: int, outages: int, rng: random.Random) -> list[Trial]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=18)
-    parser.add_argument("--per-stage", type=int, default=2, help="kills aimed at each stage (6 stages)")
+    parser.add_argument("--per-stage", type=int, default=2, help=f"kills aimed at each stage ({len(STAGES)} stages)")
     parser.add_argument("--outages", type=int, default=2, help="S3 server stops during uploads")
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the working folder (logs, S3 data)")
@@ -657,44 +1001,71 @@ def main() -> int:
         soak.server.start()
         os.environ.update(soak.server.env())  # the soak's own reads of the store (the same after a restart)
         soak.run_reference()
+        reference_goodput = soak.reference_goodput["fraction"] if soak.reference_goodput else None
         print(
             f"reference: {soak.timeline['done']:.0f} s, dataset {soak.reference.dataset_version}, "
-            f"timeline {soak.timeline}, {len(soak.reference.tensors)} tensors",
+            f"timeline {soak.timeline}, {len(soak.reference.tensors)} tensors, "
+            f"markers {dict(collections.Counter(m.name for m in soak.reference_markers))}, "
+            f"goodput {reference_goodput if reference_goodput is not None else 'null: ' + soak.goodput_note}",
             flush=True,
         )
-        for trial in schedule(args.per_stage, args.outages, soak.rng):
+        for stage, why in soak.fallbacks.items():
+            print(f"{stage}: kills aimed without markers: {why}", flush=True)
+        for stage, why in soak.skipped.items():
+            print(f"{stage}: skipped: {why}", flush=True)
+        stages = tuple(s for s in STAGES if s not in soak.skipped)
+        for trial in schedule(args.per_stage, args.outages, soak.rng, stages):
             soak.run_trial(trial)
             trials.append(trial)
+            goodput = f"{trial.goodput:.4f}" if trial.goodput is not None else f"null ({trial.goodput_note})"
             print(
-                f"trial {trial.number:2d}: {trial.fault} aimed at {trial.stage}, landed in {trial.landed} "
+                f"trial {trial.number:2d}: {trial.fault} aimed at {trial.stage} ({trial.aim}), landed in {trial.landed} "
                 f"({trial.detail}) at {trial.fault_at_s} s; faulted exit {trial.faulted_rc}; rerun exit {trial.rerun_rc} "
-                f"in {trial.rerun_s} s; recovered {trial.recovered}; twins {trial.twins}; partial {len(trial.partial)}"
+                f"in {trial.rerun_s} s; recovered {trial.recovered}; twins {trial.twins}; partial {len(trial.partial)}; "
+                f"goodput {goodput}"
                 + (f"; {json.dumps({k: v for k, v in trial.checks.items() if v is not True})}" if not trial.recovered else ""),
                 flush=True,
             )
     finally:
         soak.close()
-        report = {"timeline": soak.timeline, "trials": [asdict(t) for t in trials]}
+        report = {
+            "timeline": soak.timeline,
+            "reference_markers": [asdict(m) for m in soak.reference_markers],
+            "reference_seen": soak.seen,
+            "reference_commits": soak.commits,
+            "reference_goodput": soak.reference_goodput,
+            "goodput_note": soak.goodput_note,
+            "fallbacks": soak.fallbacks,
+            "skipped": soak.skipped,
+            "trials": [asdict(t) for t in trials],
+        }
         (work / "soak-report.json").write_text(json.dumps(report, indent=2, default=str))
         if not args.keep:
             shutil.rmtree(work / "s3", ignore_errors=True)
             shutil.rmtree(work / "homes", ignore_errors=True)
 
-    kills = [t for t in trials if t.fault == "kill" and t.landed not in ("missed", "done")]
-    by_stage = {stage: sum(t.landed == stage for t in kills) for stage in STAGES}
+    stages = tuple(s for s in STAGES if s not in soak.skipped)
+    kills = [t for t in trials if t.fault == "kill" and t.landed in stages]
+    by_stage = {stage: sum(t.landed == stage for t in kills) for stage in stages}
+    under_kills = [t.goodput for t in kills if t.landed in GOODPUT_STAGES and t.goodput is not None]
+    goodput_note = soak.goodput_note or next((t.goodput_note for t in kills if t.landed in GOODPUT_STAGES and t.goodput_note), "")
+    reference_goodput = soak.reference_goodput["fraction"] if soak.reference_goodput else None
     summary = {
         "kills": len(kills),
         "kills_by_stage": by_stage,
+        "skipped": soak.skipped,
+        "store_disagrees": sum(t.store_stage not in STORE_AGREES[t.landed] for t in kills),
         "outages": sum(t.fault == "outage" and t.landed != "missed" for t in trials),
         "recovered": sum(t.recovered for t in trials),
         "trials": len(trials),
-        "missed": sum(t.landed in ("missed", "done") for t in trials),
+        "missed": sum(t.landed not in stages if t.fault == "kill" else t.landed == "missed" for t in trials),
         "bitwise_equal": bool(trials) and all(t.checks.get("bitwise_equal") for t in trials),
         "twins": sum(t.twins for t in trials),
         "partial_visible": sum(len(t.partial) for t in trials),
         "orphans": sum(t.orphans for t in trials),
         "dataset_version": soak.reference.dataset_version,
         "tensors_compared": len(soak.reference.tensors),
+        **goodput_summary(reference_goodput, under_kills, goodput_note),
         "seconds": round(time.monotonic() - began, 1),
         "machine": machine(),
         "seed": args.seed,

@@ -11,6 +11,7 @@ from flytekit import Cache, Deck, HashMethod, dynamic, map_task, task
 
 from common.contracts import TOKENIZER, DatasetRef
 from common.hashing import config_hash
+from common.stages import mark_stage
 from data_prep import prepare as stages
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from data_prep.shards import ShardInfo
@@ -57,6 +58,7 @@ def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_
 
     A ``base_model`` (registry entry) lends its tokenizer: continued pretraining keeps the vocabulary.
     """
+    mark_stage("prepare")
     _log_progress()
     tokenizer_key = f"{base_model}/{TOKENIZER}" if base_model else ""
     prep = stages.plan(open_store(store), data, tokenizer, tokenizer_key)
@@ -156,6 +158,7 @@ def commit_dataset(prep: stages.Preparation, packed: list[list[ShardInfo]]) -> D
 @as_messages
 def validate_data(dataset: DatasetRef, validation: ValidationConfig) -> DatasetRef:
     """Great Expectations gate: raises, listing every failed expectation, before training starts."""
+    mark_stage("validate")
     store = open_store(dataset.store)
     try:
         result = check_dataset(store, dataset, validation)

@@ -7,6 +7,7 @@ from html import escape
 from flytekit import Cache, Deck, task
 
 from common.contracts import CheckpointRef, EvalReport
+from common.stages import mark_stage
 from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
 from pipeline.deck_html import table
@@ -33,6 +34,7 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
     """Validation loss, perplexity, bits per byte, lm-evaluation-harness figures and samples of the
     trained checkpoint, and the ``baseline`` registry entry's bits per byte on the same rows and
     lm-eval figures on the same examples (for the quality gate)."""
+    mark_stage("evaluate")
     report = evaluate(checkpoint, model, eval_cfg, baseline)
     store = open_store(checkpoint.store)
     summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}

@@ -7,6 +7,7 @@ import dataclasses
 from flytekit import Cache, current_context, task
 
 from common.contracts import EvalReport, ModelRef, model_prefix
+from common.stages import mark_stage
 from pipeline.config import PipelineConfig
 from registry.card import check_continuable, read_card
 from registry.config import RegistryConfig
@@ -80,6 +81,7 @@ def register_model(report: EvalReport, registry: RegistryConfig, config: Pipelin
     validation rows, or keeps the alias ("holder changed during evaluation: alias kept, re-run
     to compare"); the alias moves only if the holder compared with still holds it
     (``registry.register``)."""
+    mark_stage("register")
     store = open_store(report.checkpoint.store)
     ref = register(
         store,

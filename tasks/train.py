@@ -10,6 +10,7 @@ import warnings
 from flytekit import Cache, Deck, task
 
 from common.contracts import CheckpointRef, DatasetRef, TrackingRef
+from common.stages import mark_stage
 from pipeline.run_html import run_sections
 from storage import open_store
 from tasks import decks
@@ -45,6 +46,8 @@ def train_model(
 ) -> CheckpointRef:
     """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint.
     Rank 0 streams each step's record to the execution's MLflow run, if it has one (never waiting on it)."""
+    if os.environ.get("RANK", "0") == "0":  # one line per event: rank 0's (the steps' own markers are training's)
+        mark_stage("train")
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
     sender = None
     if tracking.run_id and os.environ.get("RANK", "0") == "0":
