@@ -391,6 +391,24 @@ def goodput_summary(reference: float | None, under_kills: list[float], note: str
     return out
 
 
+def lost_per_kill(trials: list[Any]) -> dict[str, Any]:
+    """What one kill in training cost its run, the median over ``trials`` (those with a goodput): the restart
+    (from the failure to the resumed step) and the steps trained again, in seconds, and of the restart the soak's
+    own share (its checks between the kill and the rerun's start, which a Flyte retry's scheduling replaces)."""
+    parts = [t.goodput_detail["parts"] for t in trials if t.goodput_detail]
+    gaps = [t.harness_gap_s for t in trials if t.goodput_detail and t.harness_gap_s is not None]
+    if not parts:
+        return {"lost_per_kill_s": None}
+    median = statistics.median
+    return {
+        "lost_per_kill_s": {
+            "restarts": round(median(p["restarts"] for p in parts), 2),
+            "retrained": round(median(p["retrained"] for p in parts), 2),
+            "of_which_soak_gap": round(median(gaps), 2) if gaps else None,
+        }
+    }
+
+
 def goodput_of(store, run: str) -> tuple[dict[str, Any] | None, str]:
     """The training goodput of ``run`` (``runs/<id>``) over all its attempts (``training.runs.goodput``), as
     ``Goodput.to_dict()`` with its ``fraction``; or None and why not (the module absent, nothing recorded)."""
@@ -538,6 +556,7 @@ class Trial:
     goodput: float | None = None  # the run's training goodput after its rerun (training.runs.goodput)
     goodput_detail: dict[str, Any] | None = None  # Goodput.to_dict(), or None with goodput_note
     goodput_note: str = ""
+    harness_gap_s: float | None = None  # from the fault to the rerun's start: the soak's checks, not the pipeline's
 
 
 @dataclass
@@ -947,6 +966,8 @@ class Soak:
         if not fired:
             trial.landed, trial.detail = "missed", f"the run ended (exit {proc.returncode}) before the fault was due"
         trial.orphan_commands = self.orphans(f"{tag}-faulted")
+        if fired:  # the soak's own time between the fault and the rerun (checks, waits)
+            trial.harness_gap_s = round(time.monotonic() - began - trial.fault_at_s, 2)
         rc, seconds, text = self.run_to_end(home, f"{tag}-rerun")
         trial.rerun_rc, trial.rerun_s = rc, round(seconds, 1)
         trial.orphan_commands += self.orphans(f"{tag}-rerun")
@@ -1066,6 +1087,7 @@ def main() -> int:
         "dataset_version": soak.reference.dataset_version,
         "tensors_compared": len(soak.reference.tensors),
         **goodput_summary(reference_goodput, under_kills, goodput_note),
+        **lost_per_kill([t for t in kills if t.landed in GOODPUT_STAGES]),
         "seconds": round(time.monotonic() - began, 1),
         "machine": machine(),
         "seed": args.seed,
