@@ -1,10 +1,14 @@
 """How long a checkpoint stops the step loop: an asynchronous save against a synchronous one of the same state.
 
     python benchmarks/bench_checkpoint.py [--repeats 3] [--layers 8] [--hidden 640] [--store s3|local] [--min-parameters N]
+                                          [--device cpu|cuda]
 
 A world of one rank (``training.distributed.init_distributed(standalone=True)``) holds a GPT of ≥ 50 M
 parameters built by ``training.model.step.build_step`` (the trainer's own model and torch AdamW, with
-moments: weights + two moments, fp32, are what each checkpoint writes). Each repeat saves the same state
+moments: weights + two moments, fp32 on the CPU, are what each checkpoint writes). ``--device cuda``: the
+model is built on the GPU, in bf16 as the trainer builds it there (its moments too), the world's default
+group is NCCL, and the stall includes the device-to-host copy of every tensor; the default, ``cpu``, hides
+CUDA from the process. Each repeat saves the same state
 twice, in rotated order, to the project's SeaweedFS S3 server on 127.0.0.1 (``--store local``: a file
 store), through ``training.checkpointing.saving.start_save``:
 
@@ -99,6 +103,9 @@ def measure(
             for p in checkpoint._optimizer_params(step.optimizer):
                 step.optimizer.state[p]["exp_avg"].normal_()
                 step.optimizer.state[p]["exp_avg_sq"].uniform_()
+        first = next(step.model.parameters())
+        if first.device.type == "cuda":
+            torch.cuda.synchronize(first.device)  # the moments' initialisation is not timed in the first save
         with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as tmp, checkpoint_store(store_kind, Path(tmp)) as uri:
             store = open_store(uri)
             save_step = 0
@@ -134,6 +141,8 @@ def measure(
         "shape": {"num_layers": layers, "hidden_size": hidden, "vocab": vocab},
         "checkpoint_mb": round(size / 1e6, 1),
         "store": store_kind,
+        "device": first.device.type,
+        "dtype": str(first.dtype).removeprefix("torch."),
         "repeats": repeats,
         "sync_save_s": {k: round(v, 3) for k, v in spread(times["sync"]).items()},
         "async_stall_s": {k: round(v, 3) for k, v in spread(times["async"]).items()},
@@ -151,11 +160,18 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=640)
     parser.add_argument("--store", choices=("s3", "local"), default="s3")
     parser.add_argument("--min-parameters", type=int, default=50_000_000, help="refuse a smaller model (the goal's size)")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the model on the GPU (bf16) and NCCL as the default group"
+    )
     args = parser.parse_args()
     import torch
 
-    torch.cuda.is_available = lambda: False  # type: ignore[assignment]  # a CPU measurement, as bench_train's
+    if args.device == "cpu":
+        torch.cuda.is_available = lambda: False  # type: ignore[assignment]  # a CPU measurement, as bench_train's
+    else:
+        require(torch.cuda.is_available(), "--device cuda: torch sees no CUDA device")
     result = measure(args.repeats, args.layers, args.hidden, args.store, min_parameters=args.min_parameters)
+    require(result["device"] == args.device, f"the model was built on {result['device']}, not {args.device}")
     result["machine"] = machine(["torch", "megatron-core"])
     print(json.dumps(result))
 
