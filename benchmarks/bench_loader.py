@@ -1,7 +1,7 @@
 """The training loader at its real job: data-parallel ranks streaming a dataset cold from S3 through
 their node's shard cache, against what one 8-GPU node consumes, and the bytes each node fetches.
 
-    python benchmarks/bench_loader.py [--mb 300] [--repeats 3] [--ranks 2] [--quick]
+    python benchmarks/bench_loader.py [--mb 300] [--repeats 3] [--ranks 2] [--quick] [--gpu-demand RESULT.json]
 
 What runs:
 
@@ -35,7 +35,9 @@ What runs:
   configs/tiny-cpu.yaml's model (4 layers, hidden 128) with the dataset's vocabulary (32768) and seq 2048,
   micro-batch 1, one thread (a rank's): one gpt-1b step (1.2 B parameters, 4 × 2048 tokens) takes
   minutes on this CPU and its fp32 weights and Adam state need about 20 GB. ``bench_train`` passes its own
-  run's tokens/s on a GPU instead (``per_gpu``).
+  run's tokens/s on a GPU instead (``per_gpu``). ``--gpu-demand FILE`` adds a second divisor: the tokens/s
+  of ``ours`` in a ``bench_train --size 1b`` result from a GPU (gpt-1b's shape on the device it trains on),
+  as ``loader_s3_vs_gpu_node_demand``.
 
 Each repeat runs loader then raw GET, each after a restart of the S3 server. **Cold** means: fresh rank
 processes (fresh boto3 clients, no connection reused), a freshly restarted ``weed`` (no chunk or metadata
@@ -558,7 +560,12 @@ def _bytes(records: list[dict], dataset_bytes: int) -> dict:
 
 
 def measure(
-    mb: float = 300.0, repeats: int = 3, ranks: int = 2, quick: bool = False, per_gpu: tuple[float, str] | None = None
+    mb: float = 300.0,
+    repeats: int = 3,
+    ranks: int = 2,
+    quick: bool = False,
+    per_gpu: tuple[float, str] | None = None,
+    gpu_demand: tuple[float, str] | None = None,
 ) -> dict:
     """Write the dataset to a fresh S3 server, measure the demand (unless ``per_gpu``, the caller's measured
     tokens/s and basis), then ``repeats`` × (cold loader run, cold raw-GET run), one run of 2 simulated
@@ -579,6 +586,12 @@ def measure(
         demand = node_demand(cfg, per_gpu or (demand_run["tokens_per_s"], demand_run["basis"]))
         if demand_run:
             demand["run"] = demand_run
+        if gpu_demand:  # a GPU's measured tokens/s of the chosen shape (a result file): a second divisor
+            demand["measured_gpu"] = {
+                "tokens_per_s_per_gpu": gpu_demand[0],
+                "tokens_per_s": GPUS_PER_NODE * gpu_demand[0],
+                "basis": gpu_demand[1],
+            }
         print(f"  demand: {demand['tokens_per_s_per_gpu']:,.0f} tokens/s per device ({demand['basis']})", flush=True)
         loader_job = {"mode": "loader", "shape": shape, "ref": ref, "tp": 1}
         runs: list[dict] = []
@@ -624,6 +637,10 @@ def summarize(
     raw = [r for run in runs for r in run["raw"]]
     ratios = [_stream_rate(run["loader"]) / demand["tokens_per_s"] for run in runs]
     steady = [_stream_rate(run["loader"], "steady_tokens_per_s") / demand["tokens_per_s"] for run in runs]
+    against_gpu = {}
+    if "measured_gpu" in demand:
+        gpu_node = demand["measured_gpu"]["tokens_per_s"]
+        against_gpu["loader_s3_vs_gpu_node_demand"] = [_stream_rate(run["loader"]) / gpu_node for run in runs]
     size = dataset["train_bytes"]
     read_bytes = {
         "loader": [_bytes(run["loader"], size) for run in runs],
@@ -680,6 +697,7 @@ def summarize(
                 "loader_s3_vs_node_demand": ratios,
                 "loader_s3_steady_vs_node_demand": steady,
                 "read_bytes_vs_dataset_per_node": per_node,
+                **against_gpu,
             }
         ),
         "goals": {"loader_s3_vs_node_demand": ">= 10", "read_bytes_vs_dataset_per_node": "<= 1.1"},
@@ -692,10 +710,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2, help="data-parallel ranks (processes) of the timed runs, one node")
     parser.add_argument("--quick", action="store_true", help="smoke run: 4 MB of 1 MB shards, global batch 64")
+    parser.add_argument(
+        "--gpu-demand",
+        type=Path,
+        help="a bench_train result file from a GPU (--size 1b): its ours tokens/s per GPU is a second node demand, "
+        "reported as loader_s3_vs_gpu_node_demand",
+    )
     args = parser.parse_args()
+    gpu_demand = None
+    if args.gpu_demand:
+        run = json.loads(args.gpu_demand.read_text())
+        require(run.get("size") == "1b" and run.get("device", "cpu") != "cpu", f"{args.gpu_demand} is not a GPU run of --size 1b")
+        gpu_demand = (
+            float(run["ours"]["tokens_per_s"]),
+            f"ours, bench_train --size 1b on {run['device']} ({args.gpu_demand.name})",
+        )
     mb = min(args.mb, 4.0) if args.quick else args.mb
     t0 = time.perf_counter()
-    result = measure(mb, args.repeats, args.ranks, args.quick)
+    result = measure(mb, args.repeats, args.ranks, args.quick, gpu_demand=gpu_demand)
     loader, dataset, read = result["loader"], result["dataset"], result["read_bytes"]
     print(
         f"dataset: {dataset['train_mb']} MB in {dataset['train_shards']} shards, {dataset['train_tokens']:,} tokens; "
