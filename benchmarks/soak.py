@@ -108,7 +108,7 @@ def soak_config(corpus: Path) -> dict[str, Any]:
             "micro_batch_size": 4,
             "global_batch_size": 8,
             "warmup_steps": 4,
-            "checkpoint_every": 8,
+            "checkpoint_every": CHECKPOINT_EVERY,
             "keep_checkpoints": 2,
             "log_every": 1,
         },
@@ -1000,13 +1000,26 @@ def schedule(per_stage: int, outages: int, rng: random.Random, stages: tuple[str
 
 
 def main() -> int:
+    global STEPS, CHECKPOINT_EVERY, CHECKPOINTS  # the run's shape (--steps, --checkpoint-every), read by the aims and checks
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=18)
     parser.add_argument("--per-stage", type=int, default=2, help=f"kills aimed at each stage ({len(STAGES)} stages)")
     parser.add_argument("--outages", type=int, default=2, help="S3 server stops during uploads")
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the working folder (logs, S3 data)")
+    parser.add_argument("--stages", default=",".join(STAGES), help="the stages to fault, comma-separated (default: all)")
+    parser.add_argument(
+        "--steps", type=int, default=STEPS, help="training steps (default 24; more: a run long enough to weigh a restart)"
+    )
+    parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints (default 8)")
     args = parser.parse_args()
+    chosen = tuple(args.stages.split(","))
+    if unknown := [stage for stage in chosen if stage not in STAGES]:
+        parser.error(f"--stages: {unknown} are not stages ({', '.join(STAGES)})")
+    if args.checkpoint_every < 1 or args.steps < 2 * args.checkpoint_every:
+        parser.error("--steps must be at least twice --checkpoint-every (a kill needs a save before it and after it)")
+    STEPS, CHECKPOINT_EVERY = args.steps, args.checkpoint_every
+    CHECKPOINTS = list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))
     # Ctrl-C and a plain kill both unwind through the finally below, which stops every process started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -1034,7 +1047,7 @@ def main() -> int:
             print(f"{stage}: kills aimed without markers: {why}", flush=True)
         for stage, why in soak.skipped.items():
             print(f"{stage}: skipped: {why}", flush=True)
-        stages = tuple(s for s in STAGES if s not in soak.skipped)
+        stages = tuple(s for s in chosen if s not in soak.skipped)
         for trial in schedule(args.per_stage, args.outages, soak.rng, stages):
             soak.run_trial(trial)
             trials.append(trial)
@@ -1065,7 +1078,7 @@ def main() -> int:
             shutil.rmtree(work / "s3", ignore_errors=True)
             shutil.rmtree(work / "homes", ignore_errors=True)
 
-    stages = tuple(s for s in STAGES if s not in soak.skipped)
+    stages = tuple(s for s in chosen if s not in soak.skipped)
     kills = [t for t in trials if t.fault == "kill" and t.landed in stages]
     by_stage = {stage: sum(t.landed == stage for t in kills) for stage in stages}
     under_kills = [t.goodput for t in kills if t.landed in GOODPUT_STAGES and t.goodput is not None]
