@@ -32,7 +32,7 @@ parameter count, and of the data loader against what training consumes, measured
     its ``async_stall_vs_sync_save`` (goal ≤ 0.15) joins "ratios" and "spread". ``--no-checkpoint`` skips it.
 (d) the loader at its real job: ``benchmarks/bench_loader.py`` (two data-parallel ranks, cold, from the
     SeaweedFS S3 server, a 300 MB gpt-1b-shaped dataset) against one 8-GPU node's demand; on a GPU the
-    demand is this run's own tokens/s, elsewhere the recorded H200 figure. ``--loader-s3-mb 0`` skips it.
+    demand is this run's own tokens/s, elsewhere bench_loader's own measured CPU step. ``--loader-s3-mb 0`` skips it.
 
 Prints human-readable lines, then one JSON object as the last line:
   ours, ours_torch_kernels, plain_compiled, plain_eager
@@ -566,7 +566,7 @@ def main() -> None:
             try:
                 from bench_loader import measure as measure_loader_s3
 
-                # On a GPU the demand is this run's own tokens/s; on CPU, the recorded H200 figure (bench_loader).
+                # On a GPU the demand is this run's own tokens/s; on CPU, bench_loader measures a CPU step.
                 per_gpu = None
                 if args.device == "cuda":
                     per_gpu = (ours["tokens_per_s"], f"ours, this run: {args.size} on {result['device']}")

@@ -365,7 +365,9 @@ class MarkerAim:
         return True
 
     def describe(self) -> str:
-        later = f" (then #{', #'.join(map(str, self.occurrences[1:]))} if it closes first)" if len(self.occurrences) > 1 else ""
+        nexts = self.occurrences[1:]
+        shown = ", #".join(map(str, nexts[:5])) + (f" and {len(nexts) - 5} more" if len(nexts) > 5 else "")
+        later = f" (then #{shown} if it closes first)" if nexts else ""
         return f"{self.delays[0]:.2f} s after {self.name} marker #{self.occurrences[0]}{later}"
 
 
