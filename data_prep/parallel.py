@@ -71,7 +71,7 @@ class WorkerPool:
             if initializer:
                 initializer(*initargs)
             return
-        with single_threaded_env():
+        with single_threaded_env(), _default_sigterm():
             self._pool = mp.get_context("fork").Pool(self.workers, initializer=_start_worker, initargs=(initializer, initargs))
 
     def map_ordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[T, R]]:
@@ -124,6 +124,26 @@ class WorkerPool:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(failed=exc_type is not None)
+
+
+@contextmanager
+def _default_sigterm() -> Iterator[None]:
+    """SIGTERM's default action in this process while it forks the workers (main thread only: elsewhere the
+    handler cannot be changed). A fork inherits a Python SIGTERM handler (torch elastic's raises an exception);
+    a SIGTERM reaching a worker before ``_start_worker`` resets it raised inside the worker's copy of the
+    parent's stack, which then ran the pool's clean-up as if it were the parent (CI, 2026-12-04:
+    "can only join a child process"; the sender was not found: on a machine whose pids wrap at 32768, a
+    signal meant for an exited process's pid can reach a new one). With the default, such a worker just
+    dies before its first task, and the pool starts another."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler installed outside Python, which cannot be put back
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:

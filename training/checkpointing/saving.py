@@ -83,13 +83,14 @@ class PendingSave:
         return self._thread is None or not self._thread.is_alive()
 
     def wait(self) -> str:
-        """Block until the save is committed on every rank's side; the committed key prefix."""
+        """Block until the save is committed on every rank's side; the committed key prefix. What failed in
+        the background is raised here as it was raised there: a full store stays a StoreFullError, which the
+        CLI reports in one line, and the watchdog's phase already names the save's step."""
         if self._thread is not None:
             self._thread.join()
         if self._error is not None:
-            raise RuntimeError(
-                f"the checkpoint of step {self.step} ({self.prefix}) failed in the background: {self._error}"
-            ) from self._error
+            self._error.add_note(f"raised in the background save of the checkpoint of step {self.step} ({self.prefix})")
+            raise self._error
         return self.prefix
 
 
