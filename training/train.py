@@ -188,9 +188,12 @@ class Trainer:
         try:
             return self.step.step(tokens, lr, self.timer, accept)
         except BadLossError:
-            # Every rank refused the same loss. The event (the batch's shards and rows) is stored before any
-            # rank exits: the launcher stops the others as soon as one fails.
+            # Every rank refused the same loss. The event (the batch's shards and rows) is stored, and the save
+            # still completing in the background committed (the steps before this one count), before any rank
+            # exits: the launcher stops the others as soon as one fails. Only here, where every rank fails
+            # alike: after another error a peer may be gone, and the save's collectives would wait for it.
             self.log.publish()
+            self.checkpoints.wait()
             dist.barrier()
             raise
 
