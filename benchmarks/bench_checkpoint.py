@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -51,19 +50,12 @@ def checkpoint_store(kind: str, folder: Path) -> Iterator[str]:
     if kind == "local":
         yield str(folder / "store")
         return
+    from bench_loader import s3_environment  # benchmarks/ (the script's folder)
+
     from storage.s3server import S3Server
 
-    with S3Server(data_dir=folder / "s3", bucket=BUCKET) as server:
-        saved = {k: os.environ.get(k) for k in server.env()}
-        os.environ.update(server.env())
-        try:
-            yield f"s3://{BUCKET}/store"
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    with S3Server(data_dir=folder / "s3", bucket=BUCKET) as server, s3_environment(server):
+        yield f"s3://{BUCKET}/store"
 
 
 def tensor_digests(store, prefix: str) -> dict[str, str]:
