@@ -156,16 +156,22 @@ class RotaryFunction(torch.autograd.Function):
 def rotary_reference(t: torch.Tensor, freqs: torch.Tensor, mscale: float = 1.0) -> torch.Tensor:
     """Plain PyTorch RoPE, megatron's rotate_half formula, computed in float32 and rounded once.
 
+    Each half is written into one output tensor (no ``rotate_half`` and no ``cat``: eager makes
+    no extra copies, and torch.compile fuses the whole rotation into one kernel).
     (Megatron itself rounds cos/sin to t's dtype first; in bf16 the two differ by about one
     bf16 step, see the tests.)"""
     acc = torch_acc_dtype(t.dtype)
     freqs2 = _freqs_2d(freqs, t.shape[0]).to(acc)[:, None, None, :]
     rot_dim = freqs2.shape[-1]
-    x, x_pass = t[..., :rot_dim].to(acc), t[..., rot_dim:]
-    x1, x2 = torch.chunk(x, 2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    out = x * (torch.cos(freqs2) * mscale) + rotated * (torch.sin(freqs2) * mscale)
-    return torch.cat((out.to(t.dtype), x_pass), dim=-1)
+    half = rot_dim // 2
+    cos, sin = torch.cos(freqs2) * mscale, torch.sin(freqs2) * mscale
+    x1, x2 = t[..., :half].to(acc), t[..., half:rot_dim].to(acc)
+    out = torch.empty_like(t)
+    out[..., :half] = x1 * cos[..., :half] - x2 * sin[..., :half]
+    out[..., half:rot_dim] = x2 * cos[..., half:] + x1 * sin[..., half:]
+    if rot_dim < t.shape[-1]:
+        out[..., rot_dim:] = t[..., rot_dim:]
+    return out
 
 
 def apply_rotary(t: torch.Tensor, freqs: torch.Tensor, mscale: float = 1.0, impl: Impl = "triton") -> torch.Tensor:

@@ -1729,18 +1729,26 @@ def _layout_facts(trainer) -> dict:
         "output_layer": hasattr(model, "output_layer"),
         "parameters": sum(p.numel() for p in model.parameters()),
         "recompute": model.config.recompute_granularity,  # None, "selective" or "full"
+        # Module.compile() wraps each layer's call in torch.compile (training/model/compiling.py)
+        "compiled_layers": [getattr(layer, "_compiled_call_impl", None) is not None for layer in model.decoder.layers],
     }
 
 
 def _record_sequence_length(model, facts: dict):
-    """Record the sequence length the first transformer layer receives (split across the
+    """Record the sequence length the transformer layers receive (split across the
     tensor-parallel ranks under sequence parallelism): a hook to remove once it has run."""
 
     def hook(module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if hasattr(hidden, "_wrapper"):  # megatron's WrappedTensor: look inside without unwrapping it
+            hidden = hidden._wrapper[0]
+        if hidden is None:  # a later pipeline stage: its input came from the previous stage (set_input_tensor)
+            hidden = module.input_tensor
         facts["layer_input_sequence"] = int(hidden.shape[0])  # megatron's [sequence, batch, hidden]
 
-    return model.decoder.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    # On the block, not its first layer: a hook on a compiled layer would be traced into its graph,
+    # and removing it would recompile the layer.
+    return model.decoder.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _optimizer_state_elements(optimizer) -> int:

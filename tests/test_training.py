@@ -96,14 +96,14 @@ def built(step: str = "LocalStep", tp: int = 1, pp: int = 1, dp: int = 1, sp: bo
 # are the same numbers: two layouts recompute, which tests recompute for the price of no extra launch.
 LAYOUTS = {
     "single-process": (1, ParallelConfig(tensor_parallel=1), "none", built()),
-    "data-parallel-2": (2, ParallelConfig(tensor_parallel=1), "none", built(dp=2)),
+    "data-parallel-2+compiled": (2, ParallelConfig(tensor_parallel=1), "none", built(dp=2)),
     "tensor+sequence-parallel-2+selective-recompute": (
         2,
         ParallelConfig(tensor_parallel=2, sequence_parallel=True),
         "selective",
         built(tp=2, sp=True),
     ),
-    "pipeline-parallel-2+full-recompute": (
+    "pipeline-parallel-2+full-recompute+compiled": (
         2,
         ParallelConfig(tensor_parallel=1, pipeline_parallel=2),
         "full",
@@ -116,6 +116,12 @@ LAYOUTS = {
         built("MegatronStep", dp=2),
     ),
 }
+
+
+# Layouts whose transformer layers and loss head run compiled (train.compile: on): one of each step
+# implementation, so LocalStep and MegatronStep (with the pipeline and full recompute) are checked compiled
+# and, in the other layouts, eager. The TP=2 reference is eager.
+COMPILED = {"data-parallel-2+compiled", "pipeline-parallel-2+full-recompute+compiled"}
 
 
 def layout_summary(facts: dict) -> dict:
@@ -166,8 +172,13 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
     # One save: the final weights. The single-process run measures no held-out loss: its weights matching the TP=2
     # run's (which does, at steps 4 and 8) show that the measurement changes nothing of the training.
     validate = name != "single-process"
+    compiled = name in COMPILED
     steps = dataclasses.replace(
-        STEPS, checkpoint_every=STEPS.steps, recompute=recompute, val_every=STEPS.val_every if validate else 0
+        STEPS,
+        checkpoint_every=STEPS.steps,
+        recompute=recompute,
+        val_every=STEPS.val_every if validate else 0,
+        compile="on" if compiled else "off",
     )
     ref = launch(train_recording_layout, nproc, str(facts_dir), dataset, MODEL, parallel, steps)
     recorded = Layout(nproc, parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer)
@@ -175,6 +186,8 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
     facts = layout_facts(facts_dir)
     check_built_layout(name, facts)
     assert [f["recompute"] for f in facts] == [None if recompute == "none" else recompute] * nproc, facts
+    assert [f["compiled_layers"] for f in facts] == [[compiled] * len(f["layers"]) for f in facts], facts
+    assert (ref.summary["compile_s"] > 0) == compiled, ref.summary  # compiled graphs ran (and took time), or none
     weights = final_weights(ref, MODEL)
     assert weights.keys() == tp2_weights.keys()
     diffs = {

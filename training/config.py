@@ -34,6 +34,14 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+class CompileMode(StrEnum):
+    """``train.compile``: torch.compile of the transformer layers and the loss head."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
 @documented
 @dataclass
 class ModelConfig:
@@ -157,6 +165,10 @@ class TrainConfig:
     """Activation recompute: 'none'; 'selective' (attention recomputed in backward: its
     activations grow with the square of the sequence, its FLOPs do not dominate); 'full' (each
     layer's forward recomputed: least memory, about a third more compute)."""
+    compile: CompileMode = CompileMode.AUTO
+    """torch.compile each transformer layer and the loss head (training/model/compiling.py): 'auto' (on CUDA;
+    off on CPU, where compiling costs more than a short run gains), 'on' (fails where it cannot run) or 'off'.
+    Compile time is reported apart from step time; Inductor caches the compiled graphs across runs."""
     seed: int = 1234
     """Seed of initialisation and data order."""
     checkpoint_every: int = 150
@@ -208,6 +220,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.recompute = as_choice(Recompute, self.recompute)
+        self.compile = as_choice(CompileMode, self.compile)
         self.on_bad_loss = as_choice(BadLossAction, self.on_bad_loss)
 
     def profile_window(self) -> tuple[int, int] | None:
@@ -240,6 +253,7 @@ class TrainConfig:
         out += at_least("train.weight_decay", self.weight_decay, 0, " (typical 0.1)")
         out += at_least("train.grad_clip", self.grad_clip, 0, " (0 = off; typical 1.0)")
         out += choice_problem("train.recompute", self.recompute, Recompute)
+        out += choice_problem("train.compile", self.compile, CompileMode)
         out += at_least("train.seed", self.seed, 0)
         out += at_least("train.checkpoint_every", self.checkpoint_every, 1, " (the last step is always saved)")
         out += at_least("train.shuffle_window_shards", self.shuffle_window_shards, 1)

@@ -43,6 +43,7 @@ from training.checkpointing.manager import CheckpointManager
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.data import Reading, StreamingLoader
 from training.distributed import init_distributed, shutdown_distributed
+from training.model.compiling import compile_seconds
 from training.model.step import StepResult, build_step, micro_batches
 from training.observe.console import StepLines
 from training.observe.diagnostics import write_diagnostics
@@ -227,6 +228,8 @@ class Trainer:
             "parameters": float(self.step.num_parameters()),
             "tokens_trained": float(self.cfg.steps * self.tokens_per_step),
             "world_size": float(layouts[-1].layout.world_size),
+            # Apart from the step times: the first step of a compiled process includes it.
+            "compile_s": compile_seconds(),
         }
         return CheckpointRef(
             store=self.store.uri,

@@ -90,7 +90,7 @@ def differences(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tenso
 
 # A model card's metrics that measure speed, not what was computed: they differ between any two
 # runs of the same inputs (machine load), so a comparison of runs leaves them out.
-TIMING_METRICS = frozenset({"tokens_per_second", "mfu"})
+TIMING_METRICS = frozenset({"tokens_per_second", "mfu", "compile_s"})
 
 
 def comparable_metrics(metrics: dict) -> dict:

@@ -30,6 +30,7 @@ from kernels.fused_linear_ce import fused_linear_cross_entropy
 from kernels.rmsnorm import rmsnorm
 from kernels.rotary import apply_rotary
 from kernels.swiglu import swiglu
+from training.model.compiling import COMPILE_ATTR, compiled_loss
 
 IMPL_ATTR = "pretrain_kernel_impl"  # set on megatron's TransformerConfig by build_gpt
 
@@ -199,4 +200,7 @@ def mean_token_loss(model, inputs: torch.Tensor, positions: torch.Tensor, labels
     finally:
         model.post_process = True
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else model.output_layer.weight
-    return fused_linear_cross_entropy(hidden, weight, labels.t(), impl=getattr(config, IMPL_ATTR, "torch"))
+    impl = getattr(config, IMPL_ATTR, "torch")
+    if impl == "torch" and getattr(config, COMPILE_ATTR, False):  # the references, fused by Inductor
+        return compiled_loss()(hidden.reshape(-1, hidden.shape[-1]), weight, labels.t().reshape(-1))
+    return fused_linear_cross_entropy(hidden, weight, labels.t(), impl=impl)

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from common.settings import problems_error
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, TrainConfig, batch_problems
+from training.model.compiling import compile_model, resolve_compile
 from training.model.gpt import build_gpt, mean_loss
 from training.observe.timing import StepTimer
 
@@ -103,6 +104,8 @@ def build_step(model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfi
         init_seed=cfg.seed,
         recompute=cfg.recompute,
     )
+    if resolve_compile(cfg.compile, next(model.parameters()).device.type):
+        compile_model(model)
     if parallel.pipeline_parallel > 1 or parallel.distributed_optimizer:
         return MegatronStep(model, cfg, accumulation, seq_len, parallel.distributed_optimizer)
     return LocalStep(model, cfg, accumulation, parallel.sequence_parallel)
@@ -144,6 +147,9 @@ class LocalStep:
             lr=cfg.lr,
             betas=BETAS,
             eps=EPS,
+            # One kernel over every parameter (CPU and CUDA), as the compiled peer of bench_train uses;
+            # the default foreach implementation launches several per tensor group.
+            fused=True,
         )
         model.train()
 
@@ -183,9 +189,7 @@ class LocalStep:
         with timer.phase("optimizer"):
             if self.cfg.grad_clip > 0:
                 scale = torch.clamp(self.cfg.grad_clip / (norm + 1e-6), max=1.0)
-                for p in self.params:
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
+                torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], scale)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return StepResult(mean, norm.item(), True)
@@ -205,11 +209,17 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], group, average_over: int
 
 
 def _grad_norm(params: list[torch.nn.Parameter], tp_group, tp_rank: int) -> torch.Tensor:
-    """Global L2 norm: TP-sharded params count on every rank, replicated ones once."""
+    """Global L2 norm: TP-sharded params count on every rank, replicated ones once.
+
+    One ``_foreach_norm`` over the gradients (a kernel per dtype group, as torch's
+    ``clip_grad_norm_``), not a reduction per parameter."""
+    grads = [
+        p.grad.detach() for p in params if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
+    ]
     total = torch.zeros((), dtype=torch.float32, device=params[0].device)
-    for p in params:
-        if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
-            total += p.grad.detach().float().pow(2).sum()
+    if grads:
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+        total += torch.stack(norms).square().sum()
     dist.all_reduce(total, group=tp_group)
     return total.sqrt()
 

@@ -1,0 +1,95 @@
+"""``train.compile``: torch.compile of the megatron GPT's transformer layers and its loss head.
+
+What is compiled, as torchtitan does it: each transformer layer on its own (``Module.compile``;
+the layers share one graph, so compile time does not grow with depth) and, where the loss runs on
+one rank (tensor-parallel size 1, ``kernels`` resolved to the PyTorch references), the output
+layer with its cross-entropy, which Inductor fuses so that the [tokens, vocab] log-softmax is not
+written and read back in fp32. The embedding, the optimizer and the collectives between layers
+stay eager.
+
+Where it runs: CUDA; a CPU with a C++ compiler (Inductor's CPU backend builds C++). Not under
+``TRITON_INTERPRET=1``: interpreted Triton kernels cannot be traced. ``auto`` compiles on CUDA
+only: on the 2-core CPU a run pays 7–12 s per process to compile (warm cache) and gains about
+10 % of a step (docs/performance.md), which short CPU runs never earn back.
+
+Compiled graphs are cached by Inductor (``TORCHINDUCTOR_CACHE_DIR``, default
+``/tmp/torchinductor_<user>``): the second process compiling the same layer shape loads them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+
+import torch
+
+from common.errors import ConfigError
+from training.config import CompileMode
+
+COMPILE_ATTR = "pretrain_compiled_loss"  # set on megatron's TransformerConfig by compile_model
+
+
+def compile_problem(device_type: str) -> str:
+    """Why torch.compile cannot run here ('' when it can)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "TRITON_INTERPRET=1 (interpreted Triton kernels cannot be compiled)"
+    if device_type == "cpu" and not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
+        return "no C++ compiler on this machine (Inductor's CPU backend needs one: install g++)"
+    return ""
+
+
+def resolve_compile(choice: str, device_type: str) -> bool:
+    """``train.compile`` for this device: 'on' fails with the reason where compiling cannot run;
+    'auto' compiles on CUDA where it can."""
+    problem = compile_problem(device_type)
+    if choice == CompileMode.ON and problem:
+        raise ConfigError(f"train.compile is 'on' but torch.compile cannot run here: {problem}; set train.compile: off")
+    if choice == CompileMode.AUTO:
+        return device_type == "cuda" and not problem
+    return choice == CompileMode.ON
+
+
+def compile_model(model: torch.nn.Module) -> None:
+    """Compile this rank's transformer layers in place, and mark the loss head compiled."""
+    _megatron_without_graph_breaks()
+    for layer in model.decoder.layers:
+        layer.compile()
+    setattr(model.config, COMPILE_ATTR, True)
+
+
+def compile_seconds() -> float:
+    """Seconds this process spent compiling so far (Dynamo's tracing and Inductor's code generation for the
+    forward graphs, and the backward graphs compiled at the first backward), from torch's own timers."""
+    from torch._dynamo.utils import compile_times
+
+    names, seconds = compile_times(repr="csv", aggregate=True)
+    spent = dict(zip(names, seconds, strict=True))
+    return round(sum(float(spent.get(key, 0.0)) for key in ("_compile.compile_inner", "backward._backward_impl")), 3)
+
+
+@functools.cache
+def compiled_loss():
+    """The PyTorch reference of the fused linear + cross-entropy, compiled once per process."""
+    from kernels.fused_linear_ce import fused_linear_cross_entropy_reference
+
+    return torch.compile(fused_linear_cross_entropy_reference)
+
+
+@functools.cache
+def _megatron_without_graph_breaks() -> None:
+    """megatron-core 0.16's RowParallelLinear passes ``tp_group=None`` to its linear, whose
+    resolution warns (rank 0, every call) that the group will be mandatory; Dynamo cannot trace
+    ``warnings.warn`` with a category and splits each layer into four graphs around it. Resolve
+    the group the same way, without the warning."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import layers
+
+    resolve = layers.get_tensor_model_parallel_group_if_none
+
+    def quiet(tp_group=None, is_expert: bool = False, check_initialized: bool = True):
+        if tp_group is None and not is_expert and parallel_state.is_initialized():
+            return parallel_state.get_tensor_model_parallel_group(check_initialized=check_initialized)
+        return resolve(tp_group, is_expert=is_expert, check_initialized=check_initialized)
+
+    layers.get_tensor_model_parallel_group_if_none = quiet
