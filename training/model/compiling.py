@@ -1,11 +1,12 @@
 """``train.compile``: torch.compile of the megatron GPT's transformer layers and its loss head.
 
 What is compiled, as torchtitan does it: each transformer layer on its own (``Module.compile``;
-the layers share one graph, so compile time does not grow with depth) and, where the loss runs on
-one rank (tensor-parallel size 1, ``kernels`` resolved to the PyTorch references), the output
+the layers share one graph, so compile time does not grow with depth), with the PyTorch references
+of the norms, SwiGLU and RoPE inside (Inductor fuses them); and, where the loss runs on one rank
+(tensor-parallel size 1) and ``kernels`` resolves to the PyTorch references (a CPU), the output
 layer with its cross-entropy, which Inductor fuses so that the [tokens, vocab] log-softmax is not
-written and read back in fp32. The embedding, the optimizer and the collectives between layers
-stay eager.
+written and read back in fp32. On CUDA the loss stays our fused linear + cross-entropy kernel. The
+embedding, the optimizer and the collectives between layers stay eager.
 
 Where it runs: CUDA; a CPU with a C++ compiler (Inductor's CPU backend builds C++). Not under
 ``TRITON_INTERPRET=1``: interpreted Triton kernels cannot be traced. ``auto`` compiles on CUDA
@@ -51,9 +52,18 @@ def resolve_compile(choice: str, device_type: str) -> bool:
 
 
 def compile_model(model: torch.nn.Module) -> None:
-    """Compile this rank's transformer layers in place, and mark the loss head compiled."""
+    """Compile this rank's transformer layers in place, and mark the model compiled (the loss head and RoPE
+    read the mark). Inside the compiled layers the norms, SwiGLU and RoPE run their PyTorch references,
+    which Inductor fuses with their neighbours (into Triton kernels of its own on CUDA): our hand-written
+    kernels are opaque to it and would cut its fusions. Outside them (the final norm; on CUDA the fused
+    linear + cross-entropy, which never builds the logits) ``model.kernels`` decides as in eager mode."""
+    from training.model.layers import RMSNorm, SwiGLU
+
     _megatron_without_graph_breaks()
     for layer in model.decoder.layers:
+        for module in layer.modules():
+            if isinstance(module, (RMSNorm, SwiGLU)):
+                module.impl = "torch"
         layer.compile()
     setattr(model.config, COMPILE_ATTR, True)
 

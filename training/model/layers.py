@@ -182,7 +182,9 @@ def install_rotary() -> None:
     def rope(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
         plain = cu_seqlens is None and not config.rotary_interleaved and (cp_group is None or cp_group.size() == 1)
         if plain and getattr(config, IMPL_ATTR, None) is not None:
-            return apply_rotary(t, freqs, mscale, impl=getattr(config, IMPL_ATTR))
+            # In compiled layers the reference, which Inductor fuses (training/model/compiling.py).
+            impl = "torch" if getattr(config, COMPILE_ATTR, False) else getattr(config, IMPL_ATTR)
+            return apply_rotary(t, freqs, mscale, impl=impl)
         return megatron_rope(t, freqs, config=config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
 
     attention.apply_rotary_pos_emb = rope
