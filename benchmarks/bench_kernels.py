@@ -38,14 +38,28 @@ How each side is called (conventions as in tests/test_kernels_liger.py, which ch
   rows time q and k together (before Liger was added, they timed one tensor t).
 - fused_linear_ce: reduction mean, ignore_index -100 (5% of tokens), no z-loss; Liger in bf16
   with its default accumulation (bf16 grad_weight, as ours). Same chunk size on both sides.
-max_rel_diff_vs_eager compares ours with the eager reference (output and gradients).
+
+Checked before timed: at each shape, before any timing, every implementation's outputs and input
+gradients (one forward + backward on fresh copies of the inputs, the same incoming gradient) are
+compared with our PyTorch reference's (`eager`). Per dtype (TOLERANCES), max|diff| / max|reference|
+catches a local error (a wrong tile, row or mask) and mean|diff| / mean|reference| a systematic one
+(a wrong scale; in float32 one 1% off, in bf16 one a few percent off: TOLERANCES says why). An
+implementation outside either is refused: its row gets `<impl>_refused` (kernel, shape, tensor, both
+differences and tolerances) and no timing figure at all; a refused `triton` (ours) leaves the whole
+shape untimed, since every figure is a ratio to it. The other kernels and shapes still run (a lent
+GPU's minutes are not lost to one wrong kernel), the JSON line is still printed last, and the exit
+status is then 1. An implementation that raises is recorded as `<impl>_error`, untimed, as before;
+if the reference itself raises, the shape is untimed (`check_error`). Row keys: `check_vs_eager`
+({impl: {max, mean}}), `max_rel_diff_vs_eager` (ours's max, as before).
 
 Prints human-readable lines, then one JSON object as the last line (with the machine). Without
 a CUDA device it says so and prints {"cuda": false, "skipped": ...} (exit status 0).
---dry-run-cpu runs the whole harness on CPU at tiny shapes with our PyTorch references standing
-in for Liger's kernels, and for ours too unless TRITON_INTERPRET=1 is set (then ours run in the
-interpreter); torch.compile uses the "eager" backend (dynamo traces, no Inductor). Its figures
-mean nothing: it checks the harness, our adapters, the Liger adapters' imports and the JSON.
+--dry-run-cpu runs the whole harness on CPU at tiny shapes (float32), with our PyTorch references
+standing in for ours unless TRITON_INTERPRET=1 is set (then ours run in the interpreter);
+torch.compile uses the "eager" backend (dynamo traces, no Inductor). Liger's kernels need a GPU:
+their adapters are imported (the names exist) but not run, and no `liger*` implementation or
+`*_vs_liger*` figure appears (a stand-in's figure would be a lie). Its figures mean nothing: it
+checks the harness, the reference check, our adapters, the Liger adapters' imports and the JSON.
 
   python benchmarks/bench_kernels.py [--only rmsnorm,swiglu,rotary,fused_linear_ce] [--iters N]
                                      [--repeats N] [--quick] [--compile-all] [--dry-run-cpu]
@@ -58,6 +72,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -76,6 +91,22 @@ PEERS = ("liger", "eager", "compile")  # rows get speedup_vs_<peer>, mem_ratio_v
 def ffn_size(hidden: int) -> int:
     """The SwiGLU width training/model/gpt.py uses: 8/3 * hidden, rounded up to a multiple of 64."""
     return -(-8 * hidden // 3 // 64) * 64
+
+
+# The reference check's tolerances per dtype, (max, mean) (see the module docstring):
+# max |got - ref| / max |ref| and mean |got - ref| / mean |ref| over each output and gradient.
+# float32 (the dry run, the interpreter): both sides compute in float32, only summation order differs.
+# bfloat16: what no correct implementation of ours exceeds by design. fused_linear_ce rounds its weight
+# gradient to bf16 once per chunk (16-32 chunks at these shapes; the reference rounds once): about
+# 2^-9 * sqrt(chunks / 2), ~1% of each element, is expected; the bounds give that 3x-6x room (2^-5 on
+# average, 2^-4 at the largest). A 1% scale error therefore passes in bf16 (the float32 dry run
+# refuses it); an error of a few percent everywhere, or a wrong tile, row or mask, does not.
+# float16: the same, three mantissa bits finer. check_vs_eager records the figures seen, to tighten these.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-4, 1e-5),
+    torch.bfloat16: (2**-4, 2**-5),
+    torch.float16: (2**-7, 2**-8),
+}
 
 
 # Realistic shapes: hidden 2048 / 4096 / 8192 (16 / 32 / 64 heads of 128), seq 4096 x batch 2.
@@ -179,8 +210,8 @@ def make_cases(
 
     def impls(kernel: str, headline: bool) -> dict[str, Callable[..., Any]]:
         triton_fn, reference = ours[kernel]
-        # Dry run: the reference stands in for Liger's kernels (they need a GPU, or the bridges of
-        # tests/test_kernels_liger.py), and for ours unless TRITON_INTERPRET=1 runs them interpreted.
+        # Dry run: Liger's kernels need a GPU (or the bridges of tests/test_kernels_liger.py): its entries
+        # are dropped below; the reference stands in for ours unless TRITON_INTERPRET=1 runs them interpreted.
         liger_fn = reference if dry_run else liger[kernel]
         if dry_run and os.environ.get("TRITON_INTERPRET") != "1":
             triton_fn = reference
@@ -189,6 +220,8 @@ def make_cases(
             out["compile"] = torch.compile(reference, dynamic=False, backend=backend)
             out["triton_compile"] = torch.compile(triton_fn, dynamic=False, backend=backend)
             out["liger_compile"] = torch.compile(liger_fn, dynamic=False, backend=backend)
+        if dry_run:  # Liger's side would be our reference under its name: no liger figure is emitted
+            out = {name: fn for name, fn in out.items() if not name.startswith("liger")}
         return out
 
     for kernel in KERNELS:
@@ -289,20 +322,63 @@ def measure(case: Case, fn: Callable[..., Any], iters: int, clock: Clock) -> dic
     return {"ms": statistics.median(times), "peak_mib": peak}
 
 
-def max_rel_diff(case: Case) -> float:
-    """Largest |ours - eager| / max|eager| over the outputs and every gradient (same gradient in)."""
+class WrongResult(Exception):
+    """An implementation's output or gradients differ from the PyTorch reference beyond the dtype's
+    tolerance: it is not timed."""
+
+
+Results = list[tuple[str, torch.Tensor | None]]  # (name, tensor): the outputs, then each input's gradient
+
+
+def results_of(case: Case, fn: Callable[..., Any], grads: list[torch.Tensor | None]) -> Results:
+    """One forward + backward of ``fn`` on fresh copies of the leaves (an implementation may write
+    into its inputs: Liger's RoPE rotates q and k in place), with the given incoming gradients."""
+    leaves = [leaf.detach().clone().requires_grad_() for leaf in case.leaves]
+    outs = as_list(fn(*leaves, *case.extra))
+    torch.autograd.backward(outs, [g for g in grads] if outs[0].dim() else None)
+    return [(f"output {i}", o.detach()) for i, o in enumerate(outs)] + [
+        (f"grad of input {i}", None if leaf.grad is None else leaf.grad.detach()) for i, leaf in enumerate(leaves)
+    ]
+
+
+def reference_results(case: Case) -> tuple[Results, list[torch.Tensor | None]]:
+    """The reference's outputs and gradients, and the incoming gradients every check uses."""
     torch.manual_seed(2)
     with torch.no_grad():
         grads = grads_like(as_list(case.impls["eager"](*case.leaves, *case.extra)))
-    results = []
-    for name in (OURS, "eager"):
-        outs = [o.detach().float() for o in run_once(case, case.impls[name], grads)]
-        results.append(outs + [leaf.grad.detach().float() for leaf in case.leaves])
-    worst = 0.0
-    for got, ref in zip(*results, strict=True):
-        worst = max(worst, ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
-    for leaf in case.leaves:
-        leaf.grad = None
+    return results_of(case, case.impls["eager"], grads), grads
+
+
+def shape_text(case: Case) -> str:
+    return " ".join(f"{key}={value}" for key, value in case.shape.items())
+
+
+def check(case: Case, name: str, reference: Results, grads: list[torch.Tensor | None]) -> dict[str, float]:
+    """The largest differences of ``name`` from the reference over its outputs and gradients,
+    {"max": ..., "mean": ...}; raises WrongResult past the dtype's tolerance (TOLERANCES)."""
+    dtype = case.leaves[0].dtype
+    tol_max, tol_mean = TOLERANCES[dtype]
+    where = f"{case.kernel} {shape_text(case)} {str(dtype).removeprefix('torch.')}: {name}"
+    got = results_of(case, case.impls[name], grads)
+    if [label for label, _ in got] != [label for label, _ in reference]:
+        raise WrongResult(f"{where} returns {[label for label, _ in got]}, the reference {[label for label, _ in reference]}")
+    worst = {"max": 0.0, "mean": 0.0}
+    for (label, mine), (_, theirs) in zip(got, reference, strict=True):
+        if mine is None or theirs is None or mine.shape != theirs.shape:
+            shapes = [None if t is None else tuple(t.shape) for t in (mine, theirs)]
+            raise WrongResult(f"{where}: {label} is {shapes[0]}, the reference's {shapes[1]}")
+        diff = (mine.float() - theirs.float()).abs()
+        magnitude = theirs.float().abs()
+        largest = (diff.max() / magnitude.max().clamp_min(1e-30)).item()
+        mean = (diff.mean() / magnitude.mean().clamp_min(1e-30)).item()
+        del diff, magnitude
+        # `not <=`: a NaN anywhere fails too (every comparison with NaN is false)
+        if not (largest <= tol_max and mean <= tol_mean):
+            raise WrongResult(
+                f"{where} differs from the PyTorch reference in {label}: max|diff|/max|ref| {largest:.3g} "
+                f"(tolerance {tol_max:.3g}), mean|diff|/mean|ref| {mean:.3g} (tolerance {tol_mean:.3g}); not timed"
+            )
+        worst = {"max": max(worst["max"], largest), "mean": max(worst["mean"], mean)}
     return worst
 
 
@@ -311,15 +387,43 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
 
 
+def checked(case: Case, row: dict[str, Any], clock: Clock) -> list[str]:
+    """The implementations that may be timed: each checked against the reference first (the module
+    docstring); the others get ``<impl>_refused`` or ``<impl>_error`` in ``row``."""
+    try:
+        reference, grads = reference_results(case)
+    except Exception as error:  # nothing can be checked, so nothing is timed; the last line must still be the JSON
+        row["check_error"] = f"the reference failed, nothing timed: {_one_line(error)}"
+        return []
+    passed, diffs = [], {}
+    for name in case.impls:
+        if name == "eager":  # the reference itself
+            passed.append(name)
+            continue
+        try:
+            diffs[name] = check(case, name, reference, grads)
+            passed.append(name)
+        except WrongResult as error:
+            row[f"{name}_refused"] = str(error)
+        except Exception as error:  # e.g. torch.compile failing on this stack: report, go on
+            row[f"{name}_error"] = _one_line(error)
+    del reference, grads  # not held while the timings measure peak memory
+    if clock.cuda:
+        torch.cuda.empty_cache()
+    row["check_vs_eager"] = {name: {key: float(f"{value:.3g}") for key, value in d.items()} for name, d in diffs.items()}
+    if OURS in diffs:
+        row["max_rel_diff_vs_eager"] = diffs[OURS]["max"]
+    if f"{OURS}_refused" in row:
+        return []  # every figure is a ratio to ours: a wrong kernel of ours leaves the shape untimed
+    return passed
+
+
 def bench_case(case: Case, iters: int, repeats: int, clock: Clock) -> dict[str, Any]:
     row: dict[str, Any] = {"kernel": case.kernel, "dtype": str(case.leaves[0].dtype).removeprefix("torch."), **case.shape}
-    try:
-        row["max_rel_diff_vs_eager"] = max_rel_diff(case)
-    except Exception as error:  # report and go on: the last line must still be the JSON
-        row["diff_error"] = _one_line(error)
-    per_round: dict[str, list[dict[str, float | None]]] = {name: [] for name in case.impls}
+    timed = checked(case, row, clock)
+    per_round: dict[str, list[dict[str, float | None]]] = {name: [] for name in timed}
     for round_ in range(repeats):
-        names = list(case.impls) if round_ % 2 == 0 else list(case.impls)[::-1]  # alternate who goes first
+        names = timed if round_ % 2 == 0 else timed[::-1]  # alternate who goes first
         for name in names:
             if f"{name}_error" in row:
                 continue
@@ -398,12 +502,14 @@ def describe(row: dict[str, Any]) -> str:
             parts.append(f"{name} {row[f'{name}_ms']:.3f} ms [{low:.3f}, {high:.3f}]{mem}{ratio}")
         elif f"{name}_error" in row:
             parts.append(f"{name} failed: {row[f'{name}_error']}")
+        elif f"{name}_refused" in row:
+            parts.append(f"{name} REFUSED (wrong result, not timed)")
     if "speedup_vs_liger_compiled" in row:
         parts.append(f"compiled: triton x{row['speedup_vs_liger_compiled']:.2f} vs liger")
     if "max_rel_diff_vs_eager" in row:
         parts.append(f"max rel diff {row['max_rel_diff_vs_eager']:.1e}")
-    else:
-        parts.append(f"diff failed: {row.get('diff_error')}")
+    elif "check_error" in row:
+        parts.append(row["check_error"])
     return " | ".join(parts)
 
 
@@ -455,9 +561,15 @@ def main() -> None:
     record: dict[str, Any] = {"cuda": not dry_run, "device": name, "torch": torch.__version__, "triton": triton.__version__}
     if dry_run:
         ours_ran = "ours interpreted" if os.environ.get("TRITON_INTERPRET") == "1" else "references stood in for ours"
-        record["dry_run_cpu"] = f"references stood in for Liger's, {ours_ran}: the figures check the harness only"
+        record["dry_run_cpu"] = f"Liger's kernels not run (they need a GPU), {ours_ran}: the figures check the harness only"
+    refused = [row[key] for row in rows for key in row if key.endswith("_refused")]
     record |= {"repeats": args.repeats, "iters": args.iters, "results": rows, **summary, "machine": machine(PACKAGES)}
+    record["refused"] = refused
+    for message in refused:
+        print(f"REFUSED: {message}")
     print(json.dumps(record))
+    if refused:  # after the JSON line, which stays the last: the figures of the kernels that matched are kept
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
 """Gather the last JSON line of each step of ``gpu_checks.sh`` into one results file.
 
-    python benchmarks/collect_results.py OUT_DIR [--results benchmarks/results]
+    python benchmarks/collect_results.py OUT_DIR [--results benchmarks/results] [--dry-run]
 
 Reads ``OUT_DIR/steps.tsv`` (name, exit status, seconds per step), each ``OUT_DIR/<name>.log``
 and ``OUT_DIR/device.txt`` (nvidia-smi's line), and writes ``<results>/<device>-<date>.json``
 and a copy in OUT_DIR. A step whose log ends without a JSON object is recorded with its exit
 status and last lines: a failed check is a result too.
+
+``--dry-run`` (``gpu_checks.sh --dry-run``): the record says so (``dry_run``), it is named
+``cpu-dry-run-<date>.json`` and written to OUT_DIR only: ``--results`` defaults to OUT_DIR and may
+not be benchmarks/results, since a CPU dry run's figures mean nothing and must never be quoted.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ def device_slug(nvidia_smi_line: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "no-gpu"
 
 
+DRY_RUN = "gpu_checks.sh --dry-run: every step on CPU at tiny shapes; its figures mean nothing"
+
+
 def collect(out: Path) -> dict:
     device_file = out / "device.txt"
     device = device_file.read_text().strip().splitlines()[0] if device_file.exists() and device_file.read_text().strip() else ""
@@ -57,17 +64,24 @@ def collect(out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, help="folder of the results file (default: benchmarks/results; dry run: OUT)")
+    parser.add_argument("--dry-run", action="store_true", help="a CPU dry run's logs: marked as such, written to OUT only")
     args = parser.parse_args()
+    results: Path = args.results or (args.out if args.dry_run else RESULTS)
+    if args.dry_run and results.resolve() == RESULTS.resolve():
+        parser.error(f"--dry-run writes to OUT only, not {RESULTS}: its figures must never be quoted")
     record = collect(args.out)
     name = f"{device_slug(record['device'])}-{record['date']}.json"
+    if args.dry_run:
+        record = {"dry_run": DRY_RUN, **record}
+        name = f"cpu-dry-run-{record['date']}.json"  # whatever device.txt says: never a device's name
     text = json.dumps(record, indent=1) + "\n"
-    args.results.mkdir(parents=True, exist_ok=True)
-    for folder in (args.results, args.out):
+    results.mkdir(parents=True, exist_ok=True)
+    for folder in {results.resolve(), args.out.resolve()}:  # once where the two are the same folder
         (folder / name).write_text(text)
     failed = [step for step, entry in record["steps"].items() if entry["exit"] != 0]
-    print(f"results: {args.results / name}" + (f" (failed: {', '.join(failed)})" if failed else ""))
-    print(json.dumps({"results": str(args.results / name), "failed": failed}))
+    print(f"results: {results / name}" + (f" (failed: {', '.join(failed)})" if failed else ""))
+    print(json.dumps({"results": str(results / name), "dry_run": args.dry_run, "failed": failed}))
 
 
 if __name__ == "__main__":

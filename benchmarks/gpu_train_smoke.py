@@ -5,16 +5,21 @@ and compare its validation loss with ours.
 
 This is the GPU path of `make demo` without Flyte. Prints one JSON object as the last line.
 
-  python benchmarks/gpu_train_smoke.py [--steps N]
+``--dry-run`` runs the same code on CPU (fp32, gloo) at tiny sizes (60 documents, 2 layers, 4 steps
+unless --steps says otherwise), for ``gpu_checks.sh --dry-run``: its figures mean nothing.
+
+  python benchmarks/gpu_train_smoke.py [--steps N] [--dry-run]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,39 +32,67 @@ from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
 from training.train import train
 
+# The run's sizes: the GPU's, and the dry run's (tests/helpers.py's tiny settings, the same shape of
+# run: two micro-batches per step, grouped-query attention, a checkpoint at the last step).
+SIZES: dict[str, dict[str, Any]] = {
+    "gpu": {
+        "data": dict(max_documents=300, seq_len=512, workers=4),
+        "vocab": 8192,
+        "model": dict(num_layers=8, hidden_size=512, num_attention_heads=8, num_query_groups=4),
+        "train": dict(micro_batch_size=16, global_batch_size=32, warmup_steps=10),
+        "eval": dict(max_batches=2, batch_size=8, sample_tokens=16),
+        "steps": 60,
+    },
+    "dry_run": {
+        "data": dict(max_documents=60, seq_len=32, sequences_per_sample=16, samples_per_shard=16, val_fraction=0.1, workers=2),
+        "vocab": 384,
+        "model": dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2),
+        "train": dict(micro_batch_size=4, global_batch_size=8, warmup_steps=2),
+        # lm-eval's tasks as on the GPU, on 8 examples each, not 64 (about 3 s less of a 25 s step).
+        "eval": dict(max_batches=2, batch_size=8, sample_tokens=16, lm_eval_examples=8),
+        "steps": 4,
+    },
+}
 
-def hf_loss(hf_dir: Path, rows: torch.Tensor) -> float:
+
+def hf_loss(hf_dir: Path, rows: torch.Tensor, device: str) -> float:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).to(device).eval()
     with torch.no_grad():
-        logits = model(rows[:, :-1].cuda()).logits.float()
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].cuda().flatten()).item()
+        logits = model(rows[:, :-1].to(device)).logits.float()
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].to(device).flatten()).item()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=0, help="optimizer steps (default: 60; dry run: 4)")
+    parser.add_argument("--dry-run", action="store_true", help="on CPU at tiny sizes, to check the script (no figures)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if args.dry_run:
+        # training.train and the evaluation put the model on the GPU whenever one exists: hide it, from
+        # the ranks too (they inherit the environment; CUDA is not initialised here yet).
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif not torch.cuda.is_available():
         print(json.dumps({"cuda": False, "skipped": "no CUDA device"}))
         return
+    size = SIZES["dry_run" if args.dry_run else "gpu"]
+    device = "cpu" if args.dry_run else "cuda"
+    n_steps = args.steps or size["steps"]
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as tmp:
         store = open_store(tmp)
         started = time.perf_counter()
-        data = DataConfig(max_documents=300, seq_len=512, workers=4)
-        dataset = prepare_dataset(data, TokenizerConfig(vocab_size=8192), store)
+        data = DataConfig(**size["data"])
+        dataset = prepare_dataset(data, TokenizerConfig(vocab_size=size["vocab"]), store)
         prepared = time.perf_counter() - started
-        model = ModelConfig(num_layers=8, hidden_size=512, num_attention_heads=8, num_query_groups=4)
-        steps = TrainConfig(
-            steps=args.steps, micro_batch_size=16, global_batch_size=32, warmup_steps=10, checkpoint_every=args.steps
-        )
+        model = ModelConfig(**size["model"])
+        steps = TrainConfig(steps=n_steps, checkpoint_every=n_steps, **size["train"])
         started = time.perf_counter()
         ckpt = launch(train, 1, dataset, model, ParallelConfig(tensor_parallel=1), steps)
         trained = time.perf_counter() - started
         lines = store.get_bytes(f"{ckpt.run}/metrics.jsonl").decode().splitlines()
         metrics = [json.loads(line) for line in lines]
-        report = evaluate(ckpt, model, EvalConfig(max_batches=2, batch_size=8, sample_tokens=16))
+        report = evaluate(ckpt, model, EvalConfig(**size["eval"]))
         from data_prep.manifest import load_manifest, shard_urls
         from data_prep.shards import read_rows
 
@@ -67,7 +100,7 @@ def main() -> None:
         exported = Path(tmp) / "hf"
         store.download_dir(f"{report.outputs}/hf", exported)
         result = {
-            "device": torch.cuda.get_device_name(),
+            "device": "cpu (dry run: the figures mean nothing)" if args.dry_run else torch.cuda.get_device_name(),
             "prepare_s": round(prepared, 1),
             "train_s": round(trained, 1),
             "first_loss": metrics[0]["loss"],
@@ -75,7 +108,7 @@ def main() -> None:
             "tokens_per_s_last": metrics[-1].get("tokens_per_s"),
             "mfu_last": metrics[-1].get("mfu"),
             "val_loss": report.val_loss,
-            "hf_val_loss": hf_loss(exported, torch.from_numpy(rows.astype("int64"))),
+            "hf_val_loss": hf_loss(exported, torch.from_numpy(rows.astype("int64")), device),
             "sample": report.sample,
         }
     print(json.dumps(result))
