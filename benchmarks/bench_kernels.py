@@ -335,6 +335,9 @@ def results_of(case: Case, fn: Callable[..., Any], grads: list[torch.Tensor | No
     into its inputs: Liger's RoPE rotates q and k in place), with the given incoming gradients."""
     leaves = [leaf.detach().clone().requires_grad_() for leaf in case.leaves]
     outs = as_list(fn(*leaves, *case.extra))
+    # Liger's RoPE returns [batch, seq, heads, dim] where ours and the reference return [seq, batch, ...]:
+    # its outputs are compared, and its incoming gradients given, with the first two dimensions swapped.
+    outs = [o.transpose(0, 1) if g is not None and o.shape != g.shape else o for o, g in zip(outs, grads, strict=True)]
     torch.autograd.backward(outs, [g for g in grads] if outs[0].dim() else None)
     return [(f"output {i}", o.detach()) for i, o in enumerate(outs)] + [
         (f"grad of input {i}", None if leaf.grad is None else leaf.grad.detach()) for i, leaf in enumerate(leaves)
