@@ -406,7 +406,8 @@ def span_text(span: dict) -> str:
     tp, pp, world = layout["tensor_parallel"], layout["pipeline_parallel"], layout["world_size"]
     return (
         f"steps {span['first_step']}-{span['last_step']}: {world} ranks, tensor_parallel={tp}, pipeline_parallel={pp}, "
-        f"data_parallel={world // (tp * pp)}, distributed_optimizer={str(layout.get('distributed_optimizer', False)).lower()}"
+        f"data_parallel={world // (tp * pp)}, distributed_optimizer={str(layout.get('distributed_optimizer', False)).lower()}, "
+        f"fsdp={str(layout.get('fsdp', False)).lower()}"
     )
 
 

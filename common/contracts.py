@@ -203,6 +203,9 @@ class Layout:
     """Pipeline stages."""
     distributed_optimizer: bool = False
     """Whether the optimizer state was sharded across data-parallel ranks."""
+    fsdp: bool = False
+    """Whether weights, gradients and optimizer state were all sharded across data-parallel ranks (FSDP).
+    Layouts recorded before the field existed read as False, which they were."""
 
     @property
     def data_parallel(self) -> int:
@@ -211,7 +214,8 @@ class Layout:
     def describe(self) -> str:
         return (
             f"tensor_parallel={self.tensor_parallel}, pipeline_parallel={self.pipeline_parallel}, "
-            f"data_parallel={self.data_parallel}, distributed_optimizer={str(self.distributed_optimizer).lower()}"
+            f"data_parallel={self.data_parallel}, distributed_optimizer={str(self.distributed_optimizer).lower()}, "
+            f"fsdp={str(self.fsdp).lower()}"
         )
 
 

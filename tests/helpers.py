@@ -1707,13 +1707,17 @@ def train_recording_layout(facts_dir: str, *args):
 def _layout_facts(trainer) -> dict:
     """Facts of the built model and optimizer, not of the settings: megatron's process groups, the
     sequence-parallel flag of every tensor-parallel linear layer, the transformer layers this rank
-    holds (megatron's global 1-based numbers), its embedding and output layer, its parameters."""
+    holds (megatron's global 1-based numbers), its embedding and output layer, its parameters (whole,
+    and the elements this rank holds: a DTensor's local shard under FSDP), and the overlap switches
+    megatron's DDP was built with (None without it)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from torch.distributed.tensor import DTensor
 
     model = trainer.model
     linears = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    ddp = getattr(trainer, "ddp", None)
     return {
         "rank": dist.get_rank(),
         "step": type(trainer).__name__,
@@ -1727,7 +1731,17 @@ def _layout_facts(trainer) -> dict:
         "layers": [layer.layer_number for layer in model.decoder.layers],
         "embedding": hasattr(model, "embedding"),
         "output_layer": hasattr(model, "output_layer"),
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": sum(p.numel() for p in model.parameters()),  # a DTensor's numel is the whole parameter's
+        "local_parameter_elements": sum(_local(p).numel() for p in model.parameters()),
+        "dtensor_parameters": sorted({isinstance(p, DTensor) for p in model.parameters()}),
+        # megatron's DDP: overlap switches, and whether the schedules defer the reduction to the last micro-batch
+        "ddp_overlap": None
+        if ddp is None
+        else {
+            "grad_reduce": ddp.ddp_config.overlap_grad_reduce,
+            "param_gather": ddp.ddp_config.overlap_param_gather,
+            "no_sync_func": model.config.no_sync_func is not None,
+        },
         "recompute": model.config.recompute_granularity,  # None, "selective" or "full"
         # Module.compile() wraps each layer's call in torch.compile (training/model/compiling.py)
         "compiled_layers": [getattr(layer, "_compiled_call_impl", None) is not None for layer in model.decoder.layers],
@@ -1753,12 +1767,20 @@ def _record_sequence_length(model, facts: dict):
 
 def _optimizer_state_elements(optimizer) -> int:
     """Elements of this rank's Adam first moments: every parameter's, or one data-parallel shard's
-    under megatron's distributed optimizer (its inner torch optimizer steps the shard only)."""
+    under megatron's distributed optimizer (its inner torch optimizer steps the shard only) and under
+    FSDP (the moments are DTensors like their parameters: their local shards)."""
     total = 0
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(part, "optimizer", part)
-        total += sum(state["exp_avg"].numel() for state in inner.state.values() if "exp_avg" in state)
+        total += sum(_local(state["exp_avg"]).numel() for state in inner.state.values() if "exp_avg" in state)
     return total
+
+
+def _local(tensor):
+    """What this rank holds of ``tensor``: a DTensor's local shard, any other tensor whole."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def layout_facts(facts_dir: Path) -> list[dict]:

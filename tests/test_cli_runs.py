@@ -135,7 +135,13 @@ def test_show_json_breaks_down_step_time_and_points_at_traces_and_health(profile
         {
             "first_step": 1,
             "last_step": 8,
-            "layout": {"world_size": 2, "tensor_parallel": 1, "pipeline_parallel": 1, "distributed_optimizer": False},
+            "layout": {
+                "world_size": 2,
+                "tensor_parallel": 1,
+                "pipeline_parallel": 1,
+                "distributed_optimizer": False,
+                "fsdp": False,
+            },
         }
     ]
     assert show["config"]["model"] == asdict(MODEL) and show["config"]["train"]["profile"] == "3-4"
@@ -150,7 +156,10 @@ def test_show_prints_the_run_for_a_person(profiled_run, capsys):
     print(out)  # the text a person reads (docs/troubleshooting.md describes it)
     lines = out.splitlines()
     assert lines[0].startswith(f"run {run_id(profiled_run)}  {store.url(profiled_run.run)}")
-    assert "  steps 1-8: 2 ranks, tensor_parallel=1, pipeline_parallel=1, data_parallel=2, distributed_optimizer=false" in lines
+    assert (
+        "  steps 1-8: 2 ranks, tensor_parallel=1, pipeline_parallel=1, data_parallel=2, distributed_optimizer=false, fsdp=false"
+        in lines
+    )
     assert any(line.startswith("  collective ") for line in lines)
     assert any(line.startswith("  slowest rank ") for line in lines)
     assert f"  step {NAN_STEP}: loss is nan (skipped); the batch's rows:" in lines

@@ -32,6 +32,7 @@ from storage import open_store
 
 PP2 = Layout(world_size=2, tensor_parallel=1, pipeline_parallel=2)
 DP2_DISTOPT = Layout(world_size=2, tensor_parallel=1, distributed_optimizer=True)
+DP2_FSDP = Layout(world_size=2, tensor_parallel=1, fsdp=True)
 
 
 def test_contracts_import_neither_torch_nor_flyte():
@@ -116,7 +117,7 @@ def evaluated(ckpt: CheckpointRef, loss: float = 3.0) -> EvalReport:
 
 def test_registry_show_says_which_layout_trained_which_steps(tmp_path, capsys):
     store = populated_store(tmp_path / "store")
-    layouts = [LayoutSpan(1, 5, PP2), LayoutSpan(6, 10, DP2_DISTOPT)]
+    layouts = [LayoutSpan(1, 5, PP2), LayoutSpan(6, 8, DP2_DISTOPT), LayoutSpan(9, 10, DP2_FSDP)]
     dataset = DatasetRef(store.uri, "v1", "datasets/v1")
     ckpt = CheckpointRef(store.uri, "runs/ab12", "runs/ab12/checkpoints/step-0000010", 10, dataset, layouts=layouts)
     register(store, "gpt", evaluated(ckpt), config={"parallel": {"tensor_parallel": 2}})
@@ -124,10 +125,20 @@ def test_registry_show_says_which_layout_trained_which_steps(tmp_path, capsys):
     assert cli(["registry", "show", "gpt:1", "--store", store.uri]) == 0
     out = capsys.readouterr().out
     assert "trained by:\n  steps 1-5: tensor_parallel=1, pipeline_parallel=2, data_parallel=1, distributed_optimizer=false" in out
-    assert "  steps 6-10: tensor_parallel=1, pipeline_parallel=1, data_parallel=2, distributed_optimizer=true\n" in out
-    assert "## Trained by\n- steps 1-5: tensor_parallel=1" in store.get_bytes("models/gpt/1/card.md").decode()
+    assert "  steps 6-8: tensor_parallel=1, pipeline_parallel=1, data_parallel=2, distributed_optimizer=true, fsdp=false\n" in out
+    fsdp_line = "  steps 9-10: tensor_parallel=1, pipeline_parallel=1, data_parallel=2, distributed_optimizer=false, fsdp=true"
+    assert f"{fsdp_line}\n" in out
+    card_md = store.get_bytes("models/gpt/1/card.md").decode()
+    assert "## Trained by\n- steps 1-5: tensor_parallel=1" in card_md and "- steps 9-10: " in card_md and "fsdp=true" in card_md
     assert cli(["registry", "list", "--json", "--store", store.uri]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["trained_by"].startswith("steps 1-5: ")
+    trained_by = json.loads(capsys.readouterr().out)[0]["trained_by"]
+    assert trained_by.startswith("steps 1-5: ") and trained_by.endswith("steps 9-10: " + DP2_FSDP.describe()), trained_by
+
+
+def test_a_layout_recorded_before_fsdp_existed_reads_as_not_fsdp():
+    old = {"first_step": 1, "last_step": 4, "layout": {"world_size": 2, "tensor_parallel": 1, "pipeline_parallel": 1}}
+    assert LayoutSpan.from_dict(old).layout == Layout(world_size=2, tensor_parallel=1, fsdp=False)
+    assert LayoutSpan.from_dict(old).describe().endswith("distributed_optimizer=false, fsdp=false")
 
 
 def test_a_card_this_release_cannot_read_is_one_registry_error(tmp_path):
@@ -183,9 +194,9 @@ def test_resuming_another_layouts_run_says_so_and_the_card_names_the_layouts_tha
     assert again.summary["tokens_per_second"] == pp2.summary["tokens_per_second"]
     assert (
         f"run {pp2.run} already finished 4 steps (tensor_parallel=1, pipeline_parallel=2, data_parallel=1, "
-        "distributed_optimizer=false): nothing to train; reusing its checkpoint. Its weights, tokens/s and layout "
-        "are that run's, not this call's (tensor_parallel=1, pipeline_parallel=1, data_parallel=2, "
-        "distributed_optimizer=true)." in log
+        "distributed_optimizer=false, fsdp=false): nothing to train; reusing its checkpoint. Its weights, tokens/s and "
+        "layout are that run's, not this call's (tensor_parallel=1, pipeline_parallel=1, data_parallel=2, "
+        "distributed_optimizer=true, fsdp=false)." in log
     ), log
     assert "step     1/4" not in log
 

@@ -94,7 +94,7 @@ def test_tensor_parallel_checkpoint_resumes_resharded(reference, tmp_path, nproc
     for key, tensor in saved["tensors"].items():
         if key.startswith("optimizer.state.exp_avg."):
             assert tensor.shape == saved["tensors"][key.removeprefix("optimizer.state.exp_avg.")].shape
-    layout = {"world_size": 2, "tensor_parallel": 2, "pipeline_parallel": 1, "distributed_optimizer": False}
+    layout = {"world_size": 2, "tensor_parallel": 2, "pipeline_parallel": 1, "distributed_optimizer": False, "fsdp": False}
     assert saved["meta"]["layout"] == layout
 
     dataset = checkpoint_only(reference, 3, tmp_path / "store")

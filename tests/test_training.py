@@ -7,8 +7,9 @@ are not enough: AdamW with global-norm clipping hides a uniform gradient-scale e
 step clipped, a data-parallel sum instead of a mean moved the 8-step curve by 9.5e-7 and the
 weights by 2.6e-6, while the gradient norm doubled). Each run also proves its layout from what its
 ranks built (``train_recording_layout``): the layout recorded in the run's summary is made from
-the settings and stays right when a setting is silently ignored. Two layouts also recompute
-activations (selective, full), which must not move anything either.
+the settings and stays right when a setting is silently ignored. Layouts also recompute
+activations (selective, full) and overlap megatron's collectives with compute, which must not move
+anything either.
 """
 
 import dataclasses
@@ -25,7 +26,7 @@ from evaluation.evaluate import evaluate
 from evaluation.tensorboard_log import event_file
 from storage import open_store
 from tests.helpers import final_weights, fresh_copy, layout_facts, losses, records, tiny_model, train_recording_layout
-from training.checkpointing import checkpoint
+from training.checkpointing import checkpoint, snapshot
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
 from training.model.gpt import build_gpt
@@ -51,6 +52,12 @@ def tp2_weights(tp2_run):
     return final_weights(tp2_run, MODEL)
 
 
+def adam_moments(ref) -> dict:
+    """The AdamW moments of a run's final checkpoint, each whole (as a TP=1 process reads them): ``{key: tensor}``."""
+    tensors = snapshot.checkpoint_tensors(open_store(ref.store), ref.prefix)
+    return {key: t for key, t in tensors.items() if key.startswith(checkpoint.OPTIMIZER_PREFIX)}
+
+
 @pytest.mark.slow
 def test_tensor_parallel_training_learns_and_commits(tp2_run, tp2_facts):
     curve = losses(tp2_run)
@@ -70,12 +77,13 @@ def test_tensor_parallel_training_learns_and_commits(tp2_run, tp2_facts):
 
 
 # Tolerances. Float noise between layouts measured (8 steps): losses <= 4.8e-7, gradient norms
-# <= 8.6e-7 relative, weights <= 5.2e-6. A doubled data-parallel reduction moved the gradient norms
+# <= 8.6e-7 relative, weights <= 1.2e-5. A doubled data-parallel reduction moved the gradient norms
 # by 100%; the sequence-parallel norm weights' reduction done twice moved them by 0.77% (its losses
 # by 6.2e-6 and weights by 1.4e-5, inside those tolerances): the gradient norm is the sharp check.
 LOSS_TOL = 1e-5
 GRAD_NORM_RTOL = 1e-4
 WEIGHT_TOL = 1e-4
+MOMENT_RTOL = 1e-3  # of each AdamW moment tensor's largest element: FSDP's differ from TP=2's by 4.7e-5
 SEQ = 32  # the tiny dataset's seq_len
 
 
@@ -93,7 +101,8 @@ def built(step: str = "LocalStep", tp: int = 1, pp: int = 1, dp: int = 1, sp: bo
 
 
 # name: (processes, settings, activation recompute, what each rank must build). Recomputed activations
-# are the same numbers: two layouts recompute, which tests recompute for the price of no extra launch.
+# are the same numbers: three layouts recompute (FSDP with full recompute, whose backward gathers each layer's
+# weights for the recomputed forward), which tests recompute for the price of no extra launch.
 LAYOUTS = {
     "single-process": (1, ParallelConfig(tensor_parallel=1), "none", built()),
     "data-parallel-2+compiled": (2, ParallelConfig(tensor_parallel=1), "none", built(dp=2)),
@@ -109,11 +118,19 @@ LAYOUTS = {
         "full",
         built("MegatronStep", pp=2),
     ),
-    "data-parallel-2+distributed-optimizer": (
+    # Both of megatron's overlaps: each bucket's reduction during backward, the weights' all-gather during the
+    # next forward. tests/test_pipeline_training.py runs this layout without them.
+    "data-parallel-2+distributed-optimizer+overlap": (
         2,
-        ParallelConfig(tensor_parallel=1, distributed_optimizer=True),
+        ParallelConfig(tensor_parallel=1, distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True),
         "none",
         built("MegatronStep", dp=2),
+    ),
+    "fully-sharded-data-parallel-2+full-recompute": (
+        2,
+        ParallelConfig(tensor_parallel=1, fsdp=True),
+        "full",
+        built("FsdpStep", dp=2),
     ),
 }
 
@@ -122,6 +139,16 @@ LAYOUTS = {
 # implementation, so LocalStep and MegatronStep (with the pipeline and full recompute) are checked compiled
 # and, in the other layouts, eager. The TP=2 reference is eager.
 COMPILED = {"data-parallel-2+compiled", "pipeline-parallel-2+full-recompute+compiled"}
+
+# Layouts that accumulate gradients over two micro-batches per rank (micro-batch 2 instead of 4 at DP=2; the
+# mean of the micro-batches' mean losses is the same number): FSDP's unsharded accumulation before the last
+# micro-batch's reduce-scatter, and megatron's overlapped reduction, which must wait for the last micro-batch.
+ACCUMULATING = {"data-parallel-2+distributed-optimizer+overlap", "fully-sharded-data-parallel-2+full-recompute"}
+
+
+def expected_step(name: str) -> str:
+    """The step implementation the layout ``name`` must build."""
+    return LAYOUTS[name][3]["step"]
 
 
 def layout_summary(facts: dict) -> dict:
@@ -151,13 +178,25 @@ def check_built_layout(name: str, facts: list[dict]) -> None:
     else:
         assert all(f["layers"] == [1, 2] and f["embedding"] and f["output_layer"] for f in facts), facts
     optimizer_share = [f["optimizer_state_elements"] / f["parameters"] for f in facts]
-    if name.endswith("distributed-optimizer"):  # Adam's state sharded: each rank holds half of it
+    parameter_share = [f["local_parameter_elements"] / f["parameters"] for f in facts]
+    if "distributed-optimizer" in name:  # Adam's state sharded: each rank holds half of it
         assert all(set(f["optimizer"]) == {"DistributedOptimizer"} for f in facts), facts
         assert sum(f["optimizer_state_elements"] for f in facts) == facts[0]["parameters"], facts
         assert all(0.4 < share < 0.6 for share in optimizer_share), optimizer_share
     else:
         assert all("DistributedOptimizer" not in f["optimizer"] for f in facts), facts
-        assert optimizer_share == [1.0] * nproc, optimizer_share
+    if name.startswith("fully-sharded"):  # weights and Adam's state sharded: each rank holds half of each
+        assert all(f["dtensor_parameters"] == [True] and f["optimizer"] == ["AdamW"] for f in facts), facts
+        assert parameter_share == optimizer_share == [0.5] * nproc, (parameter_share, optimizer_share)
+        assert sum(f["local_parameter_elements"] for f in facts) == facts[0]["parameters"], facts
+    else:
+        assert all(f["dtensor_parameters"] == [False] for f in facts) and parameter_share == [1.0] * nproc, facts
+        if "distributed-optimizer" not in name:
+            assert optimizer_share == [1.0] * nproc, optimizer_share
+    overlap = {"grad_reduce": True, "param_gather": True, "no_sync_func": True} if name.endswith("+overlap") else None
+    if expected["step"] == "MegatronStep":
+        overlap = overlap or {"grad_reduce": False, "param_gather": False, "no_sync_func": False}
+    assert [f["ddp_overlap"] for f in facts] == [overlap] * nproc, facts
 
 
 @pytest.mark.slow
@@ -170,8 +209,10 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
     facts_dir.mkdir()
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     # One save: the final weights. The single-process run measures no held-out loss: its weights matching the TP=2
-    # run's (which does, at steps 4 and 8) show that the measurement changes nothing of the training.
-    validate = name != "single-process"
+    # run's (which does, at steps 4 and 8) show that the measurement changes nothing of the training. Neither does the
+    # overlap layout, whose final checkpoint is then saved right after an optimizer step, before any forward has
+    # all-gathered the updated weights (the held-out loss's would): the save must gather them itself.
+    validate = not (name == "single-process" or name.endswith("+overlap"))
     compiled = name in COMPILED
     steps = dataclasses.replace(
         STEPS,
@@ -179,9 +220,10 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
         recompute=recompute,
         val_every=STEPS.val_every if validate else 0,
         compile="on" if compiled else "off",
+        micro_batch_size=2 if name in ACCUMULATING else STEPS.micro_batch_size,
     )
     ref = launch(train_recording_layout, nproc, str(facts_dir), dataset, MODEL, parallel, steps)
-    recorded = Layout(nproc, parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer)
+    recorded = Layout(nproc, parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer, parallel.fsdp)
     assert ref.layouts == [LayoutSpan(1, STEPS.steps, recorded)]
     facts = layout_facts(facts_dir)
     check_built_layout(name, facts)
@@ -195,6 +237,13 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
         "grad_norm_rel": max(abs(a - b) / b for a, b in zip(grad_norms(ref), grad_norms(tp2_run), strict=True)),
         "weights": max((weights[k] - tp2_weights[k]).abs().max().item() for k in weights),
     }
+    if expected_step(name) == "FsdpStep":  # its AdamW moments reshard too: the TP=2 run's, as whole tensors
+        moments, tp2_moments = adam_moments(ref), adam_moments(tp2_run)
+        kinds = {key.removeprefix(f"{checkpoint.OPTIMIZER_PREFIX}.").split(".")[0] for key in moments}
+        assert moments.keys() == tp2_moments.keys() and kinds == {"exp_avg", "exp_avg_sq"}, sorted(moments)
+        diffs["moments_rel"] = max(
+            ((moments[k] - tp2_moments[k]).abs().max() / tp2_moments[k].abs().max()).item() for k in moments
+        )
     if validate:  # forward only, through LocalStep.evaluate or MegatronStep.evaluate: the same held-out loss
         assert val_losses(ref).keys() == val_losses(tp2_run).keys(), val_losses(ref)
         diffs["val_loss"] = max(abs(a - b) for a, b in zip(val_losses(ref).values(), val_losses(tp2_run).values(), strict=True))
@@ -205,6 +254,33 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
     assert diffs["grad_norm_rel"] <= GRAD_NORM_RTOL, diffs
     assert diffs["weights"] <= WEIGHT_TOL, diffs
     assert diffs.get("val_loss", 0.0) <= LOSS_TOL, diffs
+    assert diffs.get("moments_rel", 0.0) <= MOMENT_RTOL, diffs
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(tiny_dataset, tp2_run, tp2_weights, tmp_path):
+    """The TP=2 run's step-4 checkpoint resumed with FSDP at DP=2: its weights and AdamW moments reshard into the
+    FSDP shards, so steps 5-8 are the TP=2 run's up to float noise (resumed with a fresh optimizer instead, the
+    losses moved by 3.5e-2 and the gradient norms by 13%). The other direction, an FSDP checkpoint read at TP=1
+    with its moments the TP=2 run's, is the layout test's."""
+    dataset = fresh_copy(tiny_dataset, tmp_path / "store")
+    store = open_store(dataset.store)
+    shutil.copytree(Path(tp2_run.store) / tp2_run.run, Path(dataset.store) / tp2_run.run)
+    store.delete_prefix(checkpoint.checkpoint_prefix(tp2_run.run, 8))  # as if it stopped after step 4
+    ref = launch(train, 2, dataset, MODEL, ParallelConfig(tensor_parallel=1, fsdp=True), STEPS)
+    assert checkpoint.committed_steps(store, ref.run) == [4, 8]
+    assert ref.layouts == [LayoutSpan(1, 4, Layout(2, tensor_parallel=2)), LayoutSpan(5, 8, Layout(2, fsdp=True))]
+    assert records(ref)[:4] == records(tp2_run)[:4]  # resumed: steps 1-4 are the first run's own records
+    weights = final_weights(ref, MODEL)
+    diffs = {
+        "loss": max(abs(a - b) for a, b in zip(losses(ref), losses(tp2_run), strict=True)),
+        "grad_norm_rel": max(abs(a - b) / b for a, b in zip(grad_norms(ref), grad_norms(tp2_run), strict=True)),
+        "weights": max((weights[k] - tp2_weights[k]).abs().max().item() for k in weights),
+        "val_loss": abs(val_losses(ref)[8] - val_losses(tp2_run)[8]),
+    }
+    print(f"TP=2 step 4 resumed under FSDP: {diffs}")
+    assert diffs["loss"] <= LOSS_TOL and diffs["val_loss"] <= LOSS_TOL, diffs
+    assert diffs["grad_norm_rel"] <= GRAD_NORM_RTOL and diffs["weights"] <= WEIGHT_TOL, diffs
 
 
 def test_recompute_setting_is_checked():

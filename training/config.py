@@ -124,6 +124,18 @@ class ParallelConfig:
     distributed_optimizer: bool = False
     """Shard the optimizer state (fp32 main weights, Adam moments) over data-parallel ranks: megatron's DDP with
     reduce-scatter of gradients and all-gather of weights, and its distributed optimizer. Same maths as off."""
+    fsdp: bool = False
+    """Fully sharded data parallelism: weights, gradients and Adam moments all sharded over data-parallel ranks
+    (torch FSDP2 through megatron-core's TorchFullyShardedDataParallel), each layer's weights all-gathered just
+    before it runs and its gradients reduce-scattered during backward. Same maths as off; needs
+    tensor_parallel 1 and pipeline_parallel 1, and excludes distributed_optimizer (FSDP shards that state too)."""
+    overlap_grad_reduce: bool = False
+    """Reduce gradients during backward, bucket by bucket as they are ready, instead of after it (megatron's DDP:
+    needs distributed_optimizer or pipeline_parallel > 1). Same maths as off; the collective share of the step
+    time shrinks by what backward hides."""
+    overlap_param_gather: bool = False
+    """All-gather the updated weights during the next forward, bucket by bucket, instead of at the end of the
+    optimizer step (megatron's DDP; needs distributed_optimizer). Same maths as off."""
 
     def problems(self) -> list[str]:
         """Every setting of this section that cannot work, one line each."""
@@ -137,6 +149,46 @@ class ParallelConfig:
         out += at_least("parallel.collective_timeout_s", self.collective_timeout_s, 1, " (typical 60 … 600)")
         out += at_least("parallel.checkpoint_timeout_s", self.checkpoint_timeout_s, 1, " (typical 1800)")
         out += at_least("parallel.stall_timeout_s", self.stall_timeout_s, 0, " (0 = no watchdog)")
+        return out + self._sharding_problems()
+
+    def _sharding_problems(self) -> list[str]:
+        """FSDP and the overlap switches: where each applies."""
+        out = []
+        if self.fsdp:
+            if self.tensor_parallel != 1:
+                out.append(
+                    f"parallel.fsdp needs parallel.tensor_parallel 1 (it is {self.tensor_parallel}): FSDP here shards "
+                    "whole layers over the data-parallel ranks; set tensor_parallel: 1 or fsdp: false"
+                )
+            if self.pipeline_parallel != 1:
+                out.append(
+                    f"parallel.fsdp needs parallel.pipeline_parallel 1 (it is {self.pipeline_parallel}): set "
+                    "pipeline_parallel: 1 or fsdp: false"
+                )
+            if self.distributed_optimizer:
+                out.append(
+                    "parallel.fsdp and parallel.distributed_optimizer are both on: FSDP already shards the optimizer "
+                    "state with the weights; set distributed_optimizer: false (or fsdp: false)"
+                )
+            for name in ("overlap_grad_reduce", "overlap_param_gather"):
+                if getattr(self, name):
+                    out.append(
+                        f"parallel.{name} does not apply with parallel.fsdp: FSDP2 always gathers each layer's weights "
+                        "ahead of it and reduce-scatters its gradients during backward (overlapped on GPU streams); "
+                        f"set {name}: false"
+                    )
+            return out
+        if self.overlap_grad_reduce and not (self.distributed_optimizer or self.pipeline_parallel > 1):
+            out.append(
+                "parallel.overlap_grad_reduce needs megatron's DDP (parallel.distributed_optimizer: true or "
+                "pipeline_parallel > 1): the plain data-parallel step all-reduces once after the last backward; "
+                "set distributed_optimizer: true or overlap_grad_reduce: false"
+            )
+        if self.overlap_param_gather and not self.distributed_optimizer:
+            out.append(
+                "parallel.overlap_param_gather needs parallel.distributed_optimizer: true (only it all-gathers "
+                "updated weights); set distributed_optimizer: true or overlap_param_gather: false"
+            )
         return out
 
 

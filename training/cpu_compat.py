@@ -17,14 +17,16 @@ this module redirects exactly those calls to the CPU:
   beside CUDA; 2–3 s of a fresh interpreter in every rank process that saves) → a ``fork``
   ``Manager``, as megatron's own writer processes are forked, that first closes the rank's sockets
   it inherited (a killed rank's peers must see its connections close);
+- the device mesh megatron's torch FSDP2 wrapper builds with a literal ``"cuda"``
+  (``TorchFullyShardedDataParallel``, ``parallel.fsdp``) → built on the CPU (``DeviceMeshOnCpu``);
 - the optimizers' dtype checks ``param.type() == "torch.cuda.FloatTensor"`` (mixed-precision
   and distributed optimizer construction, ``clip_grad_by_total_norm_fp32``) → accepted for
   CPU tensors, but only inside ``cuda_type_names()``, which the trainer wraps around
   megatron-optimizer calls.
 
-gloo implements every collective megatron's DDP and distributed optimizer use here
-(``all_gather_into_tensor`` and ``reduce_scatter_tensor`` included, torch 2.13), so none is
-shimmed. Configuration-level fixes live with the model code (``use_cpu_initialization=True``,
+gloo implements every collective megatron's DDP and distributed optimizer and FSDP2 use here
+(``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``ReduceOp.AVG`` included, torch 2.13),
+so none is shimmed. Configuration-level fixes live with the model code (``use_cpu_initialization=True``,
 the no-op inference RNG tracker, ``batch_p2p_sync=False``). On a CUDA machine ``apply()``
 and ``cuda_type_names()`` do nothing and megatron runs exactly as shipped.
 """
@@ -83,6 +85,10 @@ def apply() -> bool:
 
     for module in (schedules, optimizer, clip_grads, megatron_utils):
         module.torch = TorchOnCpu()
+
+    from megatron.core.distributed import torch_fully_sharded_data_parallel
+
+    torch_fully_sharded_data_parallel.DeviceMesh = DeviceMeshOnCpu
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
@@ -159,6 +165,17 @@ class TorchOnCpu:
     def __getattr__(self, name: str) -> Any:
         value = getattr(torch, name)
         return _on_cpu(value) if name in _FACTORIES else value
+
+
+class DeviceMeshOnCpu:
+    """``torch.distributed.DeviceMesh`` as megatron's FSDP2 wrapper sees it on a CPU machine: its
+    ``DeviceMesh.from_group(group, "cuda")`` builds the mesh of the CPU (gloo) instead."""
+
+    @staticmethod
+    def from_group(group: Any, device_type: str, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh.from_group(group, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
 
 @contextlib.contextmanager

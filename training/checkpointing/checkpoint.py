@@ -4,8 +4,8 @@
 
 - ``model/``: the weights *and* the AdamW moments, in torch DCP format. The moments are
   sharded exactly like their parameters (megatron's optimizer-sharding helpers), so both
-  reshard on load: a checkpoint written at TP=2 resumes at TP=1 or DP=2 with its optimizer
-  state intact;
+  reshard on load: a checkpoint written at TP=2 resumes at TP=1, DP=2 or under FSDP with its
+  optimizer state intact, and an FSDP one at any of those (``fsdp_state``: the same global tensors);
 - ``rng/rank-NNNNN.pt``: each rank's random-number generator states, restored when the
   layout (world size, TP) is unchanged;
 - ``meta.json``: step, layout, the history of layouts that trained the run's steps so far
@@ -49,13 +49,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.contracts import CHECKPOINT_DIGESTS, CHECKPOINT_META, CHECKPOINT_MODEL
+from common.contracts import CHECKPOINT_DIGESTS, CHECKPOINT_META, CHECKPOINT_MODEL, Layout
 from common.contracts import checkpoint_prefix as checkpoint_prefix  # re-exported: the names of the run's checkpoints
 from common.contracts import committed_steps as committed_steps  # and which of them count
 from common.digests import digest_problems
 from common.errors import UserError
 from storage import COMMIT_MARKER, Store
-from training.checkpointing import optimizer_state
+from training.checkpointing import fsdp_state, optimizer_state
 from training.checkpointing.staging import make_job_folder, remove_job_folder, store_root
 from training.distributed import checkpoint_group
 
@@ -113,7 +113,7 @@ def _optimizer_sharded_state(model_state: dict, optimizer) -> dict:
     from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map, make_sharded_optimizer_tensor
 
     params = _optimizer_params(optimizer)
-    by_id = get_param_id_to_sharded_param_map(model_state, params)
+    by_id = get_param_id_to_sharded_param_map(model_state, [fsdp_state.local(p) for p in params])
     sharded = {}
     for i, p in enumerate(params):
         if i not in by_id:
@@ -383,9 +383,10 @@ def fetch(store: Store, prefix: str, dest: Path, committed_at: str | None = None
 def load_model(model, local_dir: Path) -> None:
     """Load model weights saved at any TP or PP size into this rank's shard of ``model``
     (``local_dir``: a checkpoint ``fetch`` checked)."""
-    state = _dist_load(model.sharded_state_dict(), local_dir / CHECKPOINT_MODEL)
+    request = fsdp_state.sharded_state_dict(model)
+    state = _dist_load(request, local_dir / CHECKPOINT_MODEL)
     state.pop(optimizer_state.KEY, None)  # the common (unsharded) part of a megatron optimizer comes back too
-    model.load_state_dict(state)
+    fsdp_state.load_into(model, request, state)
 
 
 @contextmanager
@@ -423,7 +424,7 @@ def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
         else:
             _load_torch_optimizer(staging, model, optimizer, meta)
         rng_file = staging / "rng" / f"rank-{dist.get_rank():05d}.pt"
-        if meta.get("layout") == layout and rng_file.exists():
+        if same_layout(meta, layout) and rng_file.exists():
             _set_rng_state(load_rng_state(rng_file))
     return meta
 
@@ -432,10 +433,23 @@ def restores_optimizer(meta: dict, optimizer, layout: dict) -> bool:
     """Whether resuming the checkpoint of ``meta`` with ``optimizer`` on ``layout`` restores the
     optimizer state. Torch AdamW moments reshard to any layout; a megatron optimizer's state
     (pipeline parallelism, the distributed optimizer) comes back only to a megatron optimizer
-    on the layout that saved it. Otherwise the weights load and the optimizer starts afresh."""
+    on the layout that saved it, with the same gradient buckets. Otherwise the weights load and the
+    optimizer starts afresh."""
     if optimizer_state.is_megatron(optimizer) or optimizer_state.readable(meta):
-        return optimizer_state.is_megatron(optimizer) and optimizer_state.readable(meta) and meta.get("layout") == layout
+        return (
+            optimizer_state.is_megatron(optimizer)
+            and optimizer_state.readable(meta)
+            and same_layout(meta, layout)
+            and optimizer_state.same_buckets(meta, optimizer)
+        )
     return True
+
+
+def same_layout(meta: dict, layout: dict) -> bool:
+    """Whether the checkpoint of ``meta`` was saved by ``layout`` (``asdict`` of a ``Layout``). A layout recorded
+    before a field existed reads as that field's default (a checkpoint from before ``fsdp``: not FSDP)."""
+    recorded = meta.get("layout")
+    return recorded is not None and Layout(**recorded) == Layout(**layout)
 
 
 def _load_megatron_optimizer(staging: Path, model, optimizer, meta: dict) -> None:
@@ -451,10 +465,10 @@ def _load_megatron_optimizer(staging: Path, model, optimizer, meta: dict) -> Non
 def _load_torch_optimizer(staging: Path, model, optimizer, meta: dict) -> None:
     """Weights and torch AdamW moments, both resharded to this layout."""
     _init_adam_state(optimizer)
-    model_state = model.sharded_state_dict()
+    model_state = fsdp_state.sharded_state_dict(model)
     optim_state = _optimizer_sharded_state(model_state, optimizer)
     loaded = _dist_load({**model_state, **optim_state}, staging / CHECKPOINT_MODEL)
-    model.load_state_dict({k: v for k, v in loaded.items() if k not in optim_state})
+    fsdp_state.load_into(model, model_state, {k: v for k, v in loaded.items() if k not in optim_state})
     step = torch.tensor(float(meta["optimizer_step"]))
     for p in _optimizer_params(optimizer):
         optimizer.state[p]["step"] = step.clone()

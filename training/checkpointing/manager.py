@@ -59,7 +59,7 @@ class CheckpointManager:
         self.cfg, self.progress, self.timeout_s = cfg, progress, parallel.checkpoint_timeout_s
         self.rank = dist.get_rank()
         tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
-        self.layout = Layout(dist.get_world_size(), tp, pp, parallel.distributed_optimizer)
+        self.layout = Layout(dist.get_world_size(), tp, pp, parallel.distributed_optimizer, parallel.fsdp)
         self.history: list[LayoutSpan] = []
         """The layouts that trained steps 1..start."""
         self.resumed_step = 0

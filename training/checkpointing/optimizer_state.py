@@ -9,9 +9,11 @@ optimizer megatron writes each parameter's moments sharded like the parameter.
 ``meta.json`` records the AdamW step count and the format.
 
 Resume: the optimizer state comes back exactly when the layout (world size, TP, PP,
-distributed optimizer) is the one it was written with. After a layout change the weights
-reshard as always and the optimizer starts afresh (zero moments, step 0): the buffers'
-layout depends on the data-parallel size and on which parameters a stage holds.
+distributed optimizer) and the gradient buckets (``parallel.overlap_grad_reduce`` splits the
+buffers into buckets of megatron's default size; off, one bucket) are the ones it was written with.
+After such a change the weights reshard as always and the optimizer starts afresh (zero moments,
+step 0): the buffers' layout depends on the data-parallel size, on which parameters a stage holds
+and on the bucket boundaries.
 """
 
 from __future__ import annotations
@@ -36,7 +38,28 @@ def readable(meta: dict) -> bool:
 
 def checkpoint_meta(optimizer) -> dict:
     """What meta.json records besides the shards."""
-    return {"optimizer_step": _adam_step(optimizer), "optimizer_format": FORMAT}
+    return {"optimizer_step": _adam_step(optimizer), "optimizer_format": FORMAT, "optimizer_bucket_size": _bucket_size(optimizer)}
+
+
+def same_buckets(meta: dict, optimizer) -> bool:
+    """Whether the checkpoint of ``meta`` was written with ``optimizer``'s gradient buckets. A checkpoint from
+    before the bucket size was recorded had one bucket (no ``overlap_grad_reduce``): it reads as None."""
+    return meta.get("optimizer_bucket_size") == _bucket_size(optimizer)
+
+
+def _bucket_size(optimizer) -> int | None:
+    """megatron DDP's bucket size (elements; None: a single bucket), the same for every model chunk."""
+    sizes = {chunk.ddp_config.bucket_size for chunk in getattr(optimizer, "model_chunks", [])}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def gather_weights(optimizer) -> None:
+    """Collective: finish the all-gather of the updated weights that ``parallel.overlap_param_gather`` leaves to
+    the next forward. Until then each rank's model holds the step's update in its own shard of the weights
+    only, and a checkpoint (written by data-parallel rank 0) would save the other shards from the step before."""
+    for chunk in getattr(optimizer, "model_chunks", []):
+        if chunk.ddp_config.use_distributed_optimizer and chunk.ddp_config.overlap_param_gather:
+            chunk.start_param_sync(force_sync=True)
 
 
 def sharded(optimizer, model, is_loading: bool) -> dict:

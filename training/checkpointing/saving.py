@@ -43,7 +43,7 @@ from common.contracts import CHECKPOINT_DIGESTS, CHECKPOINT_META, CHECKPOINT_MOD
 from common.digests import file_sha256, folder_files
 from common.stages import mark_stage
 from storage import AlreadyCommitted, Store, open_store
-from training.checkpointing import optimizer_state
+from training.checkpointing import fsdp_state, optimizer_state
 from training.checkpointing.checkpoint import (
     DIGESTS_FORMAT,
     _job_folder,
@@ -128,7 +128,8 @@ def start_save(
         (staging / CHECKPOINT_MODEL).mkdir(parents=True)
         (staging / "rng").mkdir()
     dist.barrier(group=checkpoint_group())
-    model_state = model.sharded_state_dict()
+    optimizer_state.gather_weights(optimizer)  # what overlap_param_gather left to the next forward
+    model_state = fsdp_state.sharded_state_dict(model)
     if optimizer_state.is_megatron(optimizer):
         model_state[optimizer_state.KEY] = optimizer_state.sharded(optimizer, model, is_loading=False)
         meta = {**meta, **optimizer_state.checkpoint_meta(optimizer)}

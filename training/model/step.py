@@ -1,6 +1,6 @@
 """One optimizer step of a parallel layout: build this rank's model and optimizer, then step it.
 
-Two implementations behind one interface (``TrainStep``), chosen by ``build_step``:
+Three implementations behind one interface (``TrainStep``), chosen by ``build_step``:
 
 - ``LocalStep`` (pipeline_parallel = 1, no distributed optimizer): a plain loop over the
   micro-batches, gradients summed over data-parallel ranks (and the sequence-parallel norm
@@ -14,12 +14,16 @@ Two implementations behind one interface (``TrainStep``), chosen by ``build_step
   stages) and its optimizer (``get_megatron_optimizer``: AdamW, clipping over the
   model-parallel group; with ``use_distributed_optimizer`` the state sharded over
   data-parallel ranks). On a GPU this is megatron as shipped, in bf16 with fp32 main weights.
+  ``parallel.overlap_grad_reduce`` / ``overlap_param_gather`` switch on its bucketed overlap of
+  the gradient reduction with backward and of the weights' all-gather with the next forward.
+- ``FsdpStep`` (``parallel.fsdp``, ``training.model.fsdp``): LocalStep's maths on a model
+  sharded by torch FSDP2 (weights, gradients and Adam moments over data-parallel ranks).
 
 Each step times its phases on the ``StepTimer`` it is given (forward+backward, collectives,
 optimizer) and asks ``accept`` (the loss-health check) before it updates anything: a batch whose
 loss is refused leaves weights and optimizer state untouched.
 
-Both compute the same thing: the mean over micro-batches of each micro-batch's mean token
+All compute the same thing: the mean over micro-batches of each micro-batch's mean token
 loss, gradients averaged over data-parallel ranks, clipped to ``grad_clip`` by the global norm,
 AdamW with betas (0.9, 0.95), eps 1e-8, weight decay on matrices only, the learning rate given
 per step. Every rank returns the same loss and gradient norm.
@@ -106,8 +110,20 @@ def build_step(model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfi
     )
     if resolve_compile(cfg.compile, next(model.parameters()).device.type):
         compile_model(model)
+    if parallel.fsdp:
+        from training.model.fsdp import FsdpStep
+
+        return FsdpStep(model, cfg, accumulation)
     if parallel.pipeline_parallel > 1 or parallel.distributed_optimizer:
-        return MegatronStep(model, cfg, accumulation, seq_len, parallel.distributed_optimizer)
+        return MegatronStep(
+            model,
+            cfg,
+            accumulation,
+            seq_len,
+            parallel.distributed_optimizer,
+            overlap_grad_reduce=parallel.overlap_grad_reduce,
+            overlap_param_gather=parallel.overlap_param_gather,
+        )
     return LocalStep(model, cfg, accumulation, parallel.sequence_parallel)
 
 
@@ -228,7 +244,14 @@ class MegatronStep:
     """megatron's DDP, pipeline schedule and optimizer (distributed or not)."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: TrainConfig, accumulation: int, seq_len: int, distributed_optimizer: bool
+        self,
+        model: torch.nn.Module,
+        cfg: TrainConfig,
+        accumulation: int,
+        seq_len: int,
+        distributed_optimizer: bool,
+        overlap_grad_reduce: bool = False,
+        overlap_param_gather: bool = False,
     ) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -243,10 +266,15 @@ class MegatronStep:
         ddp_config = DistributedDataParallelConfig(
             use_distributed_optimizer=distributed_optimizer,
             grad_reduce_in_fp32=True,
-            overlap_grad_reduce=False,
-            overlap_param_gather=False,
+            overlap_grad_reduce=overlap_grad_reduce,
+            overlap_param_gather=overlap_param_gather,
         )
         self.ddp = DistributedDataParallel(config, ddp_config, model)
+        if overlap_grad_reduce:
+            # As megatron-lm's training loop: the schedules run every micro-batch but the last inside no_sync, so
+            # a bucket's reduction starts once the last micro-batch's backward has filled it. (Without it megatron
+            # 0.16 counts every micro-batch's gradients against the first step's counts and starts at the same point.)
+            config.no_sync_func = self.ddp.no_sync
         # The schedule calls this after the last backward: DP reduction, tied embedding, SP norms.
         config.finalize_model_grads_func = self._finalize_grads
         self._finalize = finalize_model_grads
@@ -276,6 +304,8 @@ class MegatronStep:
     def evaluate(self, batch: torch.Tensor) -> float:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        # With overlap_param_gather the last step updated each rank's own shard of the weights only; megatron's
+        # finish_grad_sync marked their all-gather undispatched, so this forward's pre-hooks gather them first.
         micros = batch.split(self.cfg.micro_batch_size)
         losses = get_forward_backward_func()(
             forward_step_func=self._forward_step,

@@ -108,7 +108,7 @@ def _layout_short(span: dict) -> str:
     layout = span["layout"]
     tp, pp, world = layout["tensor_parallel"], layout["pipeline_parallel"], layout["world_size"]
     text = f"TP{tp} PP{pp} DP{world // (tp * pp)}"
-    return text + (" distopt" if layout.get("distributed_optimizer") else "")
+    return text + (" distopt" if layout.get("distributed_optimizer") else "") + (" fsdp" if layout.get("fsdp") else "")
 
 
 def _layouts(meta: dict) -> list[dict]:
