@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import re
 import statistics
@@ -486,6 +487,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--loader-s3-mb", type=float, default=-1, help="(d): MB of the S3 loader dataset (default 300; 0 skips; tiny: 0)"
     )
+    parser.add_argument(
+        "--compile-backend",
+        choices=("inductor", "eager"),
+        default="inductor",
+        help="torch.compile's backend for ours and plain_compiled; 'eager' (gpu_checks.sh --dry-run, the smoke test): "
+        "Dynamo traces every compiled region, Inductor generates no code, so its figures mean nothing",
+    )
     args = parser.parse_args()
     cuda = args.device == "cuda"
     args.size = args.size or ("350m" if cuda else "small")
@@ -523,6 +531,8 @@ def report(result: dict) -> None:
 
 def main() -> None:
     args = parse_args()
+    if args.compile_backend != "inductor":  # nn.Module.compile and training/model/compiling.py call torch.compile
+        torch.compile = functools.partial(torch.compile, backend=args.compile_backend)  # type: ignore[assignment]
     cuda = args.device == "cuda"
     if not cuda:
         # build_gpt puts the model on the GPU whenever one exists; hide it for a CPU measurement.
@@ -551,6 +561,7 @@ def main() -> None:
         "warmup": args.warmup,
         "kernels": "triton",
         "plain_attention": args.plain_attention,
+        "compile_backend": args.compile_backend,
         **{name: models[name] for name in VARIANTS},
         "plain": plain,
         "compile_s": models["compile_s"],

@@ -68,7 +68,7 @@ kernels_cpu=() train_cpu=() script_cpu=() collect_cpu=()
 if ((dry_run)); then
     echo "cpu dry run" | tee "$out/device.txt"
     kernels_cpu=(--dry-run-cpu)
-    train_cpu=(--device cpu --size tiny)
+    train_cpu=(--device cpu --size tiny --compile-backend eager)  # Dynamo traces; Inductor's C++ build is the suite's cost
     script_cpu=(--dry-run)
     collect_cpu=(--dry-run)  # written to OUT_DIR only, marked as a dry run
 else

@@ -112,7 +112,7 @@ LAYOUTS = {
         "selective",
         built(tp=2, sp=True),
     ),
-    "pipeline-parallel-2+full-recompute+compiled": (
+    "pipeline-parallel-2+full-recompute": (
         2,
         ParallelConfig(tensor_parallel=1, pipeline_parallel=2),
         "full",
@@ -135,10 +135,10 @@ LAYOUTS = {
 }
 
 
-# Layouts whose transformer layers and loss head run compiled (train.compile: on): one of each step
-# implementation, so LocalStep and MegatronStep (with the pipeline and full recompute) are checked compiled
-# and, in the other layouts, eager. The TP=2 reference is eager.
-COMPILED = {"data-parallel-2+compiled", "pipeline-parallel-2+full-recompute+compiled"}
+# Layouts whose transformer layers and loss head run compiled (train.compile: on); the others and the TP=2
+# reference run eager. One: each compiled launch costs about 25 s of Inductor on 2 cores (the pipeline layout
+# with full recompute matched compiled too: loss 4.8e-7, grad norm 3.1e-7 relative, weights 2.8e-6).
+COMPILED = {"data-parallel-2+compiled"}
 
 # Layouts that accumulate gradients over two micro-batches per rank (micro-batch 2 instead of 4 at DP=2; the
 # mean of the micro-batches' mean losses is the same number): FSDP's unsharded accumulation before the last
