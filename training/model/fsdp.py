@@ -33,7 +33,15 @@ import torch.distributed as dist
 from common.settings import problems_error
 from training.config import TrainConfig
 from training.model.gpt import mean_loss
-from training.model.step import BETAS, EPS, Accept, StepResult, _mean_over_data_parallel, accept_all, count_parameters
+from training.model.step import (
+    Accept,
+    StepResult,
+    _mean_over_data_parallel,
+    accept_all,
+    adamw,
+    count_parameters,
+    micro_batch_mean_loss,
+)
 from training.observe.timing import StepTimer
 
 
@@ -79,16 +87,7 @@ class FsdpStep:
         self.cfg = cfg
         self.accumulation = accumulation
         self.params = [p for p in model.parameters() if p.requires_grad]
-        decay = [p for p in self.params if p.ndim >= 2]
-        no_decay = [p for p in self.params if p.ndim < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr,
-            betas=BETAS,
-            eps=EPS,
-            # One kernel over the local shards, as LocalStep's (torch's fused AdamW steps DTensors shard by shard).
-            fused=True,
-        )
+        self.optimizer = adamw(self.params, cfg)  # fused: it steps the DTensors shard by shard
         model.train()
 
     def num_parameters(self) -> int:
@@ -97,14 +96,11 @@ class FsdpStep:
 
     @torch.no_grad()
     def evaluate(self, batch: torch.Tensor) -> float:
-        micros = batch.split(self.cfg.micro_batch_size)
-        total = torch.zeros((), device=self.params[0].device)
-        for micro in micros:
-            total += mean_loss(self.model, micro).float()
+        loss = micro_batch_mean_loss(self.model, batch, self.cfg.micro_batch_size)
         # Without a backward the root unit keeps its gathered weights: shard them again, or a checkpoint
         # saved next would see whole tensors where it expects this rank's shards.
         self.model.reshard()
-        return _mean_over_data_parallel(total / len(micros))
+        return _mean_over_data_parallel(loss)
 
     def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
         for group in self.optimizer.param_groups:

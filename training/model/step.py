@@ -147,6 +147,31 @@ def _mean_over_data_parallel(value: torch.Tensor) -> float:
     return value.item() / ps.get_data_parallel_world_size()
 
 
+def adamw(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:
+    """torch's AdamW with the trainer's settings, weight decay on matrices only."""
+    return torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=BETAS,
+        eps=EPS,
+        # One kernel over every parameter (CPU and CUDA; DTensors shard by shard), as the compiled peer of
+        # bench_train uses; the default foreach implementation launches several per tensor group.
+        fused=True,
+    )
+
+
+def micro_batch_mean_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
+    """The mean over ``batch``'s micro-batches of each one's mean token loss (forward only, on this rank)."""
+    micros = batch.split(micro_batch_size)
+    total = torch.zeros((), device=next(model.parameters()).device)
+    for micro in micros:
+        total += mean_loss(model, micro).float()
+    return total / len(micros)
+
+
 class LocalStep:
     """Pipeline-parallel size 1: micro-batch loop, hand-made reductions, torch AdamW."""
 
@@ -156,17 +181,7 @@ class LocalStep:
         self.accumulation = accumulation
         self.sequence_parallel = sequence_parallel
         self.params = [p for p in model.parameters() if p.requires_grad]
-        decay = [p for p in self.params if p.ndim >= 2]
-        no_decay = [p for p in self.params if p.ndim < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr,
-            betas=BETAS,
-            eps=EPS,
-            # One kernel over every parameter (CPU and CUDA), as the compiled peer of bench_train uses;
-            # the default foreach implementation launches several per tensor group.
-            fused=True,
-        )
+        self.optimizer = adamw(self.params, cfg)
         model.train()
 
     def num_parameters(self) -> int:
@@ -174,11 +189,7 @@ class LocalStep:
 
     @torch.no_grad()
     def evaluate(self, batch: torch.Tensor) -> float:
-        micros = batch.split(self.cfg.micro_batch_size)
-        total = torch.zeros((), device=self.params[0].device)
-        for micro in micros:
-            total += mean_loss(self.model, micro).float()
-        return _mean_over_data_parallel(total / len(micros))
+        return _mean_over_data_parallel(micro_batch_mean_loss(self.model, batch, self.cfg.micro_batch_size))
 
     def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
         from megatron.core import parallel_state as ps
