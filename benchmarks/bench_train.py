@@ -13,7 +13,7 @@ parameter count, and of the data loader against what training consumes, measured
     - ``plain_compiled``: ``PlainGPT`` below (``F.rms_norm``, causal SDPA with native GQA, RoPE from
       cos/sin tables built once in the compute dtype, SwiGLU, tied embeddings), each block and the
       head ``torch.compile``d (default mode; per block, as torchtitan does, so a 24-layer model
-      compiles one block), fused AdamW (``fused=True``; ``optimizer`` says if it fell back), torch's
+      compiles one block), the trainer's fused AdamW (``training.model.step.adamw``), torch's
       ``clip_grad_norm_``. Compile time is excluded from the step times and reported (``compile_s``).
     - ``plain_eager``: the same model and optimizer, not compiled: shows what compiling gains.
     The parameter counts are asserted equal. Steps alternate round-robin between the variants (the
@@ -177,25 +177,6 @@ class PlainGPT(nn.Module):
         return self.head(x, self.embed.weight, labels)
 
 
-def adamw_groups(model: nn.Module) -> list[dict]:
-    """Weight decay on matrices only, as training/model/step.py's LocalStep."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-
-
-def fused_adamw(model: nn.Module) -> tuple[torch.optim.Optimizer, str]:
-    """torch's fused AdamW (one kernel for all parameters), else the default (foreach) one; says which."""
-    from training.model.step import BETAS, EPS
-
-    try:
-        return torch.optim.AdamW(adamw_groups(model), lr=LR, betas=BETAS, eps=EPS, fused=True), "fused"
-    except (RuntimeError, ValueError) as err:
-        return torch.optim.AdamW(adamw_groups(model), lr=LR, betas=BETAS, eps=EPS), f"foreach (fused raised: {err})"
-
-
 def plain_step(model: PlainGPT, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, attention: str) -> Step:
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -273,6 +254,7 @@ def build_variants(shape: dict[str, int], device: torch.device, attention: str) 
     """The four steps on one fixed batch, and what each variant is (parameters, kernels, optimizer)."""
     from training.config import ffn_size
     from training.distributed import init_distributed
+    from training.model.step import adamw
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what build_gpt uses
     init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
@@ -289,9 +271,10 @@ def build_variants(shape: dict[str, int], device: torch.device, attention: str) 
         plain.train()
         if name == "plain_compiled":
             plain.compile_regions()
-        optimizer, kind = fused_adamw(plain)
+        # The trainer's own AdamW (fused, weight decay on matrices only): both sides step the same optimizer.
+        optimizer = adamw([p for p in plain.parameters() if p.requires_grad], TrainConfig(lr=LR, weight_decay=WEIGHT_DECAY))
         steps[name] = plain_step(plain, optimizer, tokens, attention)
-        info[name] = {"parameters": parameter_count(plain), "compiled": name == "plain_compiled", "optimizer": kind}
+        info[name] = {"parameters": parameter_count(plain), "compiled": name == "plain_compiled", "optimizer": "fused"}
     counts = {name: i["parameters"] for name, i in info.items()}
     require(len(set(counts.values())) == 1, f"the variants must have the same parameter count: {counts}")
     return steps, info

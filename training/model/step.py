@@ -157,8 +157,8 @@ def adamw(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Ada
         lr=cfg.lr,
         betas=BETAS,
         eps=EPS,
-        # One kernel over every parameter (CPU and CUDA; DTensors shard by shard), as the compiled peer of
-        # bench_train uses; the default foreach implementation launches several per tensor group.
+        # One kernel over every parameter (CPU and CUDA; DTensors shard by shard); the default foreach
+        # implementation launches several per tensor group. bench_train's plain peer steps this same optimizer.
         fused=True,
     )
 
