@@ -55,6 +55,7 @@ from common.contracts import (
     TOKENIZER,
     DatasetRef,
     EvalReport,
+    GateDecision,
     Lineage,
     ModelCard,
     ModelRef,
@@ -244,6 +245,14 @@ def register(
             store.commit(prefix, {"version": version, "registration": identity})
         except AlreadyCommitted:
             _check_same_registration(store, prefix, identity)  # the identical registration committed first
+    _move_aliases(store, name, version, aliases, replay)
+    if gate_alias and card.gate is not None and card.gate.promoted:
+        _move_gated_alias(store, name, version, report, config, gate_alias, gate_tolerance, gate_metric, card.gate.baseline)
+    return ModelRef(store=store.uri, name=name, version=version, prefix=prefix)
+
+
+def _move_aliases(store: Store, name: str, version: int, aliases: tuple[str, ...], replay: bool) -> None:
+    """Point ``aliases`` at ``version``: ``latest`` (and every alias of a replay) only forward."""
     for alias in aliases:
         if alias == LATEST or replay:
             # Never back to an older version: a slower registration's, or a replay's long after a
@@ -251,27 +260,37 @@ def register(
             move_alias(store, name, alias, lambda holder: version if holder is None or holder < version else None)
         else:
             move_alias(store, name, alias, lambda holder: version)
-    decision = card.gate
-    if gate_alias and decision is not None and decision.promoted:
-        compared_with = decision.baseline
 
-        def still_passes(holder: int | None) -> int | None:
-            entry = model_prefix(name, holder) if holder is not None else ""
-            if entry == compared_with or holder == version:
-                return version
-            again = gate_for_holder(
-                store, name, report, gate_alias, gate_tolerance, holder, (config or {}).get("evaluation"), gate_metric
-            )
-            if again.promoted:
-                return version
-            log.warning(
-                "%s:%s moved to %s while %s:%s was registered (the card records the decision against %s): %s",
-                name, gate_alias, entry, name, version, compared_with or "no holder", again.reason,
-            )  # fmt: skip
-            return None
 
-        move_alias(store, name, gate_alias, still_passes)
-    return ModelRef(store=store.uri, name=name, version=version, prefix=prefix)
+def _move_gated_alias(
+    store: Store,
+    name: str,
+    version: int,
+    report: EvalReport,
+    config: dict[str, Any] | None,
+    gate_alias: str,
+    gate_tolerance: float,
+    gate_metric: str,
+    compared_with: str,
+) -> None:
+    """Move ``gate_alias`` to ``version``, which passed the gate against ``compared_with``, if that holder still
+    holds it; else decide again against the new holder and move it only if the candidate passes there too."""
+
+    def still_passes(holder: int | None) -> int | None:
+        entry = model_prefix(name, holder) if holder is not None else ""
+        if entry == compared_with or holder == version:
+            return version
+        evaluation = (config or {}).get("evaluation")
+        again = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, evaluation, gate_metric)
+        if again.promoted:
+            return version
+        log.warning(
+            "%s:%s moved to %s while %s:%s was registered (the card records the decision against %s): %s",
+            name, gate_alias, entry, name, version, compared_with or "no holder", again.reason,
+        )  # fmt: skip
+        return None
+
+    move_alias(store, name, gate_alias, still_passes)
 
 
 def _write_entry(
@@ -289,7 +308,30 @@ def _write_entry(
     (the one already there, if an identical registration wrote it first)."""
     ckpt = report.checkpoint
     prefix = model_prefix(name, version)
-    manifest = store.get_json(f"{ckpt.dataset.prefix}/{MANIFEST}")
+    copied, hf_export = _copy_entry_files(store, prefix, report)
+    if store.exists(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}"):
+        # The copy's own list: the files it holds, with the digests committed with the run (a
+        # file that is not listed there stays unlisted, and loading the entry refuses it).
+        digests = store.get_json(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}")
+        digests["files"] = {rel: digests["files"][rel] for rel in copied if rel in digests["files"]}
+        _create(store, f"{prefix}/{ENTRY_CHECKPOINT}/{CHECKPOINT_DIGESTS}", _json(digests))
+    decision = None
+    if gate_alias:  # the holder now, not the one find_gate_holder saw before the evaluation
+        holder = read_alias(store, name, gate_alias)[0]
+        evaluation = (config or {}).get("evaluation")
+        decision = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, evaluation, gate_metric)
+    card = _entry_card(store, name, version, report, config, execution_id, decision, hf_export)
+    if not _create(store, card_key(prefix), _json(card.to_dict())):
+        card = read_card(store, prefix)  # the identical registration's: its time and gate decision
+    _create(store, f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode())
+    return card
+
+
+def _copy_entry_files(store: Store, prefix: str, report: EvalReport) -> tuple[list[str], str]:
+    """Copy the checkpoint's model files and meta, the dataset's tokenizer and the evaluation's results and
+    Hugging Face export (digest-checked) under ``prefix``, through a local staging folder; returns the
+    checkpoint files copied (relative to the checkpoint) and the export's folder name ('' without one)."""
+    ckpt = report.checkpoint
     hf_export = ""
     with tempfile.TemporaryDirectory(prefix="pretrain-register-") as tmp, local_space(tmp, "the registry entry's staging"):
         staging = Path(tmp)
@@ -314,18 +356,24 @@ def _write_entry(
         # A version's objects are only ever created: one already there is the identical copy.
         for path in sorted(p for p in staging.rglob("*") if p.is_file()):
             _create(store, f"{prefix}/{path.relative_to(staging).as_posix()}", path=path)
-    if store.exists(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}"):
-        # The copy's own list: the files it holds, with the digests committed with the run (a
-        # file that is not listed there stays unlisted, and loading the entry refuses it).
-        digests = store.get_json(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}")
-        digests["files"] = {rel: digests["files"][rel] for rel in copied if rel in digests["files"]}
-        _create(store, f"{prefix}/{ENTRY_CHECKPOINT}/{CHECKPOINT_DIGESTS}", _json(digests))
-    decision = None
-    if gate_alias:  # the holder now, not the one find_gate_holder saw before the evaluation
-        holder = read_alias(store, name, gate_alias)[0]
-        evaluation = (config or {}).get("evaluation")
-        decision = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, evaluation, gate_metric)
-    card = ModelCard(
+    return copied, hf_export
+
+
+def _entry_card(
+    store: Store,
+    name: str,
+    version: int,
+    report: EvalReport,
+    config: dict[str, Any] | None,
+    execution_id: str,
+    decision: GateDecision | None,
+    hf_export: str,
+) -> ModelCard:
+    """The card of entry ``version``: the evaluation's and the training's figures, the lineage, the layouts,
+    the (redacted) config, the code revision and the gate's decision."""
+    ckpt = report.checkpoint
+    manifest = store.get_json(f"{ckpt.dataset.prefix}/{MANIFEST}")
+    return ModelCard(
         name=name,
         version=version,
         registered_at=utc_now(),
@@ -358,10 +406,6 @@ def _write_entry(
         gate=decision,
         hf_export=hf_export,
     )
-    if not _create(store, card_key(prefix), _json(card.to_dict())):
-        card = read_card(store, prefix)  # the identical registration's: its time and gate decision
-    _create(store, f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode())
-    return card
 
 
 def _dataset_location(store: Store, dataset: DatasetRef) -> str:

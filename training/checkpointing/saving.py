@@ -42,6 +42,7 @@ import torch.distributed as dist
 from common.contracts import CHECKPOINT_DIGESTS, CHECKPOINT_META, CHECKPOINT_MODEL, checkpoint_prefix, committed_steps
 from common.digests import file_sha256, folder_files
 from common.stages import mark_stage
+from runs.staging import remove_job_folder
 from storage import AlreadyCommitted, Store, open_store
 from training.checkpointing import fsdp_state, optimizer_state
 from training.checkpointing.checkpoint import (
@@ -52,7 +53,6 @@ from training.checkpointing.checkpoint import (
     _optimizer_step,
     _rng_state,
 )
-from training.checkpointing.staging import remove_job_folder
 from training.distributed import checkpoint_group, saver_group
 
 
@@ -128,14 +128,7 @@ def start_save(
         (staging / CHECKPOINT_MODEL).mkdir(parents=True)
         (staging / "rng").mkdir()
     dist.barrier(group=checkpoint_group())
-    optimizer_state.gather_weights(optimizer)  # what overlap_param_gather left to the next forward
-    model_state = fsdp_state.sharded_state_dict(model)
-    if optimizer_state.is_megatron(optimizer):
-        model_state[optimizer_state.KEY] = optimizer_state.sharded(optimizer, model, is_loading=False)
-        meta = {**meta, **optimizer_state.checkpoint_meta(optimizer)}
-    else:
-        meta = {**meta, "optimizer_step": _optimizer_step(optimizer)}
-        model_state |= _optimizer_sharded_state(model_state, optimizer)
+    model_state, meta = _sharded_state(model, optimizer, meta)
     with _planning_on(saver_group()):
         request = dist_checkpointing.save(model_state, str(staging / CHECKPOINT_MODEL), async_sharded_save=True)
     write_tensors = _snapshot(request)
@@ -147,38 +140,64 @@ def start_save(
     # The DCP finalisation (write results gathered, .metadata written by rank 0); megatron's other
     # finaliser writes metadata.json after a barrier on the default group: ours does it on the saver's.
     finalize_dcp = request.finalize_fns[0]
-
-    def complete() -> None:
-        if rank == 0:
-            mark_stage("checkpoint-upload")
-        target = open_store(store.uri)  # its own client: the step loop keeps using the trainer's
-        write_tensors()
-        finalize_dcp()
-        if rank == 0:
-            from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
-
-            save_config(CheckpointingConfig("torch_dist", 1), str(staging / CHECKPOINT_MODEL))
-            # Leftovers of an upload that never committed. The run's lease (training.runs.lease) makes this
-            # job the run's only writer, so they are no one else's work in progress.
-            if not target.is_committed(prefix):
-                target.delete_prefix(prefix)
-        dist.barrier(group=saver_group())
-        digests = _gather_digests(staging, saver_group())  # rank 0's
-        if _local_leader():
-            target.upload_dir(staging, prefix)
-        dist.barrier(group=saver_group())
-        if rank == 0:
-            target.put_json(f"{prefix}/{CHECKPOINT_DIGESTS}", {"format": DIGESTS_FORMAT, "files": digests})
-            try:
-                target.commit(prefix, {"step": step})
-            except AlreadyCommitted:
-                pass  # committed meanwhile by an identical writer: the same step of the same run counts as done
-            _prune(target, run_prefix, keep)
-        dist.barrier(group=saver_group())
-        if _local_leader():
-            remove_job_folder(job)
-
+    complete = functools.partial(_complete_save, store, run_prefix, step, keep, job, write_tensors, finalize_dcp)
     return PendingSave(step, prefix, complete, background)
+
+
+def _sharded_state(model, optimizer, meta: dict) -> tuple[dict, dict]:
+    """This rank's sharded state to save (weights and optimizer state) and the meta.json with the optimizer's
+    own entries."""
+    optimizer_state.gather_weights(optimizer)  # what overlap_param_gather left to the next forward
+    model_state = fsdp_state.sharded_state_dict(model)
+    if optimizer_state.is_megatron(optimizer):
+        model_state[optimizer_state.KEY] = optimizer_state.sharded(optimizer, model, is_loading=False)
+        return model_state, {**meta, **optimizer_state.checkpoint_meta(optimizer)}
+    model_state |= _optimizer_sharded_state(model_state, optimizer)
+    return model_state, {**meta, "optimizer_step": _optimizer_step(optimizer)}
+
+
+def _complete_save(
+    store: Store,
+    run_prefix: str,
+    step: int,
+    keep: int,
+    job: Path,
+    write_tensors: Callable[[], None],
+    finalize_dcp: Callable[[], None],
+) -> None:
+    """The rest of a save after its snapshot (in the background or inline): write the tensors, finish the DCP
+    metadata, upload the staged folder, record the digests, commit (the marker last), prune to ``keep``."""
+    rank = dist.get_rank()
+    prefix = checkpoint_prefix(run_prefix, step)
+    staging = job / "save"
+    if rank == 0:
+        mark_stage("checkpoint-upload")
+    target = open_store(store.uri)  # its own client: the step loop keeps using the trainer's
+    write_tensors()
+    finalize_dcp()
+    if rank == 0:
+        from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+
+        save_config(CheckpointingConfig("torch_dist", 1), str(staging / CHECKPOINT_MODEL))
+        # Leftovers of an upload that never committed. The run's lease (runs.lease) makes this
+        # job the run's only writer, so they are no one else's work in progress.
+        if not target.is_committed(prefix):
+            target.delete_prefix(prefix)
+    dist.barrier(group=saver_group())
+    digests = _gather_digests(staging, saver_group())  # rank 0's
+    if _local_leader():
+        target.upload_dir(staging, prefix)
+    dist.barrier(group=saver_group())
+    if rank == 0:
+        target.put_json(f"{prefix}/{CHECKPOINT_DIGESTS}", {"format": DIGESTS_FORMAT, "files": digests})
+        try:
+            target.commit(prefix, {"step": step})
+        except AlreadyCommitted:
+            pass  # committed meanwhile by an identical writer: the same step of the same run counts as done
+        _prune(target, run_prefix, keep)
+    dist.barrier(group=saver_group())
+    if _local_leader():
+        remove_job_folder(job)
 
 
 def save(

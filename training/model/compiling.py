@@ -28,8 +28,6 @@ import torch
 from common.errors import ConfigError
 from training.config import CompileMode
 
-COMPILE_ATTR = "pretrain_compiled_loss"  # set on megatron's TransformerConfig by compile_model
-
 
 def compile_problem(device_type: str) -> str:
     """Why torch.compile cannot run here ('' when it can)."""
@@ -57,7 +55,7 @@ def compile_model(model: torch.nn.Module) -> None:
     which Inductor fuses with their neighbours (into Triton kernels of its own on CUDA): our hand-written
     kernels are opaque to it and would cut its fusions. Outside them (the final norm; on CUDA the fused
     linear + cross-entropy, which never builds the logits) ``model.kernels`` decides as in eager mode."""
-    from training.model.layers import RMSNorm, SwiGLU
+    from training.model.layers import COMPILE_ATTR, RMSNorm, SwiGLU  # megatron's classes: loaded when a model is built
 
     _megatron_without_graph_breaks()
     for layer in model.decoder.layers:
@@ -76,14 +74,6 @@ def compile_seconds() -> float:
     names, seconds = compile_times(repr="csv", aggregate=True)
     spent = dict(zip(names, seconds, strict=True))
     return round(sum(float(spent.get(key, 0.0)) for key in ("_compile.compile_inner", "backward._backward_impl")), 3)
-
-
-@functools.cache
-def compiled_loss():
-    """The PyTorch reference of the fused linear + cross-entropy, compiled once per process."""
-    from kernels.fused_linear_ce import fused_linear_cross_entropy_reference
-
-    return torch.compile(fused_linear_cross_entropy_reference)
 
 
 @functools.cache

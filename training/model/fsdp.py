@@ -33,13 +33,13 @@ import torch.distributed as dist
 from common.settings import problems_error
 from training.config import TrainConfig
 from training.model.gpt import mean_loss
-from training.model.step import (
+from training.model.shared import (
     Accept,
     StepResult,
-    _mean_over_data_parallel,
     accept_all,
     adamw,
     count_parameters,
+    mean_over_data_parallel,
     micro_batch_mean_loss,
 )
 from training.observe.timing import StepTimer
@@ -100,7 +100,7 @@ class FsdpStep:
         # Without a backward the root unit keeps its gathered weights: shard them again, or a checkpoint
         # saved next would see whole tensors where it expects this rank's shards.
         self.model.reshard()
-        return _mean_over_data_parallel(loss)
+        return mean_over_data_parallel(loss)
 
     def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
         for group in self.optimizer.param_groups:
@@ -115,7 +115,7 @@ class FsdpStep:
                 loss.backward()
                 loss_sum += loss.detach()
         with timer.phase("collective"):
-            mean = _mean_over_data_parallel(loss_sum)
+            mean = mean_over_data_parallel(loss_sum)
         if not accept(mean):
             self.optimizer.zero_grad(set_to_none=True)
             return StepResult(mean, float("nan"), False)

@@ -30,8 +30,8 @@ from kernels.fused_linear_ce import fused_linear_cross_entropy
 from kernels.rmsnorm import rmsnorm
 from kernels.rotary import apply_rotary
 from kernels.swiglu import swiglu
-from training.model.compiling import COMPILE_ATTR, compiled_loss
 
+COMPILE_ATTR = "pretrain_compiled_loss"  # set on megatron's TransformerConfig by training.model.compiling
 IMPL_ATTR = "pretrain_kernel_impl"  # set on megatron's TransformerConfig by build_gpt
 
 
@@ -206,3 +206,11 @@ def mean_token_loss(model, inputs: torch.Tensor, positions: torch.Tensor, labels
     if impl == "torch" and getattr(config, COMPILE_ATTR, False):  # the references, fused by Inductor
         return compiled_loss()(hidden.reshape(-1, hidden.shape[-1]), weight, labels.t().reshape(-1))
     return fused_linear_cross_entropy(hidden, weight, labels.t(), impl=impl)
+
+
+@functools.cache
+def compiled_loss():
+    """The PyTorch reference of the fused linear + cross-entropy, compiled once per process."""
+    from kernels.fused_linear_ce import fused_linear_cross_entropy_reference
+
+    return torch.compile(fused_linear_cross_entropy_reference)

@@ -31,8 +31,8 @@ per step. Every rank returns the same loss and gradient norm.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import NamedTuple, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -41,28 +41,20 @@ from common.settings import problems_error
 from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, TrainConfig, batch_problems
 from training.model.compiling import compile_model, resolve_compile
+from training.model.fsdp import FsdpStep
 from training.model.gpt import build_gpt, mean_loss
+from training.model.shared import (
+    BETAS,
+    EPS,
+    Accept,
+    StepResult,
+    accept_all,
+    adamw,
+    count_parameters,
+    mean_over_data_parallel,
+    micro_batch_mean_loss,
+)
 from training.observe.timing import StepTimer
-
-BETAS = (0.9, 0.95)
-EPS = 1e-8
-
-
-class StepResult(NamedTuple):
-    loss: float
-    """Mean loss of the step's batch over all data-parallel ranks."""
-    grad_norm: float
-    """Global gradient norm before clipping (NaN when the update was refused)."""
-    applied: bool
-    """False when ``accept`` refused the loss: nothing was updated."""
-
-
-Accept = Callable[[float], bool]
-"""Shown the step's mean loss (the same on every rank) before the update: False drops the update."""
-
-
-def accept_all(loss: float) -> bool:
-    return True
 
 
 class TrainStep(Protocol):
@@ -111,8 +103,6 @@ def build_step(model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfi
     if resolve_compile(cfg.compile, next(model.parameters()).device.type):
         compile_model(model)
     if parallel.fsdp:
-        from training.model.fsdp import FsdpStep
-
         return FsdpStep(model, cfg, accumulation)
     if parallel.pipeline_parallel > 1 or parallel.distributed_optimizer:
         return MegatronStep(
@@ -125,51 +115,6 @@ def build_step(model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfi
             overlap_param_gather=parallel.overlap_param_gather,
         )
     return LocalStep(model, cfg, accumulation, parallel.sequence_parallel)
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    """Model parameters over all TP and PP ranks: TP-sharded ones summed, TP-replicated ones
-    once, and the output weight a last stage shares with the first stage's embedding once."""
-    from megatron.core import parallel_state as ps
-
-    tp_rank = ps.get_tensor_model_parallel_rank()
-    params = [p for p in model.parameters() if p.requires_grad and not getattr(p, "shared", False)]
-    local = sum(p.numel() for p in params if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
-    total = torch.tensor(local, dtype=torch.int64, device=next(model.parameters()).device)
-    dist.all_reduce(total, group=ps.get_model_parallel_group())
-    return int(total.item())
-
-
-def _mean_over_data_parallel(value: torch.Tensor) -> float:
-    from megatron.core import parallel_state as ps
-
-    dist.all_reduce(value, group=ps.get_data_parallel_group())
-    return value.item() / ps.get_data_parallel_world_size()
-
-
-def adamw(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:
-    """torch's AdamW with the trainer's settings, weight decay on matrices only."""
-    return torch.optim.AdamW(
-        [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-        betas=BETAS,
-        eps=EPS,
-        # One kernel over every parameter (CPU and CUDA; DTensors shard by shard); the default foreach
-        # implementation launches several per tensor group. bench_train's plain peer steps this same optimizer.
-        fused=True,
-    )
-
-
-def micro_batch_mean_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
-    """The mean over ``batch``'s micro-batches of each one's mean token loss (forward only, on this rank)."""
-    micros = batch.split(micro_batch_size)
-    total = torch.zeros((), device=next(model.parameters()).device)
-    for micro in micros:
-        total += mean_loss(model, micro).float()
-    return total / len(micros)
 
 
 class LocalStep:
@@ -189,7 +134,7 @@ class LocalStep:
 
     @torch.no_grad()
     def evaluate(self, batch: torch.Tensor) -> float:
-        return _mean_over_data_parallel(micro_batch_mean_loss(self.model, batch, self.cfg.micro_batch_size))
+        return mean_over_data_parallel(micro_batch_mean_loss(self.model, batch, self.cfg.micro_batch_size))
 
     def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
         from megatron.core import parallel_state as ps
@@ -204,7 +149,7 @@ class LocalStep:
                 loss_sum += loss.detach()
         tp_group = ps.get_tensor_model_parallel_group()
         with timer.phase("collective"):
-            mean = _mean_over_data_parallel(loss_sum)
+            mean = mean_over_data_parallel(loss_sum)
         if not accept(mean):
             self.optimizer.zero_grad(set_to_none=True)
             return StepResult(mean, float("nan"), False)
@@ -339,7 +284,7 @@ class MegatronStep:
         pp_group = ps.get_pipeline_model_parallel_group()
         if dist.get_world_size(pp_group) > 1:
             dist.broadcast(loss, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
-        return _mean_over_data_parallel(loss)
+        return mean_over_data_parallel(loss)
 
     def _finalize_grads(self, *args, **kwargs):
         # Called inside the schedule: its time is the collectives', not forward+backward's.
