@@ -1,12 +1,14 @@
-"""Which parallel layout a preset should train with: memory per rank and communication per step.
+"""Which parallel layout a preset should train with, estimated: memory per rank and communication per step.
 
-    python -m training.layout_plan [configs/gpt-350m.yaml configs/gpt-1b.yaml ...]
+    python -m benchmarks.layout_plan [configs/gpt-350m.yaml configs/gpt-1b.yaml ...]
 
 prints, for each preset, one 8-GPU node and the 2 × 8 cluster profile, every candidate layout
 (tensor-parallel 1 or 2; data parallelism as DDP, megatron's distributed optimizer or FSDP)
 with its memory per GPU, the bytes each GPU sends per optimizer step, the time those take on
 the interconnect next to the step's compute, and the pick: the layout that fits in memory with
-the least communication. docs/performance.md quotes the table.
+the least communication. Both are estimates from the formulas below; no layout's step is timed,
+and the compute column (one measured single-GPU rate) is shown beside them but does not enter
+the pick. docs/performance.md quotes the table.
 
 The accounting (bf16 training with fp32 gradients reduced in fp32 and fp32 main weights, as
 megatron-core trains on GPUs; ``training/model/step.py``):

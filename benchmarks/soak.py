@@ -8,7 +8,7 @@ stage's work begins) to a file of its own (``$PRETRAIN_STAGE_MARKERS``). An unin
 reference run of a small pipeline (``soak_config``) records what a run must produce: the dataset
 version, the final checkpoint's tensors (weights and AdamW moments,
 ``training.checkpointing.snapshot``), the card's metrics, its training goodput
-(``training.runs.goodput``), its markers, and the timeline of its stages as seen in the store
+(``runs.ledger``), its markers, and the timeline of its stages as seen in the store
 (when each stage and each checkpoint committed). Then each trial
 
 1. resets the store and flytekit's local cache (a private ``HOME``) to the state just before
@@ -412,12 +412,12 @@ def lost_per_kill(trials: list[Any]) -> dict[str, Any]:
 
 
 def goodput_of(store, run: str) -> tuple[dict[str, Any] | None, str]:
-    """The training goodput of ``run`` (``runs/<id>``) over all its attempts (``training.runs.goodput``), as
+    """The training goodput of ``run`` (``runs/<id>``) over all its attempts (``runs.ledger``), as
     ``Goodput.to_dict()`` with its ``fraction``; or None and why not (the module absent, nothing recorded)."""
     try:
-        from training.runs.goodput import load_goodput
+        from runs.ledger import load_goodput
     except ImportError as e:
-        return None, f"training.runs.goodput cannot be imported ({e})"
+        return None, f"runs.ledger cannot be imported ({e})"
     try:
         found = load_goodput(store, run)
     except Exception as e:  # noqa: BLE001 - a figure missing must not stop the soak's checks
@@ -555,7 +555,7 @@ class Trial:
     recovered: bool = False
     orphans: int = 0
     orphan_commands: list[str] = field(default_factory=list)
-    goodput: float | None = None  # the run's training goodput after its rerun (training.runs.goodput)
+    goodput: float | None = None  # the run's training goodput after its rerun (runs.ledger)
     goodput_detail: dict[str, Any] | None = None  # Goodput.to_dict(), or None with goodput_note
     goodput_note: str = ""
     harness_gap_s: float | None = None  # from the fault to the rerun's start: the soak's checks, not the pipeline's

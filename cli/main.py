@@ -29,7 +29,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,10 +37,10 @@ from common.errors import TRACEBACK_LABEL, peel_flyte, traceback_note, user_erro
 from pipeline.config import PipelineConfig, launch_world, load_config
 from registry.card import metric_text
 from registry.registry import download, list_models, promote, resolve, show
+from reports import run_text
+from runs import catalog
+from runs.reading import load_run
 from storage import default_store_uri, open_store
-from training.observe.health import row_ranges
-from training.runs import catalog as runs
-from training.runs.goodput import PARTS as GOODPUT_PARTS
 
 
 def _store(args: argparse.Namespace):
@@ -219,41 +218,26 @@ def cmd_registry_download(args: argparse.Namespace) -> int:
     return 0
 
 
-def _when(seconds: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds)) if seconds is not None else ""
-
-
-def _num(value: float | None, spec: str, unknown: str = "-") -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else unknown
-
-
 def cmd_runs_list(args: argparse.Namespace) -> int:
     store = _store(args)
-    rows = runs.list_runs(store)
+    views = catalog.list_runs(store)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([view.summary() for view in views], indent=2))
         return 0
-    if not rows:
+    if not views:
         print(f"no training runs in {store.uri}")
-    for row in rows:
-        planned = row["steps_planned"] if row["steps_planned"] is not None else "?"
-        checkpoint = row["last_checkpoint"] if row["last_checkpoint"] is not None else "none"
-        layout = (row["layout"] or "layout ?") + (f" (+{row['layouts'] - 1} earlier)" if row["layouts"] > 1 else "")
-        dataset = (row["dataset"] or "?")[: runs.SHORT_ID]
-        print(
-            f"{row['id']}  steps {row['steps_done']}/{planned}  checkpoint {checkpoint}  loss {_num(row['final_loss'], '.4f')}  "
-            f"{_num(row['tokens_per_s'], ',.0f')} tok/s  MFU {_num(row['mfu'], '.1%')}  goodput {_num(row['goodput'], '.1%')}  "
-            f"{layout}  dataset {dataset}" + (f"  {_when(row['modified'])}" if row["modified"] is not None else "")
-        )
+    for view in views:
+        print(run_text.list_line(view))
     return 0
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
-    run = runs.show(_store(args), args.run)
+    store = _store(args)
+    view = load_run(store, catalog.resolve_run(store, args.run))
     if args.json:
-        print(json.dumps(run, indent=2))
+        print(json.dumps(view.to_dict(), indent=2))
         return 0
-    for line in _run_lines(run):
+    for line in run_text.run_lines(view):
         print(line)
     return 0
 
@@ -261,75 +245,47 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 def cmd_runs_compare(args: argparse.Namespace) -> int:
     """The config differences and figures of two runs or more, and their loss curves in one image."""
     from common.errors import UserError
-    from pipeline import charts, plotting
+    from reports import charts, plotting
 
     if len(args.runs) < 2:
         raise UserError(f"runs compare needs two runs or more, got {len(args.runs)}; `pretrain runs list` lists them")
     store = _store(args)
-    compared = runs.compare(store, args.runs)
-    names = runs.column_names([r["id"] for r in compared["runs"]])
+    views = catalog.load_runs(store, args.runs)
+    names = run_text.column_names([view.id for view in views])
     out = Path(args.out) if args.out else Path.cwd() / f"loss-{'-'.join(n[:12] for n in names[:4])}{_more(len(names))}.png"
     if out.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UserError(
             f"--out {args.out}: {out.suffix or 'no suffix'} is not an image format here; name a .png, .svg or .pdf file"
         )
-    curves = []
-    for name, run in zip(names, compared["runs"], strict=True):
-        history = runs.loss_history(store, run["id"])
-        curves.append(charts.Curve(name, history["steps"], history["loss"], history["validation"]))
+    curves = [charts.Curve(name, v.loss.steps, v.loss.loss, v.loss.validation) for name, v in zip(names, views, strict=True)]
     image = plotting.save(charts.loss_figure(curves, "training loss by run"), out).resolve()
-    compared |= {"image": str(image), "image_bytes": image.stat().st_size}
+    compared = {"store": store.uri, **catalog.compare(views), "image": str(image), "image_bytes": image.stat().st_size}
     if args.json:
         print(json.dumps(compared, indent=2))
         return 0
-    for line in _compare_lines(compared, names):
+    for line in run_text.compare_lines(compared, names):
         print(line)
     return 0
 
 
 def cmd_runs_report(args: argparse.Namespace) -> int:
-    """One run as one self-contained HTML page (``pipeline.run_report``), written to a file."""
-    from pipeline.run_report import run_report_html
+    """One run as one self-contained HTML page (``reports.run_report``), written to a file."""
+    from reports.charts import run_charts
+    from reports.run_report import report_pages
 
     store = _store(args)
-    run_id = runs.resolve_run(store, args.run)
-    out = Path(args.out) if args.out else Path.cwd() / f"run-{run_id[: runs.SHORT_ID]}.html"
+    view = load_run(store, catalog.resolve_run(store, args.run))
+    out = Path(args.out) if args.out else Path.cwd() / f"run-{view.id[: catalog.SHORT_ID]}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")  # a page half written never sits under its name
-    partial.write_text(run_report_html(store, run_id), encoding="utf-8")
+    partial.write_text(report_pages(store, view.dataset or "", view, run_charts(view)).run or "", encoding="utf-8")
     partial.replace(out)
-    print(f"report of run {run_id}: {out.resolve()} ({out.stat().st_size:,} bytes; opens offline)")
+    print(f"report of run {view.id}: {out.resolve()} ({out.stat().st_size:,} bytes; opens offline)")
     return 0
 
 
 def _more(n: int) -> str:
     return f"-and-{n - 4}-more" if n > 4 else ""
-
-
-def _compare_lines(compared: dict, names: list[str]) -> list[str]:
-    """``pretrain runs compare`` in words: the runs, the settings that differ, the figures, the image."""
-    out = [f"runs in {compared['store']}:"] + [f"  {n}  {r['uri']}" for n, r in zip(names, compared["runs"], strict=True)]
-    differences = compared["differences"]
-    if differences:
-        out.append(f"config differences ({len(differences)} of {compared['keys_compared']} settings):")
-        rows = [(d["key"], [runs.value_text(v) for v in d["values"]]) for d in differences]
-        out += _side_by_side([("setting", names), *rows])
-    else:
-        out.append(f"config: no differences in the {compared['keys_compared']} settings compared")
-    out.append("figures:")
-    out += _side_by_side([("", names), *runs.figure_rows(compared["runs"])])
-    out.append(f"loss curves: {compared['image']} ({compared['image_bytes']:,} bytes)")
-    return out
-
-
-def _side_by_side(rows: list[tuple[str, list[str]]]) -> list[str]:
-    """Rows of (name, one value per run) as aligned columns."""
-    first = max(len(name) for name, _ in rows)
-    widths = [max(len(values[i]) for _, values in rows) for i in range(len(rows[0][1]))]
-    return [
-        "  " + "  ".join([name.ljust(first), *(v.ljust(w) for v, w in zip(values, widths, strict=True))]).rstrip()
-        for name, values in rows
-    ]
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -353,143 +309,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"error: {failed} could not be removed (listed above); fix the cause and run gc again", file=sys.stderr)
         return 1
     return 0
-
-
-def _run_lines(run: dict) -> list[str]:
-    """``pretrain runs show`` in words, section by section."""
-    planned = run["steps_planned"] if run["steps_planned"] is not None else "?"
-    checkpoints = ", ".join(str(c["step"]) for c in run["checkpoints"]) or "none committed"
-    out = [f"run {run['id']}  {run['uri']}" + (f"  updated {_when(run['modified'])}" if run["modified"] is not None else "")]
-    out.append(f"  steps {run['steps_done']}/{planned}, checkpoints at {checkpoints}; dataset {run['dataset'] or '?'}")
-    out.append("layout:")
-    out += [f"  {span_text(span)}" for span in run["layout_history"]] or ["  not recorded (no committed checkpoint)"]
-    for section, values in run["config"].items():
-        if values:
-            out.append(f"{section}:")
-            out += _wrapped(", ".join(f"{k}={v}" for k, v in values.items()))
-    out.append("figures:")
-    skipped = f", {run['skipped_steps']} skipped" if run["skipped_steps"] else ""
-    out.append(
-        f"  loss {_num(run['first_loss'], '.4f')} -> {_num(run['final_loss'], '.4f')} "
-        f"(mean of the last {run['final_loss_steps']} applied steps{skipped})"
-    )
-    out.append(
-        f"  median {_num(run['tokens_per_s'], ',.0f')} tok/s, MFU {_num(run['mfu'], '.1%')}, data wait "
-        f"{_num(run['data_wait_fraction'], '.1%')}; peak memory {_num(run['peak_memory_mib'], ',.0f')} MiB"
-    )
-    if run["peak_flops_source"]:
-        out.append(f"  MFU's peak FLOP/s: {run['peak_flops_source']}")
-    out += _goodput_lines(run["goodput"])
-    out += _breakdown_lines(run["breakdown"])
-    out += _rank_lines(run["ranks"], run["stragglers"])
-    out.append(f"health: {_count(len(run['health']), 'event')}" if run["health"] else "health: no NaN/Inf or spiking loss")
-    for event in run["health"]:
-        shards = event.get("batch", {}).get("shards", [])
-        out.append(f"  step {event['step']}: {event['problem']} ({event.get('action', 'stopped')}); the batch's rows:")
-        out += [f"    {s['shard']} rows {row_ranges(s['rows'], 8)} ({_count(len(s['rows']), 'row')})" for s in shards]
-        out += [] if shards else ["    not recorded"]
-    for evaluation in run["evaluations"]:
-        out.append(
-            f"evaluation at step {evaluation.get('step')}: val_loss {_num(evaluation.get('val_loss'), '.4f')}, "
-            f"perplexity {_num(evaluation.get('perplexity'), '.1f')}, bits/byte {_num(evaluation.get('bits_per_byte'), '.3f')}  "
-            f"{evaluation['uri']}"
-        )
-    return out + _file_lines(run["files"])
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def span_text(span: dict) -> str:
-    layout = span["layout"]
-    tp, pp, world = layout["tensor_parallel"], layout["pipeline_parallel"], layout["world_size"]
-    return (
-        f"steps {span['first_step']}-{span['last_step']}: {world} ranks, tensor_parallel={tp}, pipeline_parallel={pp}, "
-        f"data_parallel={world // (tp * pp)}, distributed_optimizer={str(layout.get('distributed_optimizer', False)).lower()}, "
-        f"fsdp={str(layout.get('fsdp', False)).lower()}"
-    )
-
-
-def _wrapped(text: str, width: int = 110) -> list[str]:
-    import textwrap
-
-    return textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
-
-
-def _goodput_lines(goodput: dict | None) -> list[str]:
-    """The goodput ledger: the productive fraction of the run's wall time, and every part of that time."""
-    if goodput is None:
-        return ["goodput: not recorded (a run from before the goodput ledger)"]
-    wall = goodput["wall_s"]
-    out = [
-        f"goodput: {_num(goodput['fraction'], '.1%')} of {wall:.1f} s wall time productive, "
-        f"over {_count(goodput['attempts'], 'attempt')} (first start to last update)",
-        f"  {'part':<18} {'seconds':>9} {'share':>7}",
-    ]
-    for part in GOODPUT_PARTS:
-        seconds = goodput["parts"].get(part, 0.0)
-        out.append(f"  {part:<18} {seconds:9.2f} {_num(seconds / wall if wall > 0 else None, '7.1%')}")
-    out.append(f"  {'unaccounted':<18} {goodput['unaccounted_s']:9.2f}")
-    return out
-
-
-def _breakdown_lines(breakdown: dict) -> list[str]:
-    if not breakdown["phases"]:
-        return ["step time: no steps recorded"]
-    out = [
-        f"step time, rank 0: median step {_num(breakdown['median_step_s'], '.4f')} s; {breakdown['steps']} steps, "
-        f"checkpoint saves included, took {breakdown['wall_s']:.2f} s",
-        f"  {'phase':<18} {'median s':>9} {'total s':>9} {'share':>7}",
-    ]
-    for row in breakdown["phases"]:
-        out.append(
-            f"  {row['phase']:<18} {_num(row['median_s'], '9.4f')} {_num(row['total_s'], '9.3f')} {_num(row['share'], '7.1%')}"
-        )
-    return out
-
-
-def _rank_lines(ranks: dict, stragglers: dict) -> list[str]:
-    if not ranks["ranks"]:
-        return ["ranks: no step times exchanged (train.straggler_every: 0, or no exchange step reached)"]
-    out = [f"ranks ({ranks['steps']} steps exchanged; busy = step minus collective waits):"]
-    for row in ranks["ranks"]:
-        out.append(
-            f"  rank {row['rank']:<4} median step {_num(row['median_step_s'], '.4f')} s, "
-            f"collective {_num(row['median_s'].get('collective'), '.4f')} s, busy {row['busy_s']:.3f} s in all"
-        )
-    out.append(f"  slowest rank {ranks['slowest_rank']}: busy {_num(ranks['slowest_ratio'], '.2f')}× the median of the others'")
-    if stragglers["windows"]:
-        counts = ", ".join(f"rank {rank} in {n}" for rank, n in stragglers["slowest_counts"].items())
-        worst = stragglers["worst"]
-        out.append(
-            f"  straggler windows: {stragglers['windows']}; slowest {counts}; worst {worst['slowest_ratio']:.2f}× "
-            f"(rank {worst['slowest_rank']}, steps {worst['window'][0]}-{worst['window'][1]})"
-        )
-    out += [f"  WARNING at step {w['step']}: {w['message']}" for w in stragglers["warnings"]]
-    return out
-
-
-def _file_lines(files: dict) -> list[str]:
-    out = [
-        "files:",
-        f"  metrics      {files['metrics']}",
-        f"  step times   {files['step_times']}",
-        f"  health       {files['health']}",
-        f"  tensorboard  {files['tensorboard']}",
-        f"  goodput      {files['goodput']}",
-    ]
-    for window in files["profiles"]:
-        out.append(f"  profile of steps {window['first']}-{window['last']} (Perfetto, TensorBoard's profiler):")
-        out += [f"    {uri}" for uri in window["traces"]]
-        if window["memory_snapshots"]:
-            out.append("    memory snapshots (pytorch.org/memory_viz):")
-            out += [f"    {uri}" for uri in window["memory_snapshots"]]
-    if not files["profiles"]:
-        out.append("  profiles     none (set train.profile, e.g. '11-13')")
-    out.append("  diagnostics" + ("" if files["diagnostics"] else "  none (written when ranks stall)"))
-    out += [f"    {uri}" for uri in files["diagnostics"]]
-    return out
 
 
 MODEL_SPEC = "NAME[:VERSION|:ALIAS]"
@@ -523,13 +342,19 @@ def _json_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON, for scripts, instead of text")
 
 
+def command(group, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's own word
+    return group.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pretrain", description="LLM pretraining pipeline", formatter_class=_HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_run_commands, _store_commands, _registry_commands, _runs_commands, _tracking_commands, _gc_command):
+        add(sub)
+    return p
 
-    def command(group, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's own word
-        return group.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
 
+def _run_commands(sub) -> None:
     run = command(sub, "run", "run the whole pipeline locally (Flyte local execution)")
     check = command(sub, "check", "check a config's settings (exit 2 listing every problem) without running anything")
     for p_ in (run, check):
@@ -545,6 +370,8 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(fn=cmd_run)
     check.set_defaults(fn=cmd_check)
 
+
+def _store_commands(sub) -> None:
     store = command(sub, "store", "local object store").add_subparsers(dest="store_command", required=True)
     up = command(store, "up", "start a SeaweedFS S3 server on 127.0.0.1 and print its environment")
     up.add_argument("--dir", help="data directory (default: a new temporary folder)")
@@ -552,6 +379,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--bucket", default="pretrain", help="the bucket to create")
     up.set_defaults(fn=cmd_store_up)
 
+
+def _registry_commands(sub) -> None:
     registry = command(sub, "registry", "the model registry").add_subparsers(dest="registry_command", required=True)
     ls = command(registry, "list", "every registered model version")
     _json_option(ls)
@@ -573,6 +402,8 @@ def parser() -> argparse.ArgumentParser:
     _store_option(dl)
     dl.set_defaults(fn=cmd_registry_download)
 
+
+def _runs_commands(sub) -> None:
     runs_cmd = command(sub, "runs", "training runs in the store").add_subparsers(dest="runs_command", required=True)
     rl = command(runs_cmd, "list", "every training run, most recently changed first")
     _json_option(rl)
@@ -595,6 +426,8 @@ def parser() -> argparse.ArgumentParser:
     _store_option(rr)
     rr.set_defaults(fn=cmd_runs_report)
 
+
+def _tracking_commands(sub) -> None:
     ui = command(sub, "ui", "the MLflow UI on 127.0.0.1 over the local tracking database, for you only")
     ui.add_argument("--port", type=int, default=5000, help="the port on 127.0.0.1")
     ui.add_argument(
@@ -609,13 +442,14 @@ def parser() -> argparse.ArgumentParser:
     _store_option(ts)
     ts.set_defaults(fn=cmd_tracking_sync)
 
+
+def _gc_command(sub) -> None:
     gc = command(sub, "gc", "remove uncommitted leftovers and checkpoints beyond keep (dry run unless --apply)")
     gc.add_argument("--apply", action="store_true", help="remove what the dry run lists")
     gc.add_argument("--min-age", type=float, default=60.0, metavar="MINUTES", help="touch nothing written more recently")
     _json_option(gc)
     _store_option(gc)
     gc.set_defaults(fn=cmd_gc)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

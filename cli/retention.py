@@ -15,7 +15,7 @@ run (it may still resume); a checkpoint a registered version's card names (its l
 registry holds its own copy, but the URL on the card and Flyte's cached train/evaluate outputs keep
 pointing at it); anything written in the last ``min_age_s`` (a live writer's upload in flight looks
 exactly like a leftover); any uncommitted checkpoint of a run whose lease (``runs/<id>/lease.json``,
-``training.runs.lease``) is live; and whatever it cannot classify ("unknown, kept").
+``runs.lease``) is live; and whatever it cannot classify ("unknown, kept").
 
 ``apply`` checks each entry again just before deleting it (still uncommitted and old, still beyond
 keep and not the latest, the run's lease still not live) and deletes with ``Store.delete_prefix``,
@@ -54,17 +54,17 @@ from common.contracts import (
 )
 from common.errors import first_line
 from common.names import VERSION
+from runs import staging as checkpoint_staging
+from runs.lease import STALE_S, dead_here
 from storage import COMMIT_MARKER, Store, StoreError
 from storage.store import LOCK_NAME, ObjectInfo, key_problem
-from training.checkpointing import staging as checkpoint_staging
-from training.runs.lease import STALE_S, dead_here
 
 DEFAULT_MIN_AGE_S = 3600.0
 """Nothing written more recently than this is touched: longer than any writer takes between its
 last object and its commit (a checkpoint's upload, a registration's copy)."""
 LEASE_GRACE_S = 10 * STALE_S
 """A run's lease counts as live unless its holder is certainly dead or neither its heartbeat nor its
-last write is this recent: generous beyond ``training.runs.lease``'s own stale limit (clocks, pauses)."""
+last write is this recent: generous beyond ``runs.lease``'s own stale limit (clocks, pauses)."""
 STAGING_MAX_AGE_S = 24 * 3600.0
 """A staging folder whose owner cannot be told (no record, another host, a live pid) is removed only
 once nothing in it changed for this long."""

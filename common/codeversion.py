@@ -44,6 +44,8 @@ FIRST_PARTY = frozenset(
         "storage",
         "registry",
         "pipeline",
+        "reports",
+        "runs",
         "tasks",
         "tracking",
         "workflows",
@@ -68,7 +70,7 @@ NEUTRAL_DISTRIBUTIONS = frozenset(
         "mlflow",  # the tracking mirror (tracking/): records the numbers, never changes one
         "mlflow-skinny",  # mlflow's client part (provides the same `mlflow` import)
         "mlflow-tracing",  # likewise
-        "matplotlib",  # draws the Decks' charts (pipeline.charts): pictures of the numbers, never the numbers
+        "matplotlib",  # draws the Decks' charts (reports.charts): pictures of the numbers, never the numbers
         "psutil",  # resource readings for logs
         "boto3",  # S3 transport: the bytes stored are the same
         "botocore",  # S3 transport (boto3's core)

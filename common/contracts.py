@@ -52,7 +52,7 @@ STEP_TIMES = "step_times.jsonl"
 HEALTH = "health.jsonl"
 DIAGNOSTICS = "diagnostics"
 GOODPUT = "goodput"
-"""The folder of a run's goodput ledger: one file per training attempt (``training.runs.goodput``)."""
+"""The folder of a run's goodput ledger: one file per training attempt (``runs.ledger``)."""
 EVAL_RESULTS = "results.json"
 HF_EXPORT = "hf"
 CARD = "card.json"
@@ -141,7 +141,7 @@ def diagnostics_prefix(run: str) -> str:
 
 
 def lease_key(run: str) -> str:
-    """The run's lease (``training.runs.lease``): one writer of the run's prefix at a time."""
+    """The run's lease (``runs.lease``): one writer of the run's prefix at a time."""
     return f"{run}/{RUN_LEASE}"
 
 

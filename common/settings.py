@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -38,6 +39,19 @@ def flat_settings(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def value_text(value: Any) -> str:
+    """A config value as a person reads it: '-' for a missing one, floats briefly (0.003, 3e-05)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
 
 
 def at_least(path: str, value: float, low: float, advice: str = "") -> list[str]:

@@ -22,10 +22,10 @@ import numpy as np
 
 from data_prep.config import DataConfig
 from data_prep.dedup import band_pairs, near_drops, repeated, similar
+from data_prep.errors import DataError
 from data_prep.partitions import get_array, put_array
 from data_prep.readers import EXAMPLES_PER_REASON
 from data_prep.scan import PartitionScan
-from data_prep.sources import DataError
 from data_prep.workers import TRAIN, VAL
 
 DUPLICATE, NEAR_DUPLICATE, PAST_CUT = 3, 4, 5

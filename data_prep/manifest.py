@@ -12,8 +12,8 @@ from tokenizers import Tokenizer
 from common.contracts import DOC_STATS, EOD_TOKEN, MANIFEST, PAD_TOKEN, TOKENIZER, DatasetRef
 from common.digests import file_sha256
 from data_prep.config import DataConfig, TokenizerConfig
+from data_prep.errors import DataError
 from data_prep.shards import StoredShard, token_dtype
-from data_prep.sources import DataError
 from storage import Store
 
 FORMAT = "pretrain-wds-v1"

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_prep.sources import DataError, RawFile
+from data_prep.errors import DataError
+from data_prep.sources import RawFile
 from storage import Store
 
 PARTITION_BYTES = 256 << 20

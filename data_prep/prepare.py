@@ -46,13 +46,14 @@ from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.console import log_skip_summary, skip_summary, sniffed_summary
 from data_prep.dedup_stages import Resolution, check_kept, exact_shard, near_shard, resolve
 from data_prep.encode import SPLITS, encode_partition, pack_shards, sample_texts, split_layout
+from data_prep.errors import DataError
 from data_prep.parallel import WorkerPool, trainer_threads, worker_count
 from data_prep.partitions import Partition, cut, run_key, work_prefix
 from data_prep.pii import KINDS as PII_KINDS
 from data_prep.readers import EXAMPLES_PER_REASON, Skips
 from data_prep.scan import scan_partition
 from data_prep.shards import ShardInfo, token_dtype
-from data_prep.sources import DataError, Ignored, RawFile, list_files, listing_hash, relative_names
+from data_prep.sources import Ignored, RawFile, list_files, listing_hash, relative_names
 from data_prep.tokenizer import train_tokenizer
 from data_prep.workers import set_worker_state
 from storage import AlreadyCommitted, Store, open_store

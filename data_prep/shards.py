@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import webdataset as wds
 
-from data_prep.sources import DataError
+from data_prep.errors import DataError
 from storage import open_store
 
 TOKENS = "tokens.npy"  # the one member of every sample

@@ -32,18 +32,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from common.errors import UserError
 from data_prep.config import STDLIB_SOURCE, local_source_problem
+from data_prep.errors import DataError
 from data_prep.formats import SNIFF_BYTES, compression_of, kind_of, sniff_text
 from storage import open_store
 
 _STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
 HIDDEN = "(hidden)"
 """The label an ``Ignored`` counts hidden files and folders under (names starting with ``.``), beside the suffixes."""
-
-
-class DataError(UserError, ValueError):
-    """Bad input the user must fix: the message names the source and the remedy."""
 
 
 class Ignored(Counter):

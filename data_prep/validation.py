@@ -28,9 +28,9 @@ from common.contracts import (
 )
 from common.errors import UserError
 from data_prep.config import ValidationConfig
+from data_prep.errors import DataError
 from data_prep.manifest import load_manifest
 from data_prep.shards import check_digest, parse_shard
-from data_prep.sources import DataError
 from data_prep.validation_report import Outcome, report_html, report_section
 from storage import AlreadyCommitted, Store, StoreError
 

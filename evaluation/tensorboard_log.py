@@ -1,10 +1,10 @@
 """An evaluation's figures in the run's TensorBoard, beside the training's per-step scalars.
 
-The training loop writes its periodic held-out points as ``val/loss`` (``training.observe.validation``); the
+The training loop writes its periodic held-out points as ``val/loss`` (``training.validator``); the
 evaluation of a committed checkpoint writes its own figures, on more rows: ``eval/loss``, ``eval/perplexity``
 and ``eval/bits_per_byte`` at the checkpoint's step,
 and the run's hparams (TensorBoard's HParams tab): the flattened model and train settings
-(``training.runs.catalog.flat_config``, as ``pretrain runs compare`` compares them) with the final figures as
+(``runs.catalog.flat_config``, as ``pretrain runs compare`` compares them) with the final figures as
 its metrics, ``final/train_loss`` (mean of the last applied steps), ``final/tokens_per_s`` and ``final/mfu``
 (medians) and the ``eval/*`` scalars. One event file per evaluation, named after it
 (``<run>/tensorboard/events.out.tfevents.eval-<key>``): a rerun of the same evaluation replaces its file
@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from common.contracts import CHECKPOINT_META, CheckpointRef, tensorboard_prefix
+from common.settings import value_text
+from runs import catalog
+from runs.reading import load_run
 from storage import Store
-from training.runs import catalog
 
 VALIDATION_TAGS = {"val_loss": "eval/loss", "perplexity": "eval/perplexity", "bits_per_byte": "eval/bits_per_byte"}
 """The evaluation's figure → its scalar's tag."""
 FINAL_TAGS = {"final_loss": "final/train_loss", "tokens_per_s": "final/tokens_per_s", "mfu": "final/mfu"}
-"""``catalog.summary``'s figure of the run → its scalar's tag."""
+"""``RunView.summary``'s figure of the run → its scalar's tag."""
 
 
 def event_file(run: str, key: str) -> str:
@@ -43,7 +45,7 @@ def log_evaluation(store: Store, ckpt: CheckpointRef, figures: dict[str, float],
     from torch.utils.tensorboard.summary import hparams
 
     scalars = {tag: float(figures[name]) for name, tag in VALIDATION_TAGS.items() if figures.get(name) is not None}
-    final = catalog.summary(store, ckpt.run.removeprefix(f"{catalog.RUNS}/"))
+    final = load_run(store, ckpt.run.removeprefix(f"{catalog.RUNS}/"), detail=False).summary()
     scalars |= {tag: float(final[name]) for name, tag in FINAL_TAGS.items() if final.get(name) is not None}
     settings = {name: _hparam(value) for name, value in catalog.flat_config(meta).items() if value is not None}
     destination = event_file(ckpt.run, key)
@@ -63,4 +65,4 @@ def log_evaluation(store: Store, ckpt: CheckpointRef, figures: dict[str, float],
 
 def _hparam(value: Any) -> bool | int | float | str:
     """A setting as TensorBoard takes it: a number, a bool or a string (lists and mappings as JSON)."""
-    return value if isinstance(value, (bool, int, float, str)) else catalog.value_text(value)
+    return value if isinstance(value, (bool, int, float, str)) else value_text(value)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 
 from common.contracts import MANIFEST, VALIDATION_RESULT, ModelRef, dataset_prefix, validation_prefix
-from pipeline.dataset_html import skipped_by_reason
 from registry.card import metric_text
 from registry.registry import show
+from reports.dataset_html import skipped_by_reason
 from storage import Store, default_store_uri
 
 SKIPS_SHOWN = 4

@@ -2,8 +2,8 @@
 several, one metric against the step, and several series as lines (a log axis for the step time's phases).
 
 Used by ``pretrain runs compare`` (PNG/SVG files) and by the Decks and ``pretrain runs report``
-(``pipeline.run_html``: SVG inlined in HTML), so it knows nothing of Flyte. The settings and the output (``svg``,
-``png``, ``save``) are ``pipeline.plotting``'s, the dataset's charts are ``pipeline.data_charts``.
+(``reports.run_html``: SVG inlined in HTML), so it knows nothing of Flyte. The settings and the output (``svg``,
+``png``, ``save``) are ``reports.plotting``'s, the dataset's charts are ``reports.data_charts``.
 
 Every drawn series carries an SVG id (matplotlib's ``gid``) naming what it is, so that a test, or a person
 reading the SVG, can find it: ``raw-<i>``, ``smooth-<i>``, ``validation-<i>`` for run ``i``'s loss,
@@ -14,10 +14,13 @@ goodput bar.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.plotting import COLORS, SIZE, axes, integer_steps, text
+from reports.plotting import COLORS, SIZE, axes, integer_steps, text
+from runs.ledger import PARTS as GOODPUT_PARTS
+from runs.view import RunView
 
 SMOOTHING_FRACTION = 0.05
 """The moving average spans this fraction of a run's steps (at least ``MIN_WINDOW``, odd)."""
@@ -162,4 +165,115 @@ def goodput_figure(parts: list[tuple[str, float]], wall_s: float, title: str = "
     return fig
 
 
-__all__ = ["Curve", "goodput_figure", "lines_figure", "loss_figure", "series_figure", "smooth", "window_for"]
+# -- the charts of one run ----------------------------------------------------------------------------
+# Per-step metrics of training/observe/metrics.py charted besides the loss: (record key, title, y label, scale).
+# MFU is recorded as a fraction and shown in percent, as people quote it.
+TRAINING_CURVES = (
+    ("lr", "learning rate", "learning rate", 1.0),
+    ("grad_norm", "gradient norm", "gradient norm (before clipping)", 1.0),
+    ("tokens_per_s", "tokens/s", "tokens per second", 1.0),
+    ("mfu", "model FLOPs utilisation", "MFU (%)", 100.0),
+)
+
+MOST_POINTS = 1000
+"""A step-time chart draws at most this many points a line: a longer run's steps are taken in windows, each
+drawn at its last step as the window's median (every step of a 100k-step run would make megabytes of SVG)."""
+MOST_RANK_LINES = 8
+"""Beyond this many ranks the rank chart draws the median of the ranks and the slowest and fastest rank (by
+busy time, as the straggler exchange judges) instead of a line each; the table lists every rank."""
+
+
+def thin(steps: list[int], series: list[tuple[str, list[float]]]) -> tuple[list[int], list[tuple[str, list[float]]]]:
+    """At most ``MOST_POINTS`` steps: the median of each window of steps (non-finite values left out)."""
+    if len(steps) <= MOST_POINTS:
+        return steps, series
+    width = math.ceil(len(steps) / MOST_POINTS)
+    starts = range(0, len(steps), width)
+
+    def median(values: list[float]) -> float:
+        finite = [v for v in values if math.isfinite(v)]
+        return statistics.median(finite) if finite else math.nan
+
+    thinned = [(label, [median(values[i : i + width]) for i in starts]) for label, values in series]
+    return [steps[min(i + width, len(steps)) - 1] for i in starts], thinned
+
+
+@dataclass
+class RunCharts:
+    """Every chart of one run, drawn once from its view: the HTML report and Decks inline them, the MLflow
+    mirror stores the loss chart as PNG."""
+
+    loss: Any | None
+    """The loss (raw, smoothed) with its held-out points; None: no step recorded."""
+    series: list[Any]
+    """One chart per ``TRAINING_CURVES`` series the records hold."""
+    goodput: Any | None
+    """The goodput ledger's bar; None: no ledger."""
+    phases: Any | None
+    """Rank 0's step time per phase, step by step; None: no breakdown recorded."""
+    ranks: Any | None
+    """Each rank's step time at the exchanged steps; None: no exchange."""
+
+
+def run_charts(view: RunView) -> RunCharts:
+    """The charts of the run ``view`` shows."""
+    loss = None
+    if view.loss.steps:
+        loss = loss_figure([Curve("loss", view.loss.steps, view.loss.loss, list(view.loss.validation))])
+    series = []
+    for key, title, y_label, scale in TRAINING_CURVES:
+        points = [m for m in view.metrics if isinstance(m.get(key), (int, float))]
+        if points:
+            steps, values = [int(m["step"]) for m in points], [float(m[key]) * scale for m in points]
+            series.append(series_figure(steps, values, title, y_label))
+    goodput = None
+    if view.goodput is not None:
+        goodput = goodput_figure([(part, view.goodput.parts[part]) for part in GOODPUT_PARTS], view.goodput.wall_s)
+    phases = [row["phase"] for row in view.breakdown["phases"]]
+    return RunCharts(loss, series, goodput, _phase_chart(view.metrics, phases), _rank_chart(view.step_times, view.ranks))
+
+
+def phase_label(phase: str) -> str:
+    """'forward_backward' → 'forward+backward'."""
+    return phase.replace("forward_backward", "forward+backward").replace("_", " ")
+
+
+def _phase_chart(metrics: list[dict], phases: list[str]) -> Any | None:
+    """One line per phase on a logarithmic axis: forward+backward is ten to a hundred times the data wait or
+    the optimizer step, so a stack (or a linear axis) gives it the whole height and flattens the phases one
+    looks at to find a slow loader or collective; on a log axis each phase's own trend shows, and a rare slow
+    step (the first, a checkpoint save) needs no clipping."""
+    timed = [m for m in metrics if "step_time_s" in m]
+    if not phases:
+        return None
+    steps = [int(m["step"]) for m in timed]
+    series = [(phase_label(p), [float(m.get(f"time_{p}_s") or 0.0) for m in timed]) for p in phases]
+    steps, series = thin(steps, series)
+    return lines_figure(steps, series, "step time by phase (rank 0)", "seconds (log scale)", log=True)
+
+
+def _rank_chart(step_times: list[dict], ranks: dict) -> Any | None:
+    """Each rank's step time at the steps the exchanges gathered (``ranks``: the view's summary of them): a
+    straggler is the line above the others. Many ranks: their median, the slowest and the fastest."""
+    if not ranks["ranks"]:
+        return None
+    steps = sorted({int(line["step"]) for line in step_times})
+    seconds = {(int(line["step"]), int(line["rank"])): float(line["step_s"]) for line in step_times}
+
+    def line(rank: int) -> list[float]:
+        return [seconds.get((s, rank), math.nan) for s in steps]
+
+    numbers = [r["rank"] for r in ranks["ranks"]]
+    if len(numbers) <= MOST_RANK_LINES:
+        series = [(f"rank {r}", line(r)) for r in numbers]
+    else:
+        by_busy = sorted(ranks["ranks"], key=lambda r: r["busy_s"])
+        slowest, fastest = by_busy[-1]["rank"], by_busy[0]["rank"]
+        everyone = [[seconds[(s, r)] for r in numbers if (s, r) in seconds] for s in steps]
+        series = [
+            (f"median of the {len(numbers)} ranks", [statistics.median(v) if v else math.nan for v in everyone]),
+            (f"slowest: rank {slowest}", line(slowest)),
+            (f"fastest: rank {fastest}", line(fastest)),
+        ]
+    steps, series = thin(steps, series)
+    return lines_figure(steps, series, "step time by rank", "seconds per step")

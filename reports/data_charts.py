@@ -1,5 +1,5 @@
 """Charts of a dataset: horizontal bars (documents read, kept and skipped by reason) and a histogram (the kept
-documents' lengths), for the prepare task's Dataset Deck and ``pretrain runs report`` (``pipeline.dataset_html``).
+documents' lengths), for the prepare task's Dataset Deck and ``pretrain runs report`` (``reports.dataset_html``).
 
 Every drawn series carries an SVG id (matplotlib's ``gid``) so that a test, or a person reading the SVG, can
 find it: ``bar-<i>`` for bar ``i``, ``hist`` and ``median`` for a histogram.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.plotting import COLORS, SIZE, axes, text
+from reports.plotting import COLORS, SIZE, axes, text
 
 
 def bars_figure(labels: list[str], values: list[float], title: str, x_label: str) -> Any:

@@ -12,8 +12,8 @@ import csv
 import io
 
 from common.contracts import DOC_STATS, MANIFEST, dataset_prefix
-from pipeline import data_charts
-from pipeline.deck_html import chart, table
+from reports import data_charts
+from reports.deck_html import chart, table
 from storage import Store
 
 SKIPPED = "skipped_"
@@ -62,5 +62,6 @@ def doc_tokens(store: Store, prefix: str) -> list[int]:
 def dataset_html(store: Store, version: str) -> str:
     """``dataset_section`` of the committed dataset ``version`` in ``store``."""
     prefix = dataset_prefix(version)
+    lengths = doc_tokens(store, prefix)
     stats = store.get_json(f"{prefix}/{MANIFEST}")["stats"]
-    return dataset_section(version, store.url(prefix), stats, doc_tokens(store, prefix))
+    return dataset_section(version, store.url(prefix), stats, lengths)

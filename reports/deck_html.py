@@ -1,8 +1,8 @@
 """The pieces every Deck and report page is built of: one style sheet, tables, inline charts and a whole page.
 
 Self-contained by rule: no CDN asset, no script, no external font; a chart is matplotlib SVG inlined
-(``pipeline.plotting``). Every value that reaches the HTML goes through ``html.escape`` here or in the caller.
-No Flyte: the Decks (``tasks.decks``) and ``pretrain runs report`` (``pipeline.run_report``) share them.
+(``reports.plotting``). Every value that reaches the HTML goes through ``html.escape`` here or in the caller.
+No Flyte: the Decks (``tasks.decks``) and ``pretrain runs report`` (``reports.run_report``) share them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from pipeline import plotting
+from reports import plotting
 
 STYLE = (
     "<style>body{font-family:sans-serif} table{border-collapse:collapse}"
@@ -48,7 +48,7 @@ def _cell(text: str, figure: bool) -> str:
 
 
 def chart(fig: Any) -> str:
-    """A matplotlib figure inlined as SVG (``pipeline.plotting``)."""
+    """A matplotlib figure inlined as SVG (``reports.plotting``)."""
     return f"<div class='chart'>{plotting.svg(fig)}</div>"
 
 

@@ -1,5 +1,5 @@
 """What every chart shares: the matplotlib settings, a figure with its labelled axes, and the output (inline
-SVG, PNG, a file). The charts themselves are ``pipeline.charts`` (training runs) and ``pipeline.data_charts``
+SVG, PNG, a file). The charts themselves are ``reports.charts`` (training runs) and ``reports.data_charts``
 (datasets): the data tasks draw theirs without reaching the run charts' code (their cache keys stay clear of it).
 
 matplotlib is imported inside the functions: ``pretrain`` starts without paying for it (about a second). Only

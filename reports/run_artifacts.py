@@ -1,5 +1,5 @@
 """What the MLflow run of an execution holds besides its metrics: the loss chart (PNG, with the held-out
-points), the run's report (its Decks as one self-contained page, ``pipeline.run_report``) and the dataset's
+points), the run's report (its Decks as one self-contained page, ``reports.run_report``) and the dataset's
 validation report, each rendered here from the store's records (never HTML read back from it) and each
 bounded in size. ``tasks.track`` hands them to ``tracking.mirror.record_execution``.
 """
@@ -10,11 +10,12 @@ import sys
 from collections.abc import Callable
 
 from common.contracts import ModelRef
-from pipeline import charts, plotting
-from pipeline.run_report import run_report_html, validation_page
 from registry.card import read_card
+from reports import charts, plotting
+from reports.run_report import ReportPages, report_pages
+from runs.catalog import RUNS
+from runs.reading import load_run
 from storage import Store
-from training.runs.catalog import RUNS, loss_history
 
 MAX_ARTIFACT_BYTES = 4 * 1024 * 1024
 """An artifact larger than this is left out (with a line saying so): the run's files stay small."""
@@ -35,11 +36,22 @@ def run_artifacts(store: Store, model: ModelRef) -> dict[str, bytes]:
     except Exception as e:
         _warn(f"no charts or reports in MLflow ({type(e).__name__}: {e})")
         return {}
-    run = lineage.training_run.removeprefix(f"{RUNS}/")
+    view, figures = None, None
+    try:  # the run read once and its charts drawn once, for the loss chart and the report alike
+        view = load_run(store, lineage.training_run.removeprefix(f"{RUNS}/"))
+        figures = charts.run_charts(view)
+    except Exception as e:
+        _warn(f"no charts or run report in MLflow ({type(e).__name__}: {e})")
+        view = None
+    try:
+        pages = report_pages(store, lineage.dataset_version, view, figures)
+    except Exception as e:
+        _warn(f"no run or validation report in MLflow ({type(e).__name__}: {e})")
+        pages = ReportPages(None, None)
     makers: dict[str, Callable[[], bytes | None]] = {
-        LOSS_CHART: lambda: loss_chart(store, run),
-        RUN_REPORT: lambda: run_report_html(store, run).encode(),
-        VALIDATION_REPORT: lambda: _encoded(validation_page(store, lineage.dataset_version)),
+        LOSS_CHART: lambda: plotting.png(figures.loss) if figures is not None and figures.loss is not None else None,
+        RUN_REPORT: lambda: _encoded(pages.run),
+        VALIDATION_REPORT: lambda: _encoded(pages.validation),
     }
     out = {}
     for name, make in makers.items():
@@ -53,14 +65,6 @@ def run_artifacts(store: Store, model: ModelRef) -> dict[str, bytes]:
         elif data is not None:
             out[name] = data
     return out
-
-
-def loss_chart(store: Store, run: str) -> bytes | None:
-    """The run's loss per step with its held-out points, as PNG (None: no step recorded)."""
-    history = loss_history(store, run)
-    if not history["steps"]:
-        return None
-    return plotting.png(charts.loss_figure([charts.Curve(run, history["steps"], history["loss"], history["validation"])]))
 
 
 def _encoded(text: str | None) -> bytes | None:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from common.private import private_dir
-from training.runs import lease
+from runs import lease
 
 STAGING = "pretrain-staging"
 """The folder under ``$TMPDIR`` that holds every job's staging folder."""

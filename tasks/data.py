@@ -17,7 +17,7 @@ from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from data_prep.shards import ShardInfo
 from data_prep.sources import content_fingerprint, list_files
 from data_prep.validation import Validation, ValidationFailed, check_dataset, report_html
-from pipeline.dataset_html import dataset_section, doc_tokens
+from reports.dataset_html import dataset_section, doc_tokens
 from storage import Store, open_store
 from tasks import decks
 from tasks.caching import cache_version

@@ -10,7 +10,7 @@ from common.contracts import CheckpointRef, EvalReport
 from common.stages import mark_stage
 from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
-from pipeline.deck_html import table
+from reports.deck_html import table
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version

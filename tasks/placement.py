@@ -28,10 +28,10 @@ CUDA_BASE = "nvcr.io/nvidia/pytorch:25.01-py3"
 
 # mlflow: the tracking mirror (start_tracking and track_run in the slim image, the live feed of the train task).
 COMMON_PACKAGES = ["flytekit", "boto3", "tokenizers", "huggingface-hub", "webdataset", "numpy", "pandas", "pyyaml", "mlflow"]
-# matplotlib: prepare's Dataset Deck (pipeline.data_charts) and the last task's Comparison Deck (track_run, slim image).
+# matplotlib: prepare's Dataset Deck (reports.data_charts) and the last task's Comparison Deck (track_run, slim image).
 # py3langid: prepare_data's language allow-list (data.languages; data_prep.language imports it on first use).
 DATA_PACKAGES = [*COMMON_PACKAGES, "fastokens", "ffbpe", "great-expectations", "matplotlib", "py3langid"]
-# matplotlib draws the train task's Decks (pipeline.charts).
+# matplotlib draws the train task's Decks (reports.charts).
 # lm-eval, transformers, accelerate: the evaluate task runs lm-evaluation-harness on the Hugging Face export.
 TRAIN_PACKAGES = [
     *COMMON_PACKAGES,

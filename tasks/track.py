@@ -15,9 +15,9 @@ from flytekit.types.error import FlyteError
 
 from common.contracts import ModelRef, TrackingRef
 from pipeline.config import PipelineConfig
-from pipeline.run_artifacts import run_artifacts
 from pipeline.summary import run_summary
 from registry.card import code_revision, read_card
+from reports.run_artifacts import run_artifacts
 from storage import Store, open_store
 from tasks.decks import FIELDS as DECK_FIELDS
 from tasks.placement import registry_task
@@ -87,7 +87,8 @@ def config_run_name(config: PipelineConfig) -> str:
 
 def _comparison_deck(store: Store, model: ModelRef) -> None:
     """This execution's training run beside the one of the model that held the gate alias before it."""
-    from pipeline.run_html import run_comparison
+    from reports.run_html import run_comparison
+    from runs.catalog import load_runs
 
     card = read_card(store, model.prefix)
     baseline = card.gate.baseline if card.gate is not None else ""
@@ -97,7 +98,8 @@ def _comparison_deck(store: Store, model: ModelRef) -> None:
     if before.lineage.training_run == card.lineage.training_run:
         return
     labels = ["this execution", f"{card.gate.alias} before ({before.name}:{before.version})"]
-    Deck("Comparison", run_comparison(store, [card.lineage.training_run, before.lineage.training_run], labels))
+    views = load_runs(store, [card.lineage.training_run, before.lineage.training_run])
+    Deck("Comparison", run_comparison(views, labels))
 
 
 @task(enable_deck=True, deck_fields=DECK_FIELDS, **registry_task())

@@ -11,7 +11,9 @@ from flytekit import Cache, Deck, task
 
 from common.contracts import CheckpointRef, DatasetRef, TrackingRef
 from common.stages import mark_stage
-from pipeline.run_html import run_sections
+from reports.charts import run_charts
+from reports.run_html import run_sections
+from runs.reading import load_run
 from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
@@ -59,6 +61,7 @@ def train_model(
             sender.close()  # bounded; what is left is replayed by the last task
     if os.environ.get("RANK", "0") == "0":  # the launcher keeps rank 0's Decks only
         # From the run's files: the loss with its committed evaluations, every rank's step times.
-        for title, html in run_sections(open_store(ref.store), ref.run.removeprefix("runs/")).items():
+        view = load_run(open_store(ref.store), ref.run.removeprefix("runs/"))
+        for title, html in run_sections(view, run_charts(view)).items():
             Deck(title, html)
     return ref

@@ -37,6 +37,7 @@ import yaml
 from common.contracts import CheckpointRef, DatasetRef, EvalReport, Layout, LayoutSpan, metrics_key
 from common.net import free_port
 from data_prep.config import DataConfig, TokenizerConfig
+from runs.view import RunView, build_view
 from storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -1399,7 +1400,7 @@ RANK_DATA_PROBLEM = "shard train-000000.tar: a sample of step {step} holds token
 def train_with_data_problem(fail_step: int, fail_rank: int, *args):
     """``training.train.train(*args)`` where rank ``fail_rank`` raises ``data_prep.sources.DataError`` (a
     UserError: a problem the user can fix, found on one rank) as it fetches step ``fail_step``'s batch."""
-    from data_prep.sources import DataError
+    from data_prep.errors import DataError
     from training.data import StreamingLoader
     from training.train import train
 
@@ -1449,7 +1450,7 @@ def fill_once_present(
 
 
 # ----------------------------------------------------------------------------------------------
-# Charts (pipeline.charts): reading matplotlib's SVG back. Each drawn series is a group <g id="...">
+# Charts (reports.charts): reading matplotlib's SVG back. Each drawn series is a group <g id="...">
 # (the artist's gid); a line is a <path d="M x y L x y ...">, markers are <use x= y=> of a marker
 # path in <defs>, a filled area a <use> of its outline in <defs> moved by the use's x and y.
 
@@ -1821,7 +1822,7 @@ ALL_TASKS = {"prepare", "validate", "train", "evaluate", "register"}
 # are imported by every stage. The data stages' own code (filters, dedup, the encoder, validation)
 # reaches prepare and validate only: training reads a dataset through data_prep.manifest and
 # data_prep.shards, and pipeline.config takes ValidationConfig from data_prep.config. The run's
-# charts and comparisons (pipeline.run_html) reach the train task only; training.runs.catalog reaches
+# charts and comparisons (reports.run_html) reach the train task only; runs.catalog reaches
 # train and evaluate (the evaluation's TensorBoard hparams: evaluation.tensorboard_log).
 CACHE_KEY_TABLE = {
     "kernels/rmsnorm.py": ({"train", "evaluate", "run id"}, {"train", "evaluate", "register"}),
@@ -1834,10 +1835,10 @@ CACHE_KEY_TABLE = {
     "common/contracts.py": (ALL_TASKS | {"run id"}, ALL_TASKS),
     "cli/main.py": (set(), set()),
     "tasks/decks.py": ({"prepare", "validate", "train", "evaluate"}, {"prepare", "validate", "train", "evaluate"}),
-    "pipeline/run_html.py": ({"train"}, {"train"}),  # the run's Decks: the data tasks never draw a run
+    "reports/run_html.py": ({"train"}, {"train"}),  # the run's Decks: the data tasks never draw a run
     # The Dataset Deck is drawn by prepare's commit task (tasks.data, prepare's and validate's module).
-    "pipeline/dataset_html.py": ({"prepare", "validate"}, {"prepare", "validate"}),
-    "training/runs/catalog.py": ({"train", "evaluate"}, {"train", "evaluate"}),
+    "reports/dataset_html.py": ({"prepare", "validate"}, {"prepare", "validate"}),
+    "runs/catalog.py": ({"train", "evaluate"}, {"train", "evaluate"}),
     # A data file of evaluation.lm_eval_suite (its __data__): the evaluation only, not every task that checks settings.
     "evaluation/lm_eval_tasks/heldout_cloze.yaml": ({"evaluate"}, {"evaluate"}),
 }
@@ -1925,3 +1926,15 @@ LONG_RUNS = [
     "😀" * 1000,
     "ـ" * 2000,  # Arabic tatweel
 ]
+
+
+def view_of(metrics: list[dict], step_times: list[dict] | None = None, **records) -> RunView:
+    """A run's view built from records alone (``runs.view.build_view``), for rendering tests without a store."""
+    return build_view("run", "file:///run", metrics, step_times=step_times, **records)
+
+
+def run_decks(view: RunView) -> dict[str, str]:
+    """A run's Decks as the train task draws them (``reports.run_html.run_sections`` with its charts)."""
+    from reports import charts, run_html
+
+    return run_html.run_sections(view, charts.run_charts(view))

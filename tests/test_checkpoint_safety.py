@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from common.contracts import CHECKPOINT_DIGESTS, ENTRY_CHECKPOINT, EvalReport, checkpoint_prefix
-from data_prep.sources import DataError
+from data_prep.errors import DataError
 from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
 from registry.registry import register

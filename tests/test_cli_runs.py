@@ -17,13 +17,14 @@ import pytest
 
 from cli.main import main as cli
 from common.contracts import diagnostics_prefix, eval_prefix, profile_prefix, validation_prefix
-from pipeline import run_html
+from runs.reading import load_run
 from storage import open_store
 from tests.helpers import (
     copy_run,
     fresh_copy,
     html_charts,
     html_table,
+    run_decks,
     run_metrics,
     svg_group,
     svg_marks,
@@ -255,7 +256,7 @@ def test_report_is_one_offline_page_of_the_runs_decks_its_dataset_and_validation
     store.commit(validation_prefix(profiled_run.dataset.prefix))
 
     # The train task's Decks take the run's committed evaluations as the loss chart's validation points.
-    decks = run_html.run_sections(store, run.removeprefix("runs/"))
+    decks = run_decks(load_run(store, run.removeprefix("runs/")))
     assert list(decks) == ["Training curves", "Step time", "Warnings"]
     (loss, *_) = html_charts(decks["Training curves"])
     assert len(svg_marks(svg_group(loss, "validation-0"))) == 2

@@ -329,8 +329,8 @@ def test_pyflyte_builds_the_input_strictly():
 
 
 def test_prepare_checks_with_the_sections_rules():
+    from data_prep.errors import DataError
     from data_prep.prepare import check_settings
-    from data_prep.sources import DataError
 
     with pytest.raises(DataError) as caught:
         check_settings(DataConfig(seq_len=-5), TokenizerConfig(vocab_size=10))

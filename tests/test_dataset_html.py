@@ -1,4 +1,4 @@
-"""The prepare task's Dataset Deck (``pipeline.dataset_html``): the figures, documents read against kept, the
+"""The prepare task's Dataset Deck (``reports.dataset_html``): the figures, documents read against kept, the
 documents skipped by reason as horizontal bars and the kept documents' lengths, from the dataset's own files
 (matplotlib SVG read back as XML)."""
 
@@ -9,7 +9,7 @@ import io
 import statistics
 
 from common.contracts import DOC_STATS
-from pipeline.dataset_html import dataset_html, dataset_section, skipped_by_reason
+from reports.dataset_html import dataset_html, dataset_section, skipped_by_reason
 from storage import open_store
 from tests.helpers import html_charts, svg_group, svg_ids, svg_lines, svg_texts
 

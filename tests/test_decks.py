@@ -1,4 +1,4 @@
-"""The train task's Decks (``pipeline.run_html``, which ``pretrain runs report`` shares): the training curves, the
+"""The train task's Decks (``reports.run_html``, which ``pretrain runs report`` shares): the training curves, the
 step time (the phase table, a row per rank, phases on a log axis, each rank's step time), the straggler and
 loss-health tables. Charts are matplotlib SVG, read back as XML."""
 
@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from pipeline import charts, run_html
-from pipeline.deck_html import chart
-from tests.helpers import html_charts, html_table, svg_group, svg_ids, svg_lines, svg_marks, svg_texts
+from reports import charts, run_html
+from reports.deck_html import chart
+from runs.view import RunView
+from tests.helpers import html_charts, html_table, svg_group, svg_ids, svg_lines, svg_marks, svg_texts, view_of
 from training.observe.timing import BREAKDOWN_KEYS
 
 LABELS = ["data", "forward+backward", "collective", "optimizer", "checkpoint", "other"]
@@ -46,7 +47,7 @@ def line_y(root, gid: str) -> float:
 
 def test_step_time_shows_the_phase_table_every_rank_and_small_phases():
     records = [{"step": 0, "loss": 9.0}] + breakdown_records(5)  # a record without a breakdown is left out
-    html = run_html.step_time(records, rank_lines(5))
+    html = step_time_html(view_of(records, rank_lines(5)))
     header, *phases = html_table(html, "phases")  # as `pretrain runs show` prints it
     assert header == ["phase", "median s", "total s", "share"]
     assert [row[0] for row in phases] == LABELS
@@ -77,7 +78,7 @@ def test_step_time_shows_the_phase_table_every_rank_and_small_phases():
 def test_a_rare_slow_step_does_not_flatten_the_others():
     records = breakdown_records(40)
     records[19]["time_checkpoint_s"] = 9.0  # step 20: a save thirty times an ordinary step
-    (root, _) = html_charts(run_html.step_time(records, rank_lines(2)))
+    (root, _) = html_charts(step_time_html(view_of(records, rank_lines(2))))
     data, optimizer = line_y(root, "line-0"), line_y(root, "line-3")
     forward = svg_lines(svg_group(root, "line-1"))[0][0][1]
     assert (data - optimizer) / (data - forward) == pytest.approx(math.log(3) / math.log(20), rel=1e-3)
@@ -85,7 +86,7 @@ def test_a_rare_slow_step_does_not_flatten_the_others():
 
 
 def test_a_long_run_of_many_ranks_keeps_every_rank_in_the_table_and_the_charts_small():
-    html = run_html.step_time(breakdown_records(3000), rank_lines(30, ranks=16))
+    html = step_time_html(view_of(breakdown_records(3000), rank_lines(30, ranks=16)))
     assert [row[0] for row in html_table(html, "ranks")[1:]] == [str(r) for r in range(16)]  # every rank listed
     _, ranks = html_charts(html)
     assert svg_ids(ranks, "line-") == ["line-0", "line-1", "line-2"]  # 16 lines would be a tangle
@@ -95,16 +96,16 @@ def test_a_long_run_of_many_ranks_keeps_every_rank_in_the_table_and_the_charts_s
 
 def test_a_long_run_is_drawn_in_windows_of_steps():
     steps = list(range(1, 3001))
-    thinned_steps, ((label, values),) = run_html.thin(steps, [("data", [float(s % 3) for s in steps])])
-    assert len(thinned_steps) == run_html.MOST_POINTS == 1000 and thinned_steps[:2] == [3, 6] and thinned_steps[-1] == 3000
+    thinned_steps, ((label, values),) = charts.thin(steps, [("data", [float(s % 3) for s in steps])])
+    assert len(thinned_steps) == charts.MOST_POINTS == 1000 and thinned_steps[:2] == [3, 6] and thinned_steps[-1] == 3000
     assert label == "data" and values == [1.0] * 1000  # each window's median: of 1, 2 and 0
-    assert run_html.thin(steps[:1000], [("x", [1.0] * 1000)]) == (steps[:1000], [("x", [1.0] * 1000)])
+    assert charts.thin(steps[:1000], [("x", [1.0] * 1000)]) == (steps[:1000], [("x", [1.0] * 1000)])
 
 
 def test_a_run_without_a_breakdown_or_exchanges_says_so():
-    html = run_html.step_time([{"step": 1, "loss": 3.0}], [])
+    html = step_time_html(view_of([{"step": 1, "loss": 3.0}]))
     assert "no data" in html and "no step times exchanged" in html and not html_charts(html)
-    (single, _) = html_charts(run_html.step_time(breakdown_records(1), rank_lines(1)))
+    (single, _) = html_charts(step_time_html(view_of(breakdown_records(1), rank_lines(1))))
     assert svg_ids(single, "line-") == [f"line-{i}" for i in range(6)]  # one step still draws every phase...
     assert all(len(svg_marks(svg_group(single, f"line-{i}"))) == 1 for i in (0, 1, 2, 3, 5))  # ...as a marker
     assert not svg_marks(svg_group(single, "line-4"))  # the checkpoint phase took no time: nothing to draw
@@ -116,7 +117,7 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
         for s in range(1, 21)
     ]
     records[9] |= {"loss": math.nan, "skipped": True}  # a refused step: its NaN is not drawn
-    html = run_html.training_curves(records, validation=[(10, 5.5), (20, 4.2)])
+    html = curves_html(view_of(records, evaluations=[{"step": 10, "val_loss": 5.5}, {"step": 20, "val_loss": 4.2}]))
     loss, *others = html_charts(html)
     assert len(others) == 3  # lr, grad norm, tokens/s; no MFU in these records
     assert {"step", "loss"} <= set(svg_texts(loss)) and "validation loss" in svg_texts(loss)
@@ -135,12 +136,12 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
     assert [round(x, 2) for x, _ in marks] == [round(x1 + (s - 1) * (x20 - x1) / 19, 2) for s in (10, 20)]
     assert marks[0][1] < marks[1][1]  # 5.5 above 4.2
     assert [svg_texts(c)[-1] for c in others] == ["learning rate", "gradient norm", "tokens/s"]  # titles
-    assert run_html.training_curves([]).count("no data") == 1
+    assert curves_html(view_of([])).count("no data") == 1
 
 
 def test_mfu_is_charted_in_percent():
     records = [{"step": s, "loss": 5.0, "mfu": 0.3 + s / 1000, "peak_flops": 1e12, "peak_flops_source": "cfg"} for s in range(10)]
-    _, mfu = html_charts(run_html.training_curves(records))
+    _, mfu = html_charts(curves_html(view_of(records)))
     assert {"model FLOPs utilisation", "MFU (%)"} <= set(svg_texts(mfu))
     y_ticks = [float(t) for t in svg_texts(svg_group(mfu, "matplotlib.axis_2")) if re.fullmatch(r"[\d.]+", t)]
     assert y_ticks and 29.5 < min(y_ticks) and max(y_ticks) < 31.5  # 30.0 % to 30.9 %, not 0.300 to 0.309
@@ -148,7 +149,12 @@ def test_mfu_is_charted_in_percent():
 
 def test_straggler_warnings_and_health_events_are_listed():
     records = breakdown_records(8)
-    records[3] |= {"slowest_rank": 1, "slowest_ratio": 2.5, "straggler_warning": "rank 1 has been the slowest for 2 windows"}
+    records[3] |= {
+        "window": [1, 4],
+        "slowest_rank": 1,
+        "slowest_ratio": 2.5,
+        "straggler_warning": "rank 1 has been the slowest for 2 windows",
+    }
     records[5] |= {
         "skipped": True,
         "health": {
@@ -159,7 +165,7 @@ def test_straggler_warnings_and_health_events_are_listed():
             "batch": {"shards": [{"shard": "s3://b/datasets/v/shards/train-00003.tar", "rows": [4, 5, 6]}]},
         },
     }
-    html = run_html.run_warnings(records)
+    html = run_html.run_warnings(view_of(records))
     stragglers = re.search(r"<table class='stragglers'>(.*?)</table>", html).group(1)
     assert stragglers.count("<tr>") == 2  # the header and step 4's warning
     assert "<td>4</td><td>1</td><td>2.5</td><td>rank 1 has been the slowest for 2 windows</td>" in stragglers
@@ -170,18 +176,18 @@ def test_straggler_warnings_and_health_events_are_listed():
 
 
 def test_a_quiet_run_says_none_twice():
-    html = run_html.run_warnings(breakdown_records(3))
+    html = run_html.run_warnings(view_of(breakdown_records(3)))
     assert html.count("<p>none</p>") == 2 and "<table class='stragglers'>" not in html and "<table class='health'>" not in html
 
 
 def test_strings_are_escaped():
     hostile = "<script>alert('x')</script>"
     records = breakdown_records(2)
-    records[0] |= {"straggler_warning": hostile, "slowest_rank": hostile}
+    records[0] |= {"straggler_warning": hostile, "slowest_rank": hostile, "slowest_ratio": 1.5, "window": [1, 1]}
     records[1] |= {
         "health": {"step": 2, "loss": 1.0, "problem": hostile, "action": hostile, "batch": {"shards": [{"shard": hostile}]}}
     }
-    html = run_html.run_warnings(records)
+    html = run_html.run_warnings(view_of(records))
     assert "<script>" not in html and "alert('x')" not in html
     assert html.count("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;") == 5
     drawn = chart(charts.lines_figure([1, 2], [(hostile, [1.0, 2.0])], hostile, hostile, hostile, log=True))
@@ -190,3 +196,11 @@ def test_strings_are_escaped():
     assert svg_texts(root).count(hostile) == 4  # title, legend, both axes: shown as text, escaped in the SVG
     dollars = chart(charts.lines_figure([1, 2], [("cost $x", [1.0, 2.0])], "a $ b", "_hidden", "y"))
     assert {"cost $x", "a $ b"} <= set(svg_texts(html_charts(dollars)[0]))  # no math mode, no error on an odd '$'
+
+
+def step_time_html(view: RunView) -> str:
+    return run_html.step_time(view, charts.run_charts(view))
+
+
+def curves_html(view: RunView) -> str:
+    return run_html.training_curves(view, charts.run_charts(view))

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cli.main import span_text
 from common.contracts import Layout
+from reports.run_text import span_text
+from runs.view import layout_short
 from training.checkpointing import optimizer_state
 from training.checkpointing.checkpoint import restores_optimizer
 from training.config import ParallelConfig
-from training.runs.catalog import _layout_short
 
 
 @pytest.mark.parametrize(
@@ -96,6 +96,6 @@ def test_runs_show_and_the_runs_table_name_fsdp_and_read_old_records_as_without_
     assert span_text(span) == (
         "steps 1-8: 2 ranks, tensor_parallel=1, pipeline_parallel=1, data_parallel=2, distributed_optimizer=false, fsdp=true"
     )
-    assert _layout_short(span) == "TP1 PP1 DP2 fsdp"
+    assert layout_short(span) == "TP1 PP1 DP2 fsdp"
     old = {"first_step": 1, "last_step": 8, "layout": {"world_size": 2, "tensor_parallel": 1, "pipeline_parallel": 1}}
-    assert span_text(old).endswith("distributed_optimizer=false, fsdp=false") and _layout_short(old) == "TP1 PP1 DP2"
+    assert span_text(old).endswith("distributed_optimizer=false, fsdp=false") and layout_short(old) == "TP1 PP1 DP2"

@@ -15,10 +15,10 @@ import pytest
 
 from cli import retention
 from common.contracts import checkpoint_prefix, lease_key
+from runs.lease import RunLease, boot_id, this_host
+from runs.staging import STAGING
 from storage import Store, open_store
 from tests.helpers import BIN, ROOT, fresh_copy, kill_group, run_metrics, start_launch, tiny_model, train_with_slow_uploads
-from training.checkpointing.staging import STAGING
-from training.runs.lease import RunLease, boot_id, this_host
 
 HOUR = 3600.0
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from cli import retention
+from runs.lease import boot_id, this_host
+from runs.staging import STAGING, STAGING_OWNER
 from storage import Store, StoreError, open_store
-from training.checkpointing.staging import STAGING, STAGING_OWNER
-from training.runs.lease import boot_id, this_host
 
 LATER = 48 * 3600.0  # everything written is two days old when gc looks
 

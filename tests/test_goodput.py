@@ -12,14 +12,14 @@ import pytest
 
 from cli.main import main as cli
 from common.contracts import metrics_key
-from pipeline import run_html
 from registry.registry import register
+from runs.ledger import PARTS, AttemptLedger, Goodput, attempt_key, goodput_prefix, load_goodput
+from runs.reading import load_run
 from storage import Store, open_store
-from tests.helpers import html_charts, registry_inputs, report, svg_ids, svg_texts
+from tests.helpers import html_charts, registry_inputs, report, run_decks, svg_ids, svg_texts
 from tracking.client import client, experiment_id, start_run
 from tracking.mirror import record_execution
 from training.observe.goodput import GoodputCallback
-from training.runs.goodput import PARTS, AttemptLedger, Goodput, attempt_key, goodput_prefix, load_goodput
 
 RUN = "runs/r1"
 
@@ -203,13 +203,13 @@ def test_a_run_without_a_ledger_says_so(tmp_path, capsys):
     assert "goodput: not recorded" in capsys.readouterr().out
     assert cli(["runs", "list", "--store", store.uri]) == 0
     assert "goodput -" in capsys.readouterr().out
-    assert "goodput</h3><p>not recorded" in run_html.run_sections(store, "r1")["Step time"]
+    assert "goodput</h3><p>not recorded" in run_decks(load_run(store, "r1"))["Step time"]
 
 
 def test_the_step_time_deck_draws_the_wall_time_as_one_bar_with_seconds(tmp_path):
     store = open_store(str(tmp_path / "store"))
     plant(store, KILLED, RESUMED)
-    html = run_html.run_sections(store, "r1")["Step time"]
+    html = run_decks(load_run(store, "r1"))["Step time"]
     assert "40.0% of 200.0 s wall time in productive steps, over 2 attempts" in html
     bar = html_charts(html)[0]
     assert svg_ids(bar, "goodput-") == [f"goodput-{p}" for p in PARTS]  # one segment a part, in order

@@ -10,13 +10,13 @@ import time
 import pytest
 
 from cli.main import main as cli
-from pipeline import run_html
+from runs.ledger import PARTS, goodput_prefix, load_goodput, read_attempts
+from runs.reading import load_run
 from storage import open_store
-from tests.helpers import fresh_copy, html_charts, svg_ids, tiny_model, train_with_error
+from tests.helpers import fresh_copy, html_charts, run_decks, svg_ids, tiny_model, train_with_error
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
 from training.observe.failures import JobFailed
-from training.runs.goodput import PARTS, goodput_prefix, load_goodput, read_attempts
 from training.train import train
 
 pytestmark = pytest.mark.slow
@@ -79,5 +79,5 @@ def test_runs_show_list_and_the_deck_give_the_real_runs_goodput(resumed_run, cap
     assert f"goodput: {goodput.fraction:.1%} of {goodput.wall_s:.1f} s wall time productive, over 2 attempts" in text
     assert cli(["runs", "list", "--store", store.uri]) == 0
     assert f"goodput {goodput.fraction:.1%}" in capsys.readouterr().out
-    bar = html_charts(run_html.run_sections(store, run_id)["Step time"])[0]
+    bar = html_charts(run_decks(load_run(store, run_id))["Step time"])[0]
     assert svg_ids(bar, "goodput-") == [f"goodput-{part}" for part in PARTS]

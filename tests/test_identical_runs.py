@@ -21,10 +21,10 @@ import pytest
 from common.contracts import CARD_MARKDOWN, checkpoint_prefix, committed_steps, model_prefix
 from registry.card import read_card
 from registry.registry import list_models, register
+from runs.lease import STALE_S
 from storage import open_store
 from tests.helpers import BIN, ROOT, distinct_corpus, kill_group, registry_inputs, report, write_config
 from training.checkpointing.checkpoint import fetch
-from training.runs.lease import STALE_S
 
 CONFIG = {"evaluation": {"batch_size": 4, "max_batches": 2}, "registry": {"model_name": "gpt"}}
 
@@ -102,7 +102,7 @@ RESUMED_S = 1.0
 OVERLAP_DEADLINE_S = 600.0
 """How long the other run may take to reach the lease (its data tasks and launch, on a loaded machine)."""
 WAITING = "is being trained by"
-"""training.runs.lease's line when an identical execution holds the lease."""
+"""runs.lease's line when an identical execution holds the lease."""
 
 
 def start(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -214,7 +214,7 @@ def test_the_run_leases_own_requests_pass_the_policy(s3_store):
     """The lease's heartbeat is a conditional replace (If-Match) of ``runs/<id>/lease.json``: the policy
     denied it, the lease swallowed the error, and on a protected bucket the heartbeat never advanced (an
     identical execution's takeover failed, gc judged a live run's lease dead after 10 minutes)."""
-    from training.runs.lease import RunLease
+    from runs.lease import RunLease
 
     policy = load_json(POLICY)
     sent = _record(s3_store)
@@ -233,8 +233,8 @@ def test_the_run_leases_own_requests_pass_the_policy(s3_store):
 
 
 def test_a_refused_heartbeat_is_said_not_swallowed(s3_store, monkeypatch):
+    from runs.lease import RunLease
     from storage import StoreError
-    from training.runs.lease import RunLease
 
     said: list[str] = []
     lease = RunLease(s3_store, "runs/r2", log=said.append)

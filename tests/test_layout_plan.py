@@ -1,4 +1,4 @@
-"""The layout planner (``training.layout_plan``): its parameter count is the built model's, and the presets
+"""The layout planner (``benchmarks.layout_plan``): its parameter count is the built model's, and the presets
 train with the layout its table picks for the cluster profile they are written for."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
+from benchmarks import layout_plan
+from benchmarks.layout_plan import CANDIDATES, Layout, estimate, parameters, pick
 from pipeline.config import load_config
 from tests.helpers import ROOT, tiny_model
-from training import layout_plan
 from training.config import ParallelConfig
 from training.distributed import init_distributed, shutdown_distributed
-from training.layout_plan import CANDIDATES, Layout, estimate, parameters, pick
 from training.model.gpt import build_gpt
 from training.model.step import count_parameters
 

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import run_html
 from storage import open_store
-from tests.helpers import fresh_copy, run_metrics, tiny_model
+from tests.helpers import fresh_copy, run_decks, run_metrics, tiny_model, view_of
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
 from training.model.gpt import _padded_vocab
@@ -76,7 +75,7 @@ def test_training_writes_metrics_jsonl_and_tensorboard(tiny_dataset, tmp_path):
     assert [e.step for e in scalars.Scalars("train/loss")] == [1, 2, 3, 4]
     assert [e.value for e in scalars.Scalars("train/loss")] == pytest.approx([r["loss"] for r in records])
 
-    deck = run_html.training_curves(records)
+    deck = run_decks(view_of(records))["Training curves"]
     assert deck.count("<svg") == 5 and "model FLOPs utilisation" in deck and "measured" in deck
 
 

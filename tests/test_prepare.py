@@ -5,10 +5,10 @@ import pytest
 
 from data_prep import prepare as stages
 from data_prep.config import DataConfig
+from data_prep.errors import DataError
 from data_prep.manifest import load_manifest, shard_urls
 from data_prep.prepare import prepare_dataset
 from data_prep.shards import ShardWriter, pack, read_rows, write_shards
-from data_prep.sources import DataError
 from data_prep.workers import split_of
 from storage import open_store
 from tests.helpers import KEPT_IN_MIXED, distinct_docs, mixed_corpus, tiny_data, tiny_tokenizer, write_corpus

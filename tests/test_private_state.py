@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import write_traceback
+from runs import staging
 from storage import open_store
-from training.checkpointing import staging
 
 
 def mode(path: Path) -> int:

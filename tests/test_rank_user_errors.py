@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from cli.main import _without_flyte_prefix, headline
 from common.errors import UserError, user_error_in, write_traceback
-from data_prep.sources import DataError
+from data_prep.errors import DataError
 from tasks.elastic import FirstFailureElastic
 from tests.helpers import (
     RANK_DATA_PROBLEM,

@@ -1,4 +1,4 @@
-"""The run lease (training/runs/lease.py) on a local store and on the S3 test server: one holder at a
+"""The run lease (runs/lease.py) on a local store and on the S3 test server: one holder at a
 time, a waiter that gets it on release, stale leases (dead pid on this host, no heartbeat) taken
 over, and a holder that lost it told so instead of writing on."""
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from common.contracts import lease_key
-from training.runs.lease import LeaseLost, RunLease, boot_id, this_host
+from runs.lease import LeaseLost, RunLease, boot_id, this_host
 
 RUN = "runs/abc123"
 FAST = dict(refresh_s=0.2, stale_s=1.5, poll_s=0.1)

@@ -13,12 +13,13 @@ import pytest
 
 from cli.main import main as cli
 from common.contracts import eval_prefix
-from pipeline import charts, plotting, run_html
+from reports import charts, plotting, run_html
+from runs.catalog import load_runs
+from runs.view import final_loss
 from storage import open_store
 from tests.helpers import fresh_copy, run_metrics, svg_group, svg_ids, svg_lines, svg_marks, svg_root, svg_texts, tiny_model
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
-from training.runs.catalog import final_loss
 from training.train import train
 
 STEPS = 6
@@ -120,7 +121,7 @@ def test_compare_json_has_the_same_content(two_runs, tmp_path, capsys):
 
 def test_the_comparison_deck_shows_the_same(two_runs):
     store, (a, b) = two_runs
-    html = run_html.run_comparison(store, [f"runs/{a}", b[:8]], ["this execution", "production v1"])
+    html = run_html.run_comparison(load_runs(store, [f"runs/{a}", b[:8]]), ["this execution", "production v1"])
     rows = re.search(r"<table class='differences'>(.*?)</table>", html).group(1).split("</tr>")[:-1]
     assert len(rows) == 2 and "this execution" in rows[0] and "production v1" in rows[0]
     assert rows[1] == "<tr><th>train.lr</th><td>0.003</td><td>0.001</td>"
@@ -130,7 +131,7 @@ def test_the_comparison_deck_shows_the_same(two_runs):
     texts = svg_texts(svg_root(svg))
     assert {"this execution", "production v1", "step", "loss", "validation loss"} <= set(texts)
     with pytest.raises(ValueError, match="2 runs but 1 labels"):
-        run_html.run_comparison(store, [a, b], ["one"])
+        run_html.run_comparison(load_runs(store, [a, b]), ["one"])
 
 
 def test_the_loss_chart_draws_each_run_raw_and_smoothed_with_its_validation_points():

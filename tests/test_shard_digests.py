@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from data_prep.config import ValidationConfig
+from data_prep.errors import DataError
 from data_prep.manifest import load_manifest, stored_shards
 from data_prep.shards import StoredShard, read_rows, read_shard, write_shards
-from data_prep.sources import DataError
 from data_prep.validation import ValidationFailed, check_dataset, report_html
 from storage import open_store
 from tests.helpers import fresh_copy

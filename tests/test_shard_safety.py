@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_prep.errors import DataError
 from data_prep.shards import read_rows
-from data_prep.sources import DataError
 
 
 class Payload:

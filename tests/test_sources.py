@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from data_prep.errors import DataError
 from data_prep.manifest import load_manifest
 from data_prep.prepare import prepare_dataset
 from data_prep.readers import Skips, iter_documents, read_file
-from data_prep.sources import DataError, Ignored, content_fingerprint, list_files, listing_hash
+from data_prep.sources import Ignored, content_fingerprint, list_files, listing_hash
 from storage import open_store
 from tests.helpers import distinct_docs, tiny_data, tiny_tokenizer, write_corpus
 

@@ -149,7 +149,7 @@ def test_goodput_summary(soak):
     assert out["spread"] == {"goodput_vs_reference": [0.75, 0.975]}
     assert out["goal"]["met"] is True and "goodput_note" not in out
     assert soak.goodput_summary(0.8, [0.5])["goal"]["met"] is False
-    missing = soak.goodput_summary(None, [], "training.runs.goodput cannot be imported")
+    missing = soak.goodput_summary(None, [], "runs.ledger cannot be imported")
     assert missing["goodput_reference"] is None and missing["goodput_under_kills"] is None
     assert missing["ratios"] == {"goodput_vs_reference": None} and missing["goal"]["met"] is None
-    assert missing["goodput_note"] == "training.runs.goodput cannot be imported"
+    assert missing["goodput_note"] == "runs.ledger cannot be imported"

@@ -12,10 +12,10 @@ import pytest
 
 from common.contracts import CHECKPOINT_META, CheckpointRef, DatasetRef, checkpoint_prefix, metrics_key, tensorboard_prefix
 from evaluation.tensorboard_log import event_file, log_evaluation
+from runs.records import jsonl
 from storage import open_store
 from tests.helpers import tiny_model
 from training.config import TrainConfig
-from training.runs.runlog import jsonl
 
 RUN = "runs/r1"
 STEP = 8

@@ -356,7 +356,7 @@ def test_experiments_open_on_training_runs(mlflow_tracking_uri):
 def test_a_run_holds_summaries_apart_its_charts_and_its_reports(tmp_path, mlflow_tracking_uri):
     """The card's training summary logged under the per-step names replaced the last step's point (``mfu``
     0.2246 shown for a run whose steps were at 0.1404); the run had no file but links/store.json."""
-    from pipeline.run_artifacts import run_artifacts
+    from reports.run_artifacts import run_artifacts
 
     store = registry_inputs(open_store(str(tmp_path / "store")))
     steps = [{**r, "mfu": 0.1404} for r in records(10)]

@@ -33,7 +33,7 @@ from training.model.gpt import build_gpt
 from training.train import train
 
 MODEL = tiny_model()
-# val_every=4: the held-out loss at steps 4 and 8 (training.observe.validation), compared across layouts too.
+# val_every=4: the held-out loss at steps 4 and 8 (training.validator), compared across layouts too.
 STEPS = TrainConfig(steps=8, micro_batch_size=4, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=4, val_every=4)
 
 

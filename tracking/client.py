@@ -225,7 +225,7 @@ def figure_metrics(figures: Mapping[str, Any], step: int) -> list[tuple[str, flo
 
 
 def goodput_metrics(goodput: Mapping[str, Any] | None, step: int) -> list[tuple[str, float, int, int]]:
-    """(name, value, timestamp ms, step) of a run's goodput (``training.runs.goodput.Goodput.to_dict()``; None: no
+    """(name, value, timestamp ms, step) of a run's goodput (``runs.ledger.Goodput.to_dict()``; None: no
     ledger, no points) at the run's last step: ``goodput`` (the productive fraction of the wall time),
     ``goodput_wall_s`` and ``goodput_<part>_s`` for each part of it."""
     if not goodput:

@@ -11,7 +11,7 @@ What one execution's MLflow run gets (``record_execution``):
   ``tracking.client``), and the card's numeric figures at the last step: the evaluation's under their
   own names (val_loss, perplexity, bits_per_byte, lm-eval results), the training summary's under
   ``summary.`` (``tracking.client.figure_name``), and the run's goodput ledger at the last step (``goodput``, the
-  productive fraction of its wall time, and ``goodput_<part>_s``: ``training.runs.goodput``);
+  productive fraction of its wall time, and ``goodput_<part>_s``: ``runs.ledger``);
 * small artifacts: ``links/store.json``, the store keys and URLs of the checkpoint, the evaluation
   outputs, the Hugging Face export, the registry entry and its card (links, never copies of
   checkpoints), and what the caller renders (the loss chart, the validation report: ``tasks.track``).
@@ -38,6 +38,7 @@ from typing import Any
 from common.contracts import HF_EXPORT, ModelCard, ModelRef, card_key, metrics_key, model_prefix
 from registry.card import is_url, location_url, read_card
 from registry.registry import list_models
+from runs.ledger import load_goodput
 from storage import Store
 from tracking.client import (
     EXECUTION_TAG,
@@ -62,7 +63,6 @@ from tracking.client import (
 )
 from tracking.params import run_name
 from tracking.uri import sqlite_path
-from training.runs.goodput import load_goodput
 
 LINKS_ARTIFACT = "links/store.json"
 RESERVED_LATEST = "latest-registered"

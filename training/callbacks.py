@@ -6,7 +6,7 @@ For each step ``N`` the loop calls, on every rank:
 2. ``after_step(record)``, once the step is trained: ``record`` holds step, loss, lr, grad_norm,
    tokens_per_s, step_time_s, data_wait_s and the time breakdown; a callback may add figures to
    it. The callbacks run in the order they were given, so a later one sees what an earlier one added;
-   the record is then kept (``training.runs.runlog``) and copied into the step's checkpoint;
+   the record is then kept (``training.runlog``) and copied into the step's checkpoint;
 3. if the step saves a checkpoint, the save (its seconds join the record);
 4. ``on_record(record)``, the step's final record;
 5. ``on_save(N)``, if a checkpoint of step ``N`` was committed;

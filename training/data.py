@@ -43,9 +43,9 @@ import torch
 from common.contracts import DatasetRef
 from common.errors import UserError
 from data_prep import shards as shard_files
+from data_prep.errors import DataError
 from data_prep.manifest import load_manifest, stored_shards
 from data_prep.shards import read_rows
-from data_prep.sources import DataError
 from storage import open_store
 from training.shard_cache import NodeCache, WindowKey
 

@@ -1,4 +1,5 @@
-"""A run's log: its metrics (one record per step), every rank's step times and its health events.
+"""The run log, a step callback (the files themselves: ``runs.records``): a run's metrics (one record per
+step), every rank's step times and its health events.
 
 They live in the run's folder (``metrics.jsonl``, ``step_times.jsonl``, ``health.jsonl``), published
 by rank 0 after each checkpoint and at the end, and copies of the first two are kept in every
@@ -8,22 +9,10 @@ older, after a crash right after a commit). Torch-free.
 
 from __future__ import annotations
 
-import json
-
 from common.contracts import METRICS, STEP_TIMES, LayoutSpan, health_key, metrics_key, step_times_key
+from runs.records import jsonl, read_jsonl
 from storage import Store
 from training.callbacks import Record, StepCallback
-
-
-def jsonl(records: list[dict]) -> bytes:
-    return "".join(json.dumps(r) + "\n" for r in records).encode()
-
-
-def read_jsonl(store: Store, key: str) -> list[dict]:
-    """The records of a JSONL file, [] if it does not exist (a run that never saved)."""
-    if not store.exists(key):
-        return []
-    return [json.loads(line) for line in store.get_bytes(key).decode().splitlines() if line.strip()]
 
 
 class RunLog(StepCallback):

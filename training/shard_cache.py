@@ -3,7 +3,7 @@
 A step's rows lie inside one shuffled window of shards (``training.data``), so every data-parallel rank
 needs every window whatever its slice. The reading ranks of a node (``training.data.Reading``) share one
 folder, ``$TMPDIR/pretrain-shards/<dataset version>-<split>-<job>-node<N>/``: private (0700, under a root
-of this user's own, 0700 and not a link), with the owner record of ``training.checkpointing.staging``,
+of this user's own, 0700 and not a link), with the owner record of ``runs.staging``,
 whose sweep removes the folders of this host's dead processes whenever a job makes its own.
 
 - ``<epoch>-<window>.lock``: the first local rank that needs a window takes this ``fcntl`` lock, fetches
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from common.private import private_dir, write_private
-from training.checkpointing.staging import remove_job_folder, sweep_dead, write_owner
+from runs.staging import remove_job_folder, sweep_dead, write_owner
 
 CACHE_ROOT = "pretrain-shards"
 """The folder under ``$TMPDIR`` that holds every job's node caches."""

@@ -3,9 +3,9 @@
 ``Trainer`` is the loop: setup → resume → steps → finish, on one screen. What happens around a step
 belongs to components built from their own config, each owning its cadence and state: the checkpoint
 manager (``training.checkpointing.manager``: resume, start from a base model, save, the run's lease),
-the run log (``training.runs.runlog``: metrics, step times, health events) and the step callbacks
+the run log (``training.runlog``: metrics, step times, health events) and the step callbacks
 (``training.callbacks``: loss health, validation loss, stragglers, metrics, profiler, step lines, the
-MLflow sender, the goodput ledger: ``training.runs.goodput``).
+MLflow sender, the goodput ledger: ``runs.ledger``).
 
 Launch it under torchrun, a Flyte ``Elastic`` task, or ``training.launch.spawn``: it
 reads RANK/WORLD_SIZE/MASTER_* from the environment. The run id is a hash of the dataset
@@ -14,7 +14,7 @@ communication; a restarted task with the same inputs therefore finds its own
 checkpoints and resumes from the latest committed one.
 
 Two identical executions at once share that run prefix too: rank 0 holds the run's lease
-(``training.runs.lease``) while the job trains, and an identical job waits for it before it looks
+(``runs.lease``) while the job trains, and an identical job waits for it before it looks
 for checkpoints, then resumes from what the first committed (its final checkpoint: nothing to
 train, the same CheckpointRef).
 """
@@ -45,17 +45,17 @@ from training.data import Reading, StreamingLoader
 from training.distributed import init_distributed, shutdown_distributed
 from training.model.compiling import compile_seconds
 from training.model.step import StepResult, build_step, micro_batches
-from training.observe.console import StepLines
 from training.observe.diagnostics import write_diagnostics
 from training.observe.goodput import GoodputCallback
 from training.observe.health import BadLossError, LossHealth
 from training.observe.metrics import StepMetrics
 from training.observe.profiling import WindowProfiler
+from training.observe.step_lines import StepLines
 from training.observe.stragglers import StragglerMonitor
 from training.observe.timing import StepTimer, phase_key
-from training.observe.validation import Validator
 from training.observe.watchdog import Progress, Watchdog, explain
-from training.runs.runlog import RunLog
+from training.runlog import RunLog
+from training.validator import Validator
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

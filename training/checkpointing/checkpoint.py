@@ -54,9 +54,9 @@ from common.contracts import checkpoint_prefix as checkpoint_prefix  # re-export
 from common.contracts import committed_steps as committed_steps  # and which of them count
 from common.digests import digest_problems
 from common.errors import UserError
+from runs.staging import make_job_folder, remove_job_folder, store_root
 from storage import COMMIT_MARKER, Store
 from training.checkpointing import fsdp_state, optimizer_state
-from training.checkpointing.staging import make_job_folder, remove_job_folder, store_root
 from training.distributed import checkpoint_group
 
 OPTIMIZER_PREFIX = "optimizer.state"

@@ -1,6 +1,6 @@
 """The run's checkpoints as the training loop sees them: resume, start from a base model, save on cadence.
 
-The manager holds the run's lease (``training.runs.lease``): rank 0 takes it before looking for
+The manager holds the run's lease (``runs.lease``): rank 0 takes it before looking for
 checkpoints (an identical execution may still commit one), and every save first checks that it was
 not taken over, so that nothing is written by a job that lost the run. It keeps the history of the
 layouts that trained the run's steps and writes it, with the configs and the loader's position, into
@@ -27,6 +27,7 @@ from common.contracts import (
     extend_layouts,
 )
 from common.errors import ConfigError
+from runs.lease import LeaseLost, RunLease
 from storage import Store
 from training.checkpointing import checkpoint
 from training.checkpointing.saving import PendingSave, start_save
@@ -35,8 +36,7 @@ from training.data import StreamingLoader
 from training.distributed import checkpoint_group
 from training.observe.timing import StepTimer
 from training.observe.watchdog import Progress
-from training.runs.lease import LeaseLost, RunLease
-from training.runs.runlog import RunLog
+from training.runlog import RunLog
 
 
 class CheckpointManager:

@@ -1,5 +1,5 @@
 """The goodput ledger's step callback: the training loop's edges, told to this attempt's ``AttemptLedger``
-(``training.runs.goodput``, rank 0; the other ranks' callback does nothing).
+(``runs.ledger``, rank 0; the other ranks' callback does nothing).
 
 Give it last among the callbacks: a step ends when every other callback has heard its final record, and a
 save's time runs until the run's files are published (the run log's ``on_save``). The Trainer marks the
@@ -11,13 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from runs.ledger import AttemptLedger
 from storage import Store
 from training.callbacks import Record, StepCallback
 from training.observe.timing import phase_key
-from training.runs.goodput import AttemptLedger
 
 EVALUATION_KEY = "val_time_s"
-"""The record's seconds of the validation loss (``training.observe.validation``), outside the step time."""
+"""The record's seconds of the validation loss (``training.validator``), outside the step time."""
 
 
 class GoodputCallback(StepCallback):

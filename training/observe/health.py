@@ -1,7 +1,7 @@
 """Loss health: a NaN/Inf loss or a spike stops the run or drops the batch, and says which data it was.
 
 Each bad loss is an event (step, loss, why, the batch's shards and rows, skipped or stopped) that
-the run log (``training.runs.runlog``) stores in the run's health.jsonl, and for a skipped step in its metrics record.
+the run log (``training.runlog``) stores in the run's health.jsonl, and for a skipped step in its metrics record.
 Every rank sees the same mean loss (``TrainStep`` reduces it before asking), so every rank takes
 the same decision without another collective. A spike is a loss above ``loss_spike_factor`` × the
 median of the last ``WINDOW`` accepted losses, checked once ``MIN_HISTORY`` of them exist (the
@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from common.errors import UserError
+from runs.records import row_ranges
 from training.callbacks import Record, StepCallback
 from training.config import BadLossAction, TrainConfig
 
@@ -109,16 +110,3 @@ def describe_batch(batch: dict, rows_shown: int = 8) -> str:
     more = len(shards) - SHARDS_SHOWN
     text = ", ".join(parts) + (f" and {more} more shards" if more > 0 else "")
     return text + (" (every row: the event in the run's health.jsonl)" if more > 0 or "…" in text else "")
-
-
-def row_ranges(rows: list[int], shown: int) -> str:
-    """Sorted row indices as '3, 7-9, 12' (the rows are shuffled, so rarely consecutive); after ``shown``
-    runs, '… (N rows)'."""
-    runs: list[list[int]] = []
-    for row in rows:
-        if runs and row <= runs[-1][1] + 1:  # a repeat (an epoch boundary inside the batch) or the next row
-            runs[-1][1] = max(runs[-1][1], row)
-        else:
-            runs.append([row, row])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:shown])
-    return text + (f", … ({len(rows)} rows)" if len(runs) > shown else "")
