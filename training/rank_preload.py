@@ -12,7 +12,10 @@ import warnings
 # As train_model does in each rank: megatron warns at import that Apex and Transformer Engine are absent.
 warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
 
-import megatron.core  # noqa: F401, E402
+from training import cpu_compat  # noqa: E402
+
+with cpu_compat.fusions_uncompiled():
+    import megatron.core  # noqa: F401
 import megatron.core.dist_checkpointing  # noqa: F401, E402
 import megatron.core.distributed  # noqa: F401, E402
 import megatron.core.models.gpt  # noqa: F401, E402
