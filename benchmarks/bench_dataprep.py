@@ -1,6 +1,6 @@
 """Our prepare step against datatrove 0.10.1 on the same corpus: MB/s per core and keep/drop agreement.
 
-    python benchmarks/bench_dataprep.py [--mb 40] [--repeats 3] [--workers 2] [--quick]
+    python benchmarks/bench_dataprep.py [--mb 40] [--prose-share 0.5] [--repeats 3] [--workers 2] [--quick]
 
 Needs the ``bench`` extra (``pip install -c requirements.lock -e ".[bench]"``: datatrove, and
 spaCy, the word tokenizer datatrove uses for English).
@@ -9,7 +9,10 @@ Corpus (deterministic, from this machine's files): Python source (the standard l
 site-packages ``.py`` files to reach the size), English prose (``.md``/``.rst``/``.txt`` under
 site-packages and plain-text files under /usr/share/doc) and planted near-duplicates (edited
 copies of 4% of the documents, placed later in the corpus), shuffled with a fixed seed into
-4 MB JSONL files with ``id`` and ``text`` fields. Both pipelines read the same files.
+4 MB JSONL files with ``id`` and ``text`` fields. Both pipelines read the same files. Prose fills
+``--prose-share`` (0.5) of the originals first, then code: the share of the corpus' text bytes
+that is prose, planted copies included, is measured (``corpus.prose_share``, ``prose_mb``,
+``code_mb``) and a corpus below the share it claims is refused (``BenchmarkCheckError``).
 
 * **ours**: ``data_prep.prepare.prepare_dataset`` end to end on a local store: read, clean
   (NFC), PII redaction (defaults), Gopher repetition and quality rules at datatrove's default
@@ -83,6 +86,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FILE_BYTES = 4 << 20
 MIN_CHARS, MAX_CHARS = 200, 400_000  # documents outside are not picked (no length filter decides anything)
 PLANTED_SHARE = 0.04
+PROSE_SHARE = 0.5
+"""The least share of the corpus' text bytes that is prose (--prose-share): filled first, measured, refused below."""
 CLASSES = ("gopher_repetition", "gopher_quality", "near_duplicate")
 # Datatrove's GopherRepetitionFilter defaults (Gopher, Table A1), in our settings' terms.
 GOPHER_REPETITION = {
@@ -135,14 +140,15 @@ def _edited(text: str, rng: random.Random) -> str:
     return "\n".join(lines)
 
 
-def build_corpus(root: Path, total_bytes: int, seed: int = 0) -> dict:
-    """JSONL files of ``{"id", "text"}`` records; returns what the agreement needs to know."""
+def build_corpus(root: Path, total_bytes: int, seed: int = 0, prose_share: float = PROSE_SHARE) -> dict:
+    """JSONL files of ``{"id", "text"}`` records; returns what the agreement needs to know and the
+    corpus' make-up (text bytes by kind)."""
     rng = random.Random(seed)
     groups = _candidates()
     docs: list[tuple[str, str, str]] = []  # id, kind, text
     size = 0
-    # Prose first (at most half the corpus), then code up to the size: prose is what the Gopher rules are for.
-    for kind, share in (("prose", 0.5), ("code", 1.0)):
+    # Prose first (prose_share of the originals), then code up to the size: prose is what the Gopher rules are for.
+    for kind, share in (("prose", prose_share), ("code", 1.0)):
         paths = groups[kind]
         for path in paths:
             if size >= share * total_bytes / (1 + PLANTED_SHARE):
@@ -173,6 +179,9 @@ def build_corpus(root: Path, total_bytes: int, seed: int = 0) -> dict:
     if lines:
         files.append(_write(root, len(files), lines))
     kinds = {doc_id: kind for doc_id, kind, _ in order}
+    by_kind = Counter()
+    for _, kind, text in order:
+        by_kind[kind] += len(text.encode())
     return {
         "files": files,
         "kinds": kinds,
@@ -181,6 +190,8 @@ def build_corpus(root: Path, total_bytes: int, seed: int = 0) -> dict:
         "prose_documents": sum(k == "prose" for k in kinds.values()),
         "bytes": sum(p.stat().st_size for p in root.iterdir()),
         "text_bytes": sum(len(t.encode()) for _, _, t in order),
+        "prose_bytes": by_kind["prose"],
+        "code_bytes": by_kind["code"],
     }
 
 
@@ -190,10 +201,15 @@ def _write(root: Path, index: int, lines: list[str]) -> list[str]:
 
 
 # --- ours ---------------------------------------------------------------------------------
+QUALITY = {"gopher": {"enabled": True}, "repetition": {"enabled": True, **GOPHER_REPETITION}}
+"""Ours' ``data.quality``, as it differs from the defaults: Gopher's document rules at their defaults (datatrove's), all
+13 repetition rules at Gopher's thresholds."""
+
+
 def ours_config(corpus: str, workers: int):
     from data_prep.config import DataConfig, GopherConfig, QualityConfig, RepetitionConfig
 
-    quality = QualityConfig(gopher=GopherConfig(enabled=True), repetition=RepetitionConfig(enabled=True, **GOPHER_REPETITION))
+    quality = QualityConfig(gopher=GopherConfig(**QUALITY["gopher"]), repetition=RepetitionConfig(**QUALITY["repetition"]))
     return DataConfig(
         sources=[corpus],
         workers=workers,
@@ -519,6 +535,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # 40 MB: datatrove with spaCy runs at ~0.1–0.3 MB/s per core here, 1–2 minutes a repeat.
     parser.add_argument("--mb", type=float, default=40, help="corpus size in MB")
+    parser.add_argument("--prose-share", type=float, default=PROSE_SHARE, help="least share of the corpus' bytes that is prose")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each variant, in a rotated order")
     parser.add_argument("--workers", type=int, default=2, help="worker processes of both pipelines (data.workers)")
     parser.add_argument("--quick", action="store_true", help="a 6 MB corpus, one repeat: a smoke run")
@@ -530,16 +547,23 @@ def main() -> None:
 
     import datatrove  # noqa: F401  (fail before building anything when the bench extra is missing)
 
-    started = time.perf_counter()
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
     names = list(PIPELINES)
     with tempfile.TemporaryDirectory(prefix="bench-dataprep-", dir=args.tmp) as tmp:
         work = Path(tmp)
         corpus = work / "corpus"
-        meta = build_corpus(corpus, int(args.mb * 1e6))
+        meta = build_corpus(corpus, int(args.mb * 1e6), prose_share=args.prose_share)
         mb = meta["bytes"] / 1e6
+        prose_share = meta["prose_bytes"] / meta["text_bytes"]
+        # Not an assert (python -O): a corpus that is not the prose share it claims gets no figure.
+        require(
+            prose_share >= args.prose_share,
+            f"the corpus is {prose_share:.3f} prose ({meta['prose_bytes'] / 1e6:.1f} of {meta['text_bytes'] / 1e6:.1f} MB "
+            f"of text), not the {args.prose_share} it claims: this machine's prose ran out, or the planted copies are code",
+        )
         print(
             f"corpus: {mb:.1f} MB in {len(meta['files'])} files, {meta['documents']} documents "
-            f"({meta['prose_documents']} prose, {meta['planted']} planted near-duplicates)",
+            f"({meta['prose_documents']} prose, {prose_share:.1%} of the text; {meta['planted']} planted near-duplicates)",
             flush=True,
         )
         log = work / "children.log"
@@ -647,11 +671,17 @@ def main() -> None:
             "text_mb": round(meta["text_bytes"] / 1e6, 2),
             "documents": meta["documents"],
             "prose_documents": meta["prose_documents"],
+            "prose_mb": round(meta["prose_bytes"] / 1e6, 2),
+            "code_mb": round(meta["code_bytes"] / 1e6, 2),
+            "prose_share": round(prose_share, 3),
+            "prose_share_claimed": args.prose_share,
             "planted_near_duplicates": meta["planted"],
             "files": len(meta["files"]),
         },
         "workers": args.workers,
         "repeats": args.repeats,
+        # Ours' data.quality beyond the defaults; datatrove runs GopherRepetitionFilter() and GopherQualityFilter().
+        "quality": QUALITY,
         "order": orders,
         "datatrove_minhash": minhash,
         "mb_s_per_core": {name: statistics.median(values) for name, values in figures.items()},
@@ -668,6 +698,9 @@ def main() -> None:
         "agreement_spacy_detail": agree[SPACY],
         "machine": machine(["datatrove", "spacy", "tokenizers", "xxhash"]),
         "seconds": time.perf_counter() - started,
+        # How busy the machine was (1-minute load average): other jobs slow every run.
+        "load_average_start": round(load_start, 2),
+        "load_average_end": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(result))
 
