@@ -2,8 +2,10 @@
 the byte-level BPE libraries that load our tokenizer.json; and the whole prepare step with 1 and 2
 processes, every ratio taken inside one run.
 
-    python benchmarks/bench_tokenize.py [--mb 3] [--prepare-mb 256] [--repeats 3] [--quick]
-                                        [--no-prepare] [--unique-words-mb 0] [--profile] [--big-gb 0]
+    python benchmarks/bench_tokenize.py [--mb 3] [--prepare-mb 56] [--prepare-prose-share 0.5]
+                                        [--prepare-rules gopher|default] [--repeats 3] [--quick]
+                                        [--no-prepare | --prepare-only] [--unique-words-mb 0] [--profile]
+                                        [--big-gb 0]
 
 Text classes, each about ``--mb`` MB, built from text on this machine (nothing generated but the
 emoji placement):
@@ -60,13 +62,31 @@ every word is new, so ``<peer>_unique_words_peak_mib`` shows whether its caches 
 text classes are too small to show it); ``<peer>_unique_words_mb_s`` is its speed there.
 
 Prepare (``prepare_dataset`` end to end: read, clean, filter, exact + near dedup, BPE training,
-encode, pack, shard, commit to a local store) runs on ``--prepare-mb`` MB (256: the tokenizer's 32 MB
-sample a small part of it) of mixed documents (``prepare_texts``: code from the standard library and
-the installed packages, prose, every locale's catalog messages; ``prepare_corpus_mb_<class>``) in
-``.jsonl.zst`` files, in a fresh process per run, 1 and 2 worker processes alternating (skipped with
-``--no-prepare``). Peak RSS is sampled every 0.2 s over the process tree. ``--profile`` also runs
+encode, pack, shard, commit to a local store) runs on a corpus of ``--prepare-mb`` MB
+(``prepare_texts``) in ``.jsonl.zst`` files, in a fresh process per run, 1 and 2 worker processes
+alternating (skipped with ``--no-prepare``; ``--prepare-only`` skips the encoder runs instead):
+
+* the corpus: ``prose`` documents (the ``prose`` class' sources, each file once) until they make
+  ``--prepare-prose-share`` (0.5) of the bytes, the rest code (the standard library, then the
+  installed packages) and every locale's catalog messages, a document of each in turn, the two
+  parts blended through the corpus. Its prose share is a claim: measured on the documents written
+  (``prepare_corpus_share_<class>``, ``_mb_``, ``_documents_``), and a corpus below it is refused
+  (``BenchmarkCheckError``: no prepare run, no figure). The 2-core VM holds about 28 MB of distinct
+  prose, hence the default of 56 MB (256 MB before 2026-12-06, then 11% prose and 79% code);
+* the rules (``--prepare-rules``, ``prepare_quality``, both in the result): ``gopher`` (the
+  default), Gopher's document rules (``quality.gopher`` at its defaults, datatrove's) and all 13
+  repetition rules at Gopher's thresholds, the rules bench_dataprep runs ours with against
+  datatrove; ``default``, the pipeline's defaults (Gopher off, two looser repetition rules), as
+  the figures before 2026-12-06 ran. Per class, the documents and the share of its bytes that pass
+  the filters before de-duplication (``filtered_text`` in this process, untimed) are
+  ``prepare_filters_pass_<documents|share>_<class>``, checked against the runs' own counts (kept =
+  passed - duplicates); ``prepare_skipped``: the runs' drops by rule.
+
+``prepare_mb_s_per_core`` is the 1-process run's MB/s (corpus bytes over the run's wall seconds,
+imports excluded). Peak RSS is sampled every 0.2 s over the process tree. ``--profile`` also runs
 prepare once (1 process) under cProfile and prints the time by stage; in that run the trainer gets
 its sample as a list, so the scan pass that produces it is profiled apart from BPE training.
+``load_average_start``/``_end``: the machine's 1-minute load around the whole benchmark.
 
 The table (class, peer, MB/s, identical, peak MiB, build s) is printed, then the result; the last
 line is one JSON object. Per class and peer: ``<peer>_mb_s_<class>`` (median) and ``_spread``
@@ -102,6 +122,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import pstats
 import random
 import statistics
@@ -138,6 +159,14 @@ CLASSES = ["code", "prose", "multilingual", "mixed", "cjk"]
 PEERS = ["ours", "hf_fast", "tiktoken", "gigatoken", "kitoken", "bpe_openai"]
 # GPT-2's pre-tokenizer regex, as HF's ByteLevel pre-tokenizer and tiktoken's r50k_base write it.
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# The prepare corpus' classes, and the share of its bytes that is prose unless --prepare-prose-share says otherwise:
+# the least the benchmark claims, measured on the corpus it builds and refused below (BenchmarkCheckError).
+PREPARE_CLASSES = ("prose", "code", "multilingual")
+PROSE_SHARE = 0.5
+# About 28 MB of distinct prose is on the 2-core VM (prose_texts): at half prose, a corpus of at most 56 MB.
+PREPARE_MB = 56.0
+# The prepare runs' quality rules (--prepare-rules; prepare_quality): gopher first, the default.
+RULES = ("gopher", "default")
 
 
 # --- text classes -----------------------------------------------------------------------
@@ -238,20 +267,49 @@ def text_classes(mb: float) -> dict[str, list[str]]:
     return classes
 
 
-def prepare_texts(limit: int) -> tuple[list[str], dict[str, float]]:
-    """The prepare runs' corpus, ``mixed`` grown past what the classes above hold: code (the standard
-    library, then the installed packages), prose, and the messages of every locale's catalogs on
-    this machine, a document of each in turn until ``limit`` bytes (a class that runs out drops out:
-    its MB are reported)."""
+def prepare_texts(limit: int, prose_share: float) -> tuple[list[str], list[str]]:
+    """The prepare runs' corpus and each document's class: ``prose`` documents until they make
+    ``prose_share`` of ``limit`` bytes, the rest code (the standard library, then the installed
+    packages) and the messages of every locale's catalogs on this machine, a document of each in
+    turn, up to ``limit`` bytes in all; the prose and the rest blended so that every stretch of the
+    corpus holds about the same share of each. A class that runs out is short: ``corpus_shares``
+    measures what was built, and the caller refuses a prose share below the claim."""
     locales = sorted(p.name for p in Path("/usr/share/locale").iterdir() if (p / "LC_MESSAGES").is_dir())
-    groups = {
-        "code": code_texts(limit, packages=True),
-        "prose": prose_texts(limit),
-        "multilingual": multilingual_texts(limit, languages=locales),
-    }
-    texts = interleave(list(groups.values()), limit)
-    taken = {id(t) for t in texts}
-    return texts, {name: round(mb_of([t for t in group if id(t) in taken]), 1) for name, group in groups.items()}
+    prose = prose_texts(math.ceil(prose_share * limit)) if prose_share > 0 else []
+    room = limit - mb_of(prose) * 1e6
+    code = code_texts(limit, packages=True)
+    rest = interleave([code, multilingual_texts(limit, languages=locales)], room)
+    while rest and mb_of(rest) * 1e6 > room:  # interleave passes its limit by up to a round: taken off again
+        rest.pop()
+    code_ids = {id(t) for t in code}
+    classes = {id(t): "prose" for t in prose} | {id(t): "code" if id(t) in code_ids else "multilingual" for t in rest}
+    texts = blend(prose, rest)
+    return texts, [classes[id(t)] for t in texts]
+
+
+def blend(first: list[str], second: list[str]) -> list[str]:
+    """The two lists' documents in their own order, each next from the list that is behind its
+    share of the bytes taken so far."""
+    totals = [max(mb_of(first), 1e-9), max(mb_of(second), 1e-9)]
+    lists, taken, at, out = (first, second), [0.0, 0.0], [0, 0], []
+    while at[0] < len(first) or at[1] < len(second):
+        pick = 0 if at[1] == len(second) or (at[0] < len(first) and taken[0] / totals[0] <= taken[1] / totals[1]) else 1
+        text = lists[pick][at[pick]]
+        out.append(text)
+        taken[pick] += mb_of([text])
+        at[pick] += 1
+    return out
+
+
+def corpus_shares(texts: list[str], classes: list[str]) -> dict[str, dict[str, float]]:
+    """Per class of the prepare corpus: its MB, its share of the corpus' bytes and its documents."""
+    sizes: dict[str, int] = dict.fromkeys(PREPARE_CLASSES, 0)
+    documents: dict[str, int] = dict.fromkeys(PREPARE_CLASSES, 0)
+    for text, name in zip(texts, classes, strict=True):
+        sizes[name] += len(text.encode("utf-8", "replace"))
+        documents[name] += 1
+    total = max(sum(sizes.values()), 1)
+    return {name: {"mb": sizes[name] / 1e6, "share": sizes[name] / total, "documents": documents[name]} for name in sizes}
 
 
 def interleave(groups: list[list[str]], limit: int) -> list[str]:
@@ -575,10 +633,48 @@ def _sample_first(train: Callable) -> Callable:
     return train_on_list
 
 
-def child_prepare(corpus: str, store: str, workers: int, profile: bool) -> dict:
+def prepare_quality(rules: str) -> dict:
+    """The prepare runs' ``data.quality`` settings, as they differ from the pipeline's defaults:
+    ``gopher``, Gopher's document rules (``quality.gopher`` on, its defaults = datatrove's) and all
+    13 repetition rules at Gopher's thresholds, the rules bench_dataprep runs ours with against
+    datatrove; ``default``, none (Gopher off, two repetition rules looser than Gopher's: docs/data.md)."""
+    require(rules in RULES, f"unknown rules {rules!r}: one of {', '.join(RULES)}")
+    if rules == "default":
+        return {}
+    from bench_dataprep import QUALITY  # the parent only: a child's memory stays its own
+
+    return json.loads(json.dumps(QUALITY))  # a copy
+
+
+def data_config(corpus: str, workers: int, quality: dict):
+    """The prepare step's data settings: the defaults, but the corpus, the workers and ``quality``."""
+    from common.settings import from_dict
+    from data_prep.config import DataConfig, QualityConfig
+
+    return DataConfig(sources=[corpus], workers=workers, quality=from_dict(QualityConfig, quality, "data.quality"))
+
+
+def filter_keep(texts: list[str], classes: list[str], quality: dict) -> dict[str, dict[str, float]]:
+    """Per class, the documents and the share of the class' bytes that pass the filters
+    (``filtered_text`` with the prepare runs' settings, before de-duplication): what the rules
+    leave of each class to train the tokenizer on and encode."""
+    from data_prep.filters import filtered_text
+
+    config = data_config("-", 0, quality)
+    passed: dict[str, list[int]] = {name: [0, 0, 0] for name in PREPARE_CLASSES}  # documents passing, bytes passing, bytes
+    for text, name in zip(texts, classes, strict=True):
+        size = len(text.encode("utf-8", "replace"))
+        _, reason, _ = filtered_text(text, config)
+        passed[name][0] += not reason
+        passed[name][1] += 0 if reason else size
+        passed[name][2] += size
+    return {name: {"documents": n, "share": kept / size if size else 0.0} for name, (n, kept, size) in passed.items()}
+
+
+def child_prepare(corpus: str, store: str, workers: int, profile: bool, quality: dict) -> dict:
     import resource
 
-    from data_prep.config import DataConfig, TokenizerConfig
+    from data_prep.config import TokenizerConfig
     from data_prep.prepare import prepare_dataset
     from storage import open_store
 
@@ -587,10 +683,11 @@ def child_prepare(corpus: str, store: str, workers: int, profile: bool) -> dict:
         import data_prep.prepare
 
         data_prep.prepare.train_tokenizer = _sample_first(data_prep.prepare.train_tokenizer)
+    config = data_config(corpus, workers, quality)
     start = time.perf_counter()
     if profiler:
         profiler.enable()
-    ref = prepare_dataset(DataConfig(sources=[corpus], workers=workers), TokenizerConfig(), open_store(store))
+    ref = prepare_dataset(config, TokenizerConfig(), open_store(store))
     if profiler:
         profiler.disable()
     seconds = time.perf_counter() - start
@@ -618,13 +715,15 @@ def stage_seconds(profiler: cProfile.Profile) -> dict[str, float]:
     return out
 
 
-def prepare_runs(texts: list[str], repeats: int, workers: int, tmp: str, profile: bool) -> dict:
+def prepare_runs(texts: list[str], repeats: int, workers: int, tmp: str, profile: bool, quality: dict) -> dict:
     corpus = Path(tmp) / "corpus"
     mb = write_corpus(corpus, texts)
+    require(abs(mb - mb_of(texts)) < 1e-6, f"the corpus files hold {mb} MB, its documents {mb_of(texts)}")
     runs: dict[int, list[dict]] = {1: [], workers: []}
+    rules = json.dumps(quality)
     for r in range(repeats):
         for w in (1, workers) if r % 2 == 0 else (workers, 1):
-            out, rss_sum, rss_max = run_child(["prepare", str(corpus), f"{tmp}/store-{r}-{w}", str(w), "0"])
+            out, rss_sum, rss_max = run_child(["prepare", str(corpus), f"{tmp}/store-{r}-{w}", str(w), "0", rules])
             runs[w].append(out | {"rss_sum": rss_sum, "rss_max": rss_max, "mb_s": mb / out["seconds"]})
     versions = {out["version"] for w in runs for out in runs[w]}
     require(len(versions) == 1, f"the worker count or the repeat changed the dataset: versions {sorted(versions)}")
@@ -638,9 +737,13 @@ def prepare_runs(texts: list[str], repeats: int, workers: int, tmp: str, profile
         result[f"prepare_cpu_s_parent_{w}"] = round(statistics.median(o["parent_cpu"] for o in outs), 1)
         result[f"prepare_cpu_s_workers_{w}"] = round(statistics.median(o["workers_cpu"] for o in outs), 1)
     stats = runs[1][0]["stats"]
+    result["documents_read"] = stats["documents_read"]
     result["documents_kept"] = stats["documents_kept"]
     result["duplicates"] = stats["duplicates_total"]
     result["tokens"] = stats["train_tokens"] + stats["val_tokens"]
+    result["tokenizer_sample_mb"] = round(stats["tokenizer_sample_bytes"] / 1e6, 1)
+    # What each rule dropped (its first hit per document), as the prepare step counted it.
+    result["prepare_skipped"] = {k.removeprefix("skipped_"): v for k, v in stats.items() if k.startswith("skipped_") and v}
     # The ratio idle cores would give, from CPU seconds: on N cores the parallel run takes at
     # least its parent's time, each worker's share, and all its CPU time over N.
     cpu_bound = []
@@ -652,7 +755,7 @@ def prepare_runs(texts: list[str], repeats: int, workers: int, tmp: str, profile
     result["_scaling"] = [par["mb_s"] / (workers * one["mb_s"]) for one, par in zip(runs[1], runs[workers], strict=True)]
     result["_per_core"] = [o["mb_s"] for o in runs[1]]
     if profile:
-        out, *_ = run_child(["prepare", str(corpus), f"{tmp}/store-profile", "1", "1"])
+        out, *_ = run_child(["prepare", str(corpus), f"{tmp}/store-profile", "1", "1", rules])
         result["prepare_profile_1_process_s"] = {"total": round(out["seconds"], 2)} | out["stages"]
     return result
 
@@ -664,19 +767,24 @@ def child(argv: list[str]) -> None:
         print(json.dumps(child_encode(peer, spec_path, texts_path, out_path)))
         return
     require(mode == "prepare", f"unknown child mode {mode!r}: 'prepare' or 'encode'")
-    corpus, store, workers, profile = rest
-    print(json.dumps(child_prepare(corpus, store, int(workers), profile == "1")))
+    corpus, store, workers, profile, quality = rest
+    print(json.dumps(child_prepare(corpus, store, int(workers), profile == "1", json.loads(quality))))
 
 
 # --- the benchmark ----------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=3.0, help="MB of text per class for the encoder runs")
-    parser.add_argument("--prepare-mb", type=float, default=256.0, help="MB of mixed text through prepare")
+    parser.add_argument("--prepare-mb", type=float, default=PREPARE_MB, help="MB of text through prepare (prose, code, catalogs)")
+    parser.add_argument(
+        "--prepare-prose-share", type=float, default=PROSE_SHARE, help="least share of the prepare corpus' bytes that is prose"
+    )
+    parser.add_argument("--prepare-rules", choices=RULES, default=RULES[0], help="the prepare runs' quality rules")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="processes of the parallel prepare run")
     parser.add_argument("--quick", action="store_true", help="smoke run: 0.4 MB per class, 2 MB through prepare")
     parser.add_argument("--no-prepare", action="store_true", help="the encoder runs only (no prepare runs)")
+    parser.add_argument("--prepare-only", action="store_true", help="the prepare runs only (no encoder runs)")
     parser.add_argument(
         "--unique-words-mb", type=float, default=0.0, help="also encode this many MB of random words (cache memory)"
     )
@@ -687,7 +795,9 @@ def main() -> None:
     if args.quick:
         args.mb, args.prepare_mb = 0.4, 2.0
     require(args.repeats >= 1, "--repeats must be at least 1")
-    started = time.perf_counter()
+    require(not (args.no_prepare and args.prepare_only), "--no-prepare and --prepare-only leave nothing to run")
+    require(0 <= args.prepare_prose_share <= 1, f"--prepare-prose-share is {args.prepare_prose_share}: a fraction in [0, 1]")
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
     result, ratios = run(args)
     if args.big_gb:
         result |= big(args)
@@ -696,6 +806,9 @@ def main() -> None:
         "workers": args.workers,
         "repeats": args.repeats,
         "seconds": round(time.perf_counter() - started),
+        # How busy the machine was (1-minute load average; 2 cores here): other jobs slow every run.
+        "load_average_start": round(load_start, 2),
+        "load_average_end": round(os.getloadavg()[0], 2),
     }
     summary = ratio_keys(ratios)
     if "prepare_mb_s_per_core" in result:
@@ -773,6 +886,16 @@ def encode_summary(runs: dict, classes: dict[str, list[str]]) -> tuple[dict, dic
 
 
 def run(args: argparse.Namespace) -> tuple[dict, dict[str, list[float]]]:
+    result, ratios = ({}, {}) if args.prepare_only else encode(args)
+    if not args.no_prepare:
+        prepared, prepare_ratios = prepare(args)
+        result |= prepared
+        ratios |= prepare_ratios
+    return result, ratios
+
+
+def encode(args: argparse.Namespace) -> tuple[dict, dict[str, list[float]]]:
+    """The encoder runs: every peer on every text class."""
     from data_prep.config import TokenizerConfig
     from data_prep.tokenizer import train_tokenizer
 
@@ -792,14 +915,43 @@ def run(args: argparse.Namespace) -> tuple[dict, dict[str, list[float]]]:
     result["ours_encode_mb_s_1"] = result["ours_mb_s_mixed"]
     result["identical_ids"] = True  # ours == HF on every document of every class: checked in encode_runs (raises otherwise)
     result |= checks
-    if args.no_prepare:
-        return result, ratios
+    return result, ratios
 
-    corpus, by_class = prepare_texts(int(args.prepare_mb * 1e6))
-    result |= {f"prepare_corpus_mb_{name}": mb for name, mb in by_class.items()}
+
+def prepare(args: argparse.Namespace) -> tuple[dict, dict[str, list[float]]]:
+    """The prepare runs, on a corpus whose prose share is measured and checked first, with the
+    rules ``--prepare-rules`` names."""
+    claim = args.prepare_prose_share
+    texts, classes = prepare_texts(int(args.prepare_mb * 1e6), claim)
+    shares = corpus_shares(texts, classes)
+    prose, mb = shares["prose"], mb_of(texts)
+    # Not an assert (python -O): a corpus that is not the prose share it claims gets no figure.
+    require(
+        prose["share"] >= claim,
+        f"the prepare corpus is {prose['share']:.3f} prose ({prose['mb']:.1f} of {mb:.1f} MB), not the {claim} it claims: "
+        f"this machine's distinct prose (prose_texts) ran out; give --prepare-mb {math.floor(prose['mb'] / claim)} or less",
+    )
+    result: dict = {"prepare_corpus_prose_share_claimed": claim}
+    for name, row in shares.items():
+        result[f"prepare_corpus_mb_{name}"] = round(row["mb"], 1)
+        result[f"prepare_corpus_share_{name}"] = round(row["share"], 3)
+        result[f"prepare_corpus_documents_{name}"] = row["documents"]
+    quality = prepare_quality(args.prepare_rules)
+    result |= {"prepare_rules": args.prepare_rules, "prepare_quality": quality}
+    start = time.perf_counter()
+    for name, row in filter_keep(texts, classes, quality).items():
+        result[f"prepare_filters_pass_documents_{name}"] = row["documents"]
+        result[f"prepare_filters_pass_share_{name}"] = round(row["share"], 3)
+    result["prepare_filters_pass_seconds"] = round(time.perf_counter() - start, 1)
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-", dir=args.tmp) as tmp:
-        prepared = prepare_runs(corpus, args.repeats, args.workers, tmp, args.profile)
-    ratios["prepare_scaling_2_processes"] = prepared.pop("_scaling")
+        prepared = prepare_runs(texts, args.repeats, args.workers, tmp, args.profile, quality)
+    passed = sum(result[f"prepare_filters_pass_documents_{name}"] for name in PREPARE_CLASSES)
+    require(
+        passed - prepared["duplicates"] == prepared["documents_kept"],
+        f"the filters pass {passed} documents and prepare dropped {prepared['duplicates']} duplicates, "
+        f"but it kept {prepared['documents_kept']}: the per-class figures are not the runs'",
+    )
+    ratios = {"prepare_scaling_2_processes": prepared.pop("_scaling")}
     per_core = prepared.pop("_per_core")
     result |= prepared
     result["ratio_prepare_scaling"] = round(statistics.median(ratios["prepare_scaling_2_processes"]), 3)
@@ -824,8 +976,10 @@ def big(args: argparse.Namespace) -> dict:
     result: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-big-", dir=args.tmp) as tmp:
         big_mb = generate(Path(tmp) / "corpus", int(args.big_gb * 1e9))
-        out, rss_sum, rss_max = run_child(["prepare", f"{tmp}/corpus", f"{tmp}/store", str(args.workers), "0"])
+        # The pipeline's default rules: Gopher's would drop most of these random code lines.
+        out, rss_sum, rss_max = run_child(["prepare", f"{tmp}/corpus", f"{tmp}/store", str(args.workers), "0", "{}"])
         result["big_corpus_mb"] = round(big_mb)
+        result["big_rules"] = "default"
         result["big_prepare_seconds"] = round(out["seconds"])
         result["big_prepare_mb_s"] = round(big_mb / out["seconds"], 2)
         result["big_peak_rss_mib"] = round(rss_sum)
