@@ -3,10 +3,11 @@ the real S3 server, then again and again in one flytekit cache (one private HOME
 one thing, to see which steps it reruns.
 
 One cold run serves every scenario that needs a trained, registered model (a cold pipeline costs a
-minute on two cores): the tests below run in file order on its store and cache, each asserting what
-its run did. Which steps a run executed is read from flytekit's local cache (a miss adds the task's
-new key), what it did from the store (metrics.jsonl, committed checkpoints, registry entries), not
-from console output:
+minute on two cores): the module fixture runs it, and each test below runs on its store and cache,
+asserting what its own run did. Each needs only the cold run, so each passes selected alone (``-k``)
+as in file order, where the runs add up (a later registration is a later version). Which steps a run
+executed is read from flytekit's local cache (a miss adds the task's new key), what it did from the
+store (metrics.jsonl, committed checkpoints, registry entries), not from console output:
 
 - unchanged → every step a hit, the store unchanged;
 - the same corpus under another path → every step a hit;
@@ -38,6 +39,7 @@ from tests.helpers import (
     cache_outcomes,
     distinct_corpus,
     local_cache_entries,
+    long_fixture,
     run,
     run_metrics,
     training_run_of,
@@ -65,6 +67,9 @@ class Pipeline:
         self.corpus = distinct_corpus(root / "corpus")
         self.runs = 0
         self.output = ""  # the last run's stdout and stderr
+        self.cold: list[str] = []  # the cold run's outcomes, output and registry (the module fixture)
+        self.cold_output = ""
+        self.cold_registry: list[dict] = []
 
     def config(self, corpus: Path | None = None, **sections) -> Path:
         self.runs += 1
@@ -98,30 +103,35 @@ class Pipeline:
         (run,) = [r for r in found if r.data.tags["pretrain.store"] == self.store_uri]
         return mlflow, run
 
-    def opened_run(self) -> str:
-        """The MLflow run the last execution's start_tracking opened."""
-        return re.search(r"is MLflow run (\w+)", self.output).group(1)
+    def opened_run(self, output: str | None = None) -> str:
+        """The MLflow run the last execution's (or ``output``'s) start_tracking opened."""
+        return re.search(r"is MLflow run (\w+)", self.output if output is None else output).group(1)
 
 
 @pytest.fixture(scope="module")
+@long_fixture("the cold run every scenario of this module starts from: prepare, validate, train, lm-eval, register")
 def pipeline(s3_server, tmp_path_factory) -> Pipeline:
+    """The pipeline after its cold run (``cold``, ``cold_output``, ``cold_registry``): each test, selected
+    alone or in file order, starts from a trained and registered model in a warm cache."""
     with pytest.MonkeyPatch.context() as patch:  # the tests read the store too
         for key, value in s3_server.env().items():
             patch.setenv(key, value)
-        yield Pipeline(tmp_path_factory.mktemp("workflow"), s3_server)
+        pipeline = Pipeline(tmp_path_factory.mktemp("workflow"), s3_server)
+        started = time.monotonic()
+        pipeline.cold = pipeline(pipeline.config())
+        print(f"cold run {time.monotonic() - started:.1f}s")
+        pipeline.cold_output, pipeline.cold_registry = pipeline.output, pipeline.registry()
+        yield pipeline
 
 
 def latest(pipeline: Pipeline) -> int:
     return max(row["version"] for row in pipeline.registry())
 
 
-@pytest.mark.long("the cold run every later scenario of this module reuses: prepare, validate, train, lm-eval, register")
 def test_pipeline_end_to_end_on_s3(pipeline, tmp_path):
-    started = time.monotonic()
-    assert pipeline(pipeline.config()) == ["miss"] * 5
-    print(f"cold run {time.monotonic() - started:.1f}s")
+    assert pipeline.cold == ["miss"] * 5  # the module fixture's cold run
 
-    (entry,) = pipeline.registry()
+    (entry,) = pipeline.cold_registry
     assert entry["name"] == NAME and entry["version"] == 1
     assert entry["aliases"] == ["latest", "production"]  # the first model passes the quality gate
     assert {"val_loss", "perplexity", "final_train_loss"} <= set(entry["metrics"])
@@ -161,14 +171,14 @@ def test_pipeline_end_to_end_on_s3(pipeline, tmp_path):
     # Its MLflow run (issue 33): named by what differs from the defaults, the summary beside the per-step
     # figures, the loss chart and the validation report among its files, its page in the UI printed.
     mlflow, run = pipeline.mlflow_run(1)
-    assert run.info.run_id == pipeline.opened_run() and run.info.status == "FINISHED"
+    assert run.info.run_id == pipeline.opened_run(pipeline.cold_output) and run.info.status == "FINISHED"
     assert run.info.run_name.startswith(f"{NAME} layers=2 hidden=64 ") and "steps=12" in run.info.run_name, run.info.run_name
     assert run.data.metrics["summary.tokens_per_s"] == card["metrics"]["tokens_per_second"]
     assert "tokens_per_second" not in run.data.metrics and run.data.metrics["val_loss"] == card["metrics"]["val_loss"]
     files = {a.path for folder in ("charts", "validation") for a in mlflow.list_artifacts(run.info.run_id, folder)}
     assert files == {"charts/loss.png", "validation/report.html"}, files
     assert "report.html" in {a.path for a in mlflow.list_artifacts(run.info.run_id)}  # the run's Decks, one page
-    assert f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in pipeline.output
+    assert f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in pipeline.cold_output
 
 
 def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
