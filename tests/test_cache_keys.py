@@ -10,10 +10,12 @@ version is the same. A comment changes no bytes that prepare writes, and the Dat
 content-addressed, so a data edit adds nothing downstream beyond its own versions. (An edit
 that changes behaviour may change more outputs, and with them more inputs downstream.)
 
-The table is ``tests/helpers.CACHE_KEY_TABLE``. Its ``reruns`` column is a model of Flyte's cache;
-``tests/test_workflow_e2e.py::test_a_code_edit_reruns_what_the_cache_key_table_says`` checks it
-against real local executions, run from an edited copy of the tree, for three of its rows
-(``cli/main.py`` and ``registry/registry.py`` together, ``training/model/step.py``).
+The table is ``tests/helpers.CACHE_KEY_TABLE``. Its ``reruns`` column is a model of Flyte's cache,
+checked against real local executions run from an edited copy of the tree: every row, one edit a
+run, by ``benchmarks/cache_key_table.py`` (outside the suite; its result is in benchmarks/results/);
+in the suite, by ``tests/test_workflow_e2e.py``, five rows: ``cli/main.py`` as the run's only edit
+(nothing reruns), and one edit per cached task in two runs (``data_prep/clean.py`` with
+``evaluation/lm_eval_tasks/heldout_cloze.yaml``, ``reports/run_html.py`` with ``registry/registry.py``).
 
 Run with ``-s`` to see the table.
 """

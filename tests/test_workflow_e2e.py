@@ -10,9 +10,11 @@ executed is read from flytekit's local cache (a miss adds the task's new key), w
 store (metrics.jsonl, committed checkpoints, registry entries), not from console output:
 
 - unchanged → every step a hit, the store unchanged;
-- the same corpus under another path → every step a hit;
+- the same corpus under another path, run from a copy with the CLI edited → every step a hit;
 - code edits (a copy of the source tree with a comment appended to a file, run from that copy) →
-  exactly the steps ``tests/test_cache_keys.py``'s table says rerun, observed from real executions;
+  exactly the steps ``tests/test_cache_keys.py``'s table says rerun: a filter and an lm-eval task
+  file → prepare, validate, evaluate; the run's Decks and the registry → train, register (every
+  row of the table, one edit a run: ``benchmarks/cache_key_table.py``);
 - training config changed → train, evaluate, register rerun;
 - tokenizer changed → everything from prepare;
 - continued pretraining → the registered model's weights and tokenizer are reused.
@@ -202,11 +204,6 @@ def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
     assert f"recorded as MLflow run {run.info.run_id} (an earlier execution's run" in pipeline.output
 
 
-def test_the_same_corpus_under_another_path_is_a_hit(pipeline):
-    moved = shutil.copytree(pipeline.corpus, pipeline.root / "elsewhere" / "corpus")
-    assert pipeline(pipeline.config(corpus=moved)) == ["hit"] * 5
-
-
 def source_tree(dest: Path, edits: list[str]) -> Path:
     """A copy of the repository's tracked files with a comment appended to each file of ``edits``."""
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
@@ -220,23 +217,44 @@ def source_tree(dest: Path, edits: list[str]) -> Path:
     return dest
 
 
-EDITS = {"cli+registry": ["cli/main.py", "registry/registry.py"], "step": ["training/model/step.py"]}
+def test_the_same_corpus_under_another_path_run_from_a_cli_edit_is_a_hit(pipeline, tmp_path):
+    """Two changes that decide no number: the corpus moved (prepare is keyed by its content), and the
+    CLI edited, the table's one row that reruns nothing, as the only edit of the run: beside another
+    edit, a CLI edit that reran a task would hide among that edit's reruns."""
+    assert EXPECTED["cli/main.py"] == (set(), set())
+    moved = shutil.copytree(pipeline.corpus, pipeline.root / "elsewhere" / "corpus")
+    assert pipeline(pipeline.config(corpus=moved), tree=source_tree(tmp_path / "tree", ["cli/main.py"])) == ["hit"] * 5
+
+
+# One edit per cached task, each the narrowest row of the table that reaches it: a filter (prepare and
+# validate), the run's Decks (train), an lm-eval task file (evaluate), the registry (register). Two runs of
+# two edits whose reruns do not meet, so that the task right after each edit's reruns hits (train after
+# validate, register after evaluate, evaluate after train): each rerun gave the output its cache held.
+# Every row of the table, one edit a run: benchmarks/cache_key_table.py.
+EDITS = {
+    "filter+lm-eval-task": ["data_prep/clean.py", "evaluation/lm_eval_tasks/heldout_cloze.yaml"],
+    "run-decks+registry": ["reports/run_html.py", "registry/registry.py"],
+}
 STEPS = ("prepare", "validate", "train", "evaluate", "register")  # CACHED_TASKS, as test_cache_keys names them
+
+
+def test_the_observed_edits_reach_each_cached_task_through_one_edit():
+    reached = [step for edits in EDITS.values() for name in edits for step in EXPECTED[name][1]]
+    assert sorted(reached) == sorted(STEPS)
 
 
 @pytest.mark.parametrize("edits", list(EDITS.values()), ids=list(EDITS))
 def test_a_code_edit_reruns_what_the_cache_key_table_says(pipeline, tmp_path, edits):
-    """The reruns column of test_cache_keys.EXPECTED, observed: the same config run from an edited copy."""
+    """The reruns column of test_cache_keys.EXPECTED, observed: the cold run's config run from an edited copy."""
     expected = set().union(*(EXPECTED[name][1] for name in edits))
     before = latest(pipeline)
-    # Where the table says evaluate reruns, lm-eval (~20 s) is turned off too: it reruns either way, and
-    # every other step's outcome is still the edit's alone (evaluate's settings are no input of theirs).
-    config = pipeline.config(**({"evaluation": {"lm_eval_tasks": []}} if "evaluate" in expected else {}))
-    outcomes = pipeline(config, tree=source_tree(tmp_path / "tree", edits))
+    outcomes = pipeline(pipeline.config(), tree=source_tree(tmp_path / "tree", edits))
     reran = {step for step, outcome in zip(STEPS, outcomes, strict=True) if outcome == "miss"}
     assert reran == expected, (edits, outcomes)
-    # A comment changes no number: a register rerun of the same evaluation replays its registration.
-    assert latest(pipeline) == (before + 1 if "train" in expected else before)
+    # A comment changes no number: a register rerun of the same evaluation replays its registration, and
+    # only a new run id (none of these edits) names a new run, whose model is a new version.
+    new_run = any("run id" in EXPECTED[name][0] for name in edits)
+    assert latest(pipeline) == (before + 1 if new_run else before)
 
 
 def test_a_training_change_reruns_train_evaluate_register(pipeline):
