@@ -271,6 +271,7 @@ def _gc_round(store: Store, staging: Path, seen: dict[str, list]) -> retention.P
 
 
 @pytest.mark.slow
+@pytest.mark.long("two 2-rank trainings with slow uploads, gc run again and again beside them: 65-70 s under make test")
 def test_gc_again_and_again_while_a_run_trains_is_killed_and_resumes(tiny_dataset, tmp_path):
     from training.checkpointing import checkpoint as ckpt
     from training.config import ParallelConfig, TrainConfig

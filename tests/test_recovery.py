@@ -33,6 +33,7 @@ def s3_copy(dataset, store):
 
 
 @pytest.mark.slow
+@pytest.mark.long("a training killed by its S3 server's death mid-upload, then resumed: 80-85 s under make test")
 def test_s3_server_stopped_mid_upload_leaves_no_checkpoint_to_resume(tiny_dataset, tmp_path, monkeypatch):
     server = S3Server(data_dir=tmp_path / "s3", bucket="ckpt").start()
     job = None
@@ -103,6 +104,7 @@ def wait_for_steps(job: subprocess.Popen, log: Path, steps: int = 3, timeout: fl
 
 
 @pytest.mark.slow
+@pytest.mark.long("a stopped rank is found after a 20 s collective timeout: 66 s under make test")
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_dead_or_stuck_rank_fails_the_job_with_a_clear_error(tiny_dataset, tmp_path, how):
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")

@@ -243,6 +243,7 @@ def test_the_observed_edits_reach_each_cached_task_through_one_edit():
     assert sorted(reached) == sorted(STEPS)
 
 
+@pytest.mark.long("each edit's pipeline reruns the tasks it reaches (one retrains): up to 40 s under make test")
 @pytest.mark.parametrize("edits", list(EDITS.values()), ids=list(EDITS))
 def test_a_code_edit_reruns_what_the_cache_key_table_says(pipeline, tmp_path, edits):
     """The reruns column of test_cache_keys.EXPECTED, observed: the cold run's config run from an edited copy."""
@@ -257,12 +258,14 @@ def test_a_code_edit_reruns_what_the_cache_key_table_says(pipeline, tmp_path, ed
     assert latest(pipeline) == (before + 1 if new_run else before)
 
 
+@pytest.mark.long("a pipeline rerunning training, evaluation (lm-eval included) and registration: about 45 s under make test")
 def test_a_training_change_reruns_train_evaluate_register(pipeline):
     # lm-eval off as well: evaluate reruns anyway, on the new checkpoint.
     config = pipeline.config(train={"lr": 0.001}, evaluation={"lm_eval_tasks": []})
     assert pipeline(config) == ["hit", "hit", "miss", "miss", "miss"]
 
 
+@pytest.mark.long("a pipeline whose training continues the registered model, lm-eval included: about 60 s under make test")
 def test_continued_pretraining_starts_from_the_registered_model(pipeline):
     store = open_store(pipeline.store_uri)
     base = latest(pipeline)
@@ -298,6 +301,7 @@ def test_continued_pretraining_starts_from_the_registered_model(pipeline):
     assert first["promoted"] and first["baseline"] == ""
 
 
+@pytest.mark.long("a new tokenizer reruns every task of a pipeline, lm-eval included: 90-95 s under make test")
 def test_a_tokenizer_change_reruns_everything(pipeline):
     config = pipeline.config(tokenizer={"vocab_size": 320}, evaluation={"lm_eval_tasks": []})
     assert pipeline(config) == ["miss"] * 5
