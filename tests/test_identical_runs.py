@@ -1,8 +1,9 @@
 """Identical executions (issue 18 item 2): the same registration replayed or made twice at once
 gives one version, also after a registration SIGKILLed before its commit; three identical
-``pretrain run`` started at the same moment on one store all finish, with one version and every
-checkpoint complete, two of them sharing flytekit's local cache and one not, the others having waited
-for one's lease on the run (the holder is stopped until they do: the overlap is made, not hoped for)."""
+``pretrain run`` on one store all finish, with one version and every checkpoint complete: two sharing
+flytekit's local cache start at the same moment and race for the lease on the run, the third, with a
+cache of its own, starts once one holds it; the other two wait for the holder, one beside it in the same
+cache and one in another (the holder is stopped until they do: the overlap is made, not hoped for)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_a_registration_killed_before_its_commit_is_completed_by_the_rerun(store
 
 
 # ----------------------------------------------------------------------------------------------
-# Three identical `pretrain run` at the same moment
+# Three identical `pretrain run` at once
 
 STEPS = 100
 """Long enough that the holder cannot finish training before the test stops it (the test looks for the lease
@@ -100,7 +101,8 @@ parallel.collective_timeout_s (60 s: a collective a rank entered just before a p
 RESUMED_S = 1.0
 """How long the holder runs between two pauses once it refreshed its lease: its ranks catch up with each other."""
 OVERLAP_DEADLINE_S = 600.0
-"""How long the other run may take to reach the lease (its data tasks and launch, on a loaded machine)."""
+"""How long a run may take to take the lease, and the others to reach it (their data tasks and launch, on a
+loaded machine)."""
 WAITING = "is being trained by"
 """runs.lease's line when an identical execution holds the lease."""
 
@@ -149,19 +151,24 @@ def lease_holder(store_root: Path, procs: list[subprocess.Popen]) -> tuple[int, 
     return runs[0], record
 
 
-def make_the_others_wait(store_root: Path, procs: list[subprocess.Popen], logs: list[Path]) -> tuple[int, dict]:
-    """Force the overlap instead of hoping for it: as soon as one run holds the lease, stop its whole process
-    group (SIGSTOP) until every other run's log says it is waiting for that lease. A pause ends at most PAUSE_S
-    past the holder's heartbeat; the holder is then resumed until it refreshes the lease (due at once:
-    refresh_s passed while it was stopped) and stopped again, so a slow waiter is waited for without the
-    lease going stale. Returns the holder's index and the lease record it wrote."""
+def first_holder(store_root: Path, procs: list[subprocess.Popen]) -> tuple[int, dict]:
+    """The run that takes the lease first (its index in ``procs``) and the lease record it wrote, seen within
+    POLL_S of its taking it."""
     deadline = time.monotonic() + OVERLAP_DEADLINE_S
     while (found := lease_holder(store_root, procs)) is None:
         codes = [proc.poll() for proc in procs]
         assert None in codes, f"every run exited ({codes}) and none was seen holding the lease"
         assert time.monotonic() < deadline, f"no run held the lease within {OVERLAP_DEADLINE_S:.0f} s"
         time.sleep(POLL_S)
-    holder, record = found
+    return found
+
+
+def make_the_others_wait(store_root: Path, procs: list[subprocess.Popen], logs: list[Path], holder: int, record: dict) -> None:
+    """Force the overlap instead of hoping for it: stop the holder's whole process group (SIGSTOP) until every
+    other run's log says it is waiting for its lease. A pause ends at most PAUSE_S past the holder's heartbeat;
+    the holder is then resumed until it refreshes the lease (due at once: refresh_s passed while it was stopped)
+    and stopped again, so a slow waiter is waited for without the lease going stale."""
+    deadline = time.monotonic() + OVERLAP_DEADLINE_S
     others, group = [i for i in range(len(procs)) if i != holder], procs[holder].pid
 
     def waits(other: int) -> bool:
@@ -183,7 +190,7 @@ def make_the_others_wait(store_root: Path, procs: list[subprocess.Popen], logs: 
             os.killpg(group, signal.SIGSTOP)
             while time.time() < held["heartbeat"] + PAUSE_S:
                 if waiting():
-                    return holder, record
+                    return
                 time.sleep(0.2)
             os.killpg(group, signal.SIGCONT)  # to refresh its heartbeat: the lease must not go stale
             while (now := lease_record(store_root)) == held:
@@ -194,7 +201,7 @@ def make_the_others_wait(store_root: Path, procs: list[subprocess.Popen], logs: 
             )
             time.sleep(RESUMED_S)
             if waiting():
-                return holder, record
+                return
             assert time.monotonic() < deadline, f"runs {others} did not all reach the lease within {OVERLAP_DEADLINE_S:.0f} s"
             held = now
     finally:
@@ -205,8 +212,10 @@ def make_the_others_wait(store_root: Path, procs: list[subprocess.Popen], logs: 
 @pytest.mark.slow
 @pytest.mark.long("three whole `pretrain run`s (data, training, evaluation, registration) at once, one held till the others wait")
 def test_three_identical_runs_at_once_all_finish_with_one_version(tmp_path: Path) -> None:
-    """Runs 0 and 1 share a HOME (flytekit's local cache, ~/.flyte), run 2 has its own: whichever holds
-    the lease, the others wait for it, one of them beside it in the same cache and one in another."""
+    """Runs 0 and 1 share a HOME (flytekit's local cache, ~/.flyte) and start at the same moment: whichever
+    takes the lease, the other waits for it beside it in the same cache. Run 2 has a HOME of its own and
+    starts once the lease is held (the holder stopped), so it waits in another cache. Were it started with
+    the others it would take the lease in about one run of three, and no waiter would share the holder's cache."""
     store_root = tmp_path / "store"
     store_uri = str(store_root)
     corpus = distinct_corpus(tmp_path / "corpus", n=30, words_per_doc=120)
@@ -220,9 +229,11 @@ def test_three_identical_runs_at_once_all_finish_with_one_version(tmp_path: Path
     envs = [{**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"} for home in homes]
     logs = [tmp_path / f"run-{i}.log" for i in range(len(envs))]
     started = time.monotonic()
-    procs = [start(config, env, log) for env, log in zip(envs, logs, strict=True)]
+    procs = [start(config, envs[i], logs[i]) for i in (0, 1)]  # the two sharing a cache race for the lease
     try:
-        holder, lease = make_the_others_wait(store_root, procs, logs)
+        holder, lease = first_holder(store_root, procs)
+        procs.append(start(config, envs[2], logs[2]))  # the holder is stopped at once below: run 2 can only wait
+        make_the_others_wait(store_root, procs, logs, holder, lease)
         waited = time.monotonic() - started
         codes = [p.wait(timeout=1500) for p in procs]
     except BaseException:
@@ -236,6 +247,7 @@ def test_three_identical_runs_at_once_all_finish_with_one_version(tmp_path: Path
     assert all(p == printed[0] for p in printed) and printed[0]["version"] == 1, printed  # the waiters registered its version
 
     waiters = [i for i in range(len(procs)) if i != holder]
+    assert holder in (0, 1) and [homes[w] == homes[holder] for w in waiters] == [True, False], (holder, homes)
     waits = [waiting_lines(log) for log in logs]
     assert waits[holder] == [], waits  # the holder never waited nor took over
     for waiter in waiters:  # each waited, once, and took nothing over, for the holder's lease
