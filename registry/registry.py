@@ -13,7 +13,9 @@ output, then rerun) or run twice at once (two identical executions), it gives ex
 version. Its identity (``registration_identity``: what is registered, from which checkpoint
 and evaluation, with which config and aliases) names ``models/<name>/registrations/<id>.json``,
 created only if absent with the version claimed for it; the registration that loses that race
-uses the winner's version. Then a committed version only has its aliases moved again; an
+uses the winner's version. The version's claim names the identity too, so a twin that looks
+between the winner's two creates takes the winner's number instead of claiming the next one:
+twins never leave a number skipped. Then a committed version only has its aliases moved again; an
 uncommitted one (its writer died, or is writing at this moment) gets every object that is not
 there yet (one that is was written by the identical registration: the same bytes, and its card
 is the card) and is committed, a commit that finds the marker already there counting as done.
@@ -90,14 +92,35 @@ def _versions(store: Store, name: str, committed_only: bool = True) -> list[int]
     return sorted(found)
 
 
-def _claim_version(store: Store, name: str) -> int:
-    version = (_versions(store, name, committed_only=False) or [0])[-1] + 1
+def _claim_version(store: Store, name: str, identity: str) -> int:
+    """A version for registration ``identity``: the one an identical registration in flight
+    claimed (its claim names the identity), else the next number, claimed by a conditional
+    create that names ``identity``. Two identical registrations never hold two numbers, so
+    versions stay 1, 2, 3... even when twin executions register at the same moment."""
+    claimed = _versions(store, name, committed_only=False)
+    for version in claimed:
+        if _claimant(store, name, version) == identity:
+            return version
+    version = (claimed or [0])[-1] + 1
     while True:
         try:
-            store.put_json(f"{model_prefix(name, version)}/{CLAIM}", {"claimed": utc_now()}, if_absent=True)
+            claim = {"claimed": utc_now(), "registration": identity}
+            store.put_json(f"{model_prefix(name, version)}/{CLAIM}", claim, if_absent=True)
             return version
         except AlreadyCommitted:
+            if _claimant(store, name, version) == identity:  # the twin claimed this number a moment before
+                return version
             version += 1
+
+
+def _claimant(store: Store, name: str, version: int) -> str | None:
+    """The registration identity that claimed ``version`` (None: an older claim, or none)."""
+    key = f"{model_prefix(name, version)}/{CLAIM}"
+    try:
+        record = store.get_json(key)
+    except (StoreError, ValueError):  # no claim (a version folder being made), or not JSON: not ours
+        return None
+    return record.get("registration") if isinstance(record, dict) else None
 
 
 def registration_identity(
@@ -141,7 +164,7 @@ def _claim_registration(store: Store, name: str, identity: str) -> int:
     key = registration_key(name, identity)
     if store.exists(key):
         return _claimed_version(store, key)
-    version = _claim_version(store, name)
+    version = _claim_version(store, name, identity)
     try:
         store.put_json(key, {"version": version, "claimed": utc_now()}, if_absent=True)
     except AlreadyCommitted:

@@ -21,7 +21,8 @@ import pytest
 
 from common.contracts import CARD_MARKDOWN, checkpoint_prefix, committed_steps, model_prefix
 from registry.card import read_card
-from registry.registry import list_models, register
+from registry.config import LATEST
+from registry.registry import CLAIM, list_models, register, registration_identity
 from runs.lease import STALE_S
 from storage import open_store
 from tests.helpers import BIN, ROOT, distinct_corpus, kill_group, registry_inputs, report, write_config
@@ -48,12 +49,24 @@ def test_a_replayed_registration_gives_the_same_version(store):
     assert {row["version"]: row["aliases"] for row in list_models(store)} == {1: [], 2: ["latest"]}
 
 
+def test_a_twin_registration_in_flight_keeps_versions_without_a_gap(store):
+    """The twin of a registration claimed a version and has not yet named it for the identity (between its two
+    conditional creates): the registration takes the twin's number, not the next one, so versions stay 1, 2."""
+    registry_inputs(store)
+    identity = registration_identity(store, "gpt", report(2.0), CONFIG, (LATEST,), "", 0.0)
+    store.put_json(f"{model_prefix('gpt', 1)}/{CLAIM}", {"claimed": "2026-12-06T00:00:00Z", "registration": identity})
+    ref = register(store, "gpt", report(2.0), config=CONFIG)
+    assert ref.version == 1 and versions(store) == [1]
+    other = register(store, "gpt", report(1.5), config=CONFIG)
+    assert other.version == 2 and versions(store) == [1, 2]
+
+
 @pytest.mark.slow
 def test_identical_registrations_at_once_give_one_version(store):
     registry_inputs(store)
     with ThreadPoolExecutor(4) as pool:
         refs = list(pool.map(lambda _: register(open_store(store.uri), "gpt", report(2.0), config=CONFIG), range(4)))
-    assert all(ref == refs[0] for ref in refs) and versions(store) == [refs[0].version]
+    assert all(ref == refs[0] for ref in refs) and versions(store) == [1]  # one version, and no number skipped
     assert {row["version"]: row["aliases"] for row in list_models(store)} == {refs[0].version: ["latest"]}
     card = read_card(store, refs[0].prefix)
     markdown = store.get_bytes(f"{refs[0].prefix}/{CARD_MARKDOWN}").decode()

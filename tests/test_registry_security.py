@@ -225,7 +225,7 @@ def test_a_replayed_registration_cannot_overwrite_a_version(store, monkeypatch):
     registry_inputs(store)
     register(store, "gpt", report(2.0))
     card = store.get_bytes("models/gpt/1/card.json")
-    monkeypatch.setattr(registry_registry, "_claim_version", lambda store, name: 1)
+    monkeypatch.setattr(registry_registry, "_claim_version", lambda store, name, identity: 1)
     with pytest.raises(AlreadyCommitted, match="already exists"):
         register(store, "gpt", report(9.0))
     assert store.get_bytes("models/gpt/1/card.json") == card
