@@ -3,8 +3,9 @@ each with a fresh flytekit cache, give the same dataset version, bitwise-equal c
 tensors and the same card metrics.
 
 The runs use the demo's settings (``pretrain run`` without ``--config``: configs/tiny-cpu.yaml's
-values, the standard library as corpus, TP 2) with five overrides only, to keep the pair
-under about three minutes: ``data.max_documents`` 120, ``train.steps`` 12 with
+values, the standard library as corpus, TP 2) with six overrides only, to keep the pair
+under about three minutes: ``data.max_documents`` 120 with ``data.min_chars`` 1000 (some documents
+read are skipped, so the summary's kept, read and skip reasons are figures apart), ``train.steps`` 12 with
 ``train.checkpoint_every`` 6 (two checkpoints, the second final), ``evaluation.max_batches`` 2
 and ``evaluation.lm_eval_tasks`` [] (lm-eval is ~30 s per run; tests/test_lm_eval*.py). The
 store is given by ``$PRETRAIN_STORE`` (the config's ``store: ""``), so the config holds nothing else.
@@ -17,28 +18,35 @@ every tensor of both checkpoints (model weights and the AdamW moments ``exp_avg`
 ``meta.json`` (the loader state and the optimizer's step count); the per-step losses and grad
 norms; the card's metrics except the timing ones (``training.checkpointing.snapshot.TIMING_METRICS``:
 tokens per second and MFU measure the machine's speed, not the computation), and its samples.
+Each run's end-of-run summary is checked figure by figure against its records (``assert_summary``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
+import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from common.contracts import CARD, committed_steps
+from common.contracts import CARD, MANIFEST, VALIDATION_RESULT, committed_steps, dataset_prefix, validation_prefix
+from registry.registry import show
+from runs.reading import load_run
 from storage import open_store
 from tests.helpers import BIN, ROOT, run_metrics
+from tracking.uri import resolve_uri, sqlite_path
 from training.checkpointing.snapshot import checkpoint_tensors, comparable_metrics, differences
 
 pytestmark = pytest.mark.slow
 
 OVERRIDES = {
-    "data": {"max_documents": 120},
+    "data": {"max_documents": 120, "min_chars": 1000},
     "train": {"steps": 12, "checkpoint_every": 6},
     "evaluation": {"max_batches": 2, "lm_eval_tasks": []},
 }
@@ -67,31 +75,111 @@ def demo_runs(roots: list[Path], config: Path) -> list[tuple]:
         output = (root / "stdout").read_text(errors="replace")
         assert code == 0, output[-3000:] + (root / "stderr").read_text(errors="replace")[-3000:]
         registered = json.loads(output.strip().splitlines()[-1])
-        assert_summary(output, registered)
         store = open_store(str(root / "store"))
+        assert_summary(output, registered, store)
         entry = registered["uri"].removeprefix(f"{store.uri.rstrip('/')}/")
         results.append((store, store.get_json(f"{entry}/{CARD}")))
     return results
 
 
-def assert_summary(output: str, registered: dict) -> None:
+def assert_summary(output: str, registered: dict, store) -> None:
     """Issue 33: a run ends with what it made, in words (pipeline.summary, printed by track_run), before
-    the JSON line ``--json`` adds."""
+    the JSON line ``--json`` adds. Every figure is read back from the line and checked against the run's
+    own records, read here apart from pipeline.summary: the card and aliases (``pretrain registry show``),
+    the dataset's manifest and validation result, the run's per-step metrics and its committed evaluation
+    (``pretrain runs show``'s view), the MLflow run tagged with the model. Swapped or stale figures fail."""
     lines = output.strip().splitlines()
-    head = f"pretrain: registered {registered['name']}:{registered['version']} (latest"
-    (start,) = [i for i, line in enumerate(lines) if line.startswith(head)]
+    entry = show(store, f"{registered['name']}:{registered['version']}")
+    card, m = entry.card, entry.card.metrics
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("pretrain: registered ")]
     summary = lines[start:-1]
+    assert summary[0] == f"pretrain: registered {card.name}:{card.version} ({', '.join(entry.aliases)})", summary
+    assert "latest" in entry.aliases
     labels = [line.split()[0] for line in summary[1:] if line.startswith("  ") and not line.startswith("  pretrain")]
     assert labels == ["data", "validation", "training", "evaluation", "gate"], summary  # no lm-eval tasks here
-    assert re.search(r"^  data +\d[\d,]* of \d[\d,]* documents kept", summary[1]), summary
-    assert summary[2].startswith("  validation  PASS: ") and "expectations met" in summary[2], summary
-    training = r"12 steps, loss \d+\.\d{3} → \d+\.\d{3}, [\d,]+ tokens/s, MFU [\d.]+%; steps 1-12: tensor_parallel=2"
-    assert re.search(training, summary[3]), summary
-    assert re.search(r"^  evaluation  val_loss \d+\.\d{4}, perplexity [\d.]+, bits_per_byte [\d.]+$", summary[4]), summary
-    assert "next:" in summary and any(line.startswith("  pretrain runs show ") for line in summary), summary
-    assert any(line.startswith("  pretrain runs report ") for line in summary), summary  # the Decks, one page
-    assert any(re.match(r"  pretrain ui --run [0-9a-f]{32} ", line) for line in summary), summary  # this MLflow run
+    assert_data_lines(store, card.lineage.dataset_version, summary[1], summary[2])
+
+    run_id = card.lineage.training_run.rsplit("/", 1)[-1]
+    view = load_run(store, run_id)
+    training = re.fullmatch(r"  training    (\d+) steps, loss (\S+) → (\S+), ([\d,]+) tokens/s, MFU ([\d.]+)%; (.*)", summary[3])
+    assert training, summary[3]
+    steps, first, final, tokens_per_s, mfu, layout = training.groups()
+    assert int(steps) == card.lineage.training_steps == view.steps_done == len(view.metrics) == 12, (summary[3], view.steps_done)
+    # First -> final: step 1's loss -> the mean of the last applied steps', from metrics.jsonl (a swap fails: they differ).
+    assert (first, final) == (f"{view.metrics[0]['loss']:.3f}", f"{view.final_loss:.3f}") and first != final, summary[3]
+    assert view.first_loss == view.metrics[0]["loss"] and view.metrics[0]["step"] == 1
+    # Throughput and MFU: the card's (the median step of the last layout), each one step's record.
+    assert tokens_per_s == f"{m['tokens_per_second']:,.0f}", (summary[3], m)
+    assert mfu == f"{100 * m['mfu']:.1f}", (summary[3], m)
+    assert m["tokens_per_second"] in [r["tokens_per_s"] for r in view.metrics] and m["mfu"] in [r["mfu"] for r in view.metrics]
+    assert layout == card.layouts[-1].describe() and layout.startswith("steps 1-12: tensor_parallel=2,"), summary[3]
+
+    evaluation = re.fullmatch(r"  evaluation  val_loss (\S+), perplexity (\S+), bits_per_byte (\S+)", summary[4])
+    assert evaluation, summary[4]
+    (evaluated,) = [e for e in view.evaluations if e["uri"] == store.url(card.lineage.evaluation)]  # the one registered
+    printed = dict(zip(("val_loss", "perplexity", "bits_per_byte"), map(float, evaluation.groups()), strict=True))
+    for key, value in printed.items():
+        assert abs(value - evaluated[key]) <= 0.5e-4 and abs(value - m[key]) <= 0.5e-4, (key, summary[4], evaluated, m)
+    assert math.isclose(printed["perplexity"], math.exp(printed["val_loss"]), rel_tol=1e-3), summary[4]
+
+    # The gate: its recorded decision and reason; promoted = the gate alias on this version.
+    assert summary[5] == f"  gate        {card.gate.reason}", (summary[5], card.gate)
+    assert card.gate.promoted == (card.gate.alias in entry.aliases) and card.gate.candidate_bits_per_byte == m["bits_per_byte"]
+    assert card.gate.promoted and card.gate.baseline == "", card.gate  # a fresh store: nothing held the alias
+
+    assert summary[6] == "next:", summary
+    commands = [line.split("   (")[0].strip() for line in summary[7:]]  # $PRETRAIN_STORE is the store: no --store
+    assert commands[:3] == [
+        f"pretrain runs show {run_id}",
+        f"pretrain runs report {run_id}",
+        f"pretrain registry show {card.name}:{card.version}",
+    ]
+    assert commands[3:] == [f"pretrain ui --run {mlflow_run_of(store, f'{card.name}:{card.version}')}"], summary
     assert not any(line.startswith("{") for line in lines[:-1])  # no JSON but the --json line
+
+
+def assert_data_lines(store, version: str, data_line: str, validation_line: str) -> None:
+    """The summary's data and validation lines against the dataset's manifest and validation result."""
+    stats = store.get_json(f"{dataset_prefix(version)}/{MANIFEST}")["stats"]
+    data = re.fullmatch(
+        r"  data +([\d,]+) of ([\d,]+) documents kept(?: \(skipped: (.*)\))?, ([\d,]+) tokens; dataset (\w+)", data_line
+    )
+    assert data, data_line
+    kept, read, skipped, tokens, shown_version = data.groups()
+    assert (_count(kept), _count(read)) == (stats["documents_kept"], stats["documents_read"]), (data_line, stats)
+    assert _count(tokens) == stats["train_tokens"] + stats["val_tokens"] and shown_version == version, (data_line, stats)
+    reasons = {k.removeprefix("skipped_"): n for k, n in stats.items() if k.startswith("skipped_") and k != "skipped_total" and n}
+    shown = dict(pair.rsplit(" ", 1) for pair in skipped.split(", ") if pair != "…") if skipped else {}
+    assert {reason: _count(n) for reason, n in shown.items()} == {r: reasons[r] for r in shown}, (data_line, stats)
+    assert bool(shown) == bool(reasons), (data_line, stats)
+    assert stats["documents_read"] - stats["documents_kept"] == sum(reasons.values()) == stats["skipped_total"]
+
+    result = store.get_json(f"{validation_prefix(dataset_prefix(version))}/{VALIDATION_RESULT}")
+    met = sum(1 for outcome in result["outcomes"] if outcome["success"])
+    verdict = "PASS" if result["success"] else "FAIL"
+    assert validation_line == f"  validation  {verdict}: {met} of {len(result['outcomes'])} expectations met", (
+        validation_line,
+        result,
+    )
+    assert verdict == "PASS" and met == len(result["outcomes"]) > 0
+
+
+def _count(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def mlflow_run_of(store, model: str) -> str:
+    """The id of the MLflow run tagged with ``model`` (name:version) of ``store``, from the tracking database."""
+    db = sqlite_path(resolve_uri())
+    assert db is not None and db.exists(), resolve_uri()
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute(
+            "SELECT m.run_uuid FROM tags m JOIN tags s ON s.run_uuid = m.run_uuid"
+            " WHERE m.key = 'pretrain.model' AND m.value = ? AND s.key = 'pretrain.store' AND s.value = ?",
+            (model, store.uri),
+        ).fetchall()
+    assert len(rows) == 1, (model, store.uri, rows)
+    return rows[0][0]
 
 
 @pytest.mark.long("two whole demo pipelines (stdlib corpus, TP 2), side by side")
