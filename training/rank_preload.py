@@ -1,5 +1,5 @@
 """What a rank started by ``training.launch`` needs before its first step, loaded once in the
-launcher's fork server rather than in every rank: torch and megatron-core (3–8 s of imports), and
+launcher's fork server rather than in every rank: torch, torch._dynamo and megatron-core (5–10 s of imports), and
 the import-graph caches of ``common.codeversion`` that ``training.train.run_id`` reads (2–4 s:
 the parse of each module of the closure and the installed distributions' metadata).
 
@@ -23,6 +23,7 @@ import megatron.core.optimizer  # noqa: F401, E402
 import megatron.core.pipeline_parallel  # noqa: F401, E402
 import numpy  # noqa: F401, E402
 import torch  # noqa: F401, E402
+import torch._dynamo  # noqa: F401, E402  (torch.optim's constructors import it: 2 s in every rank otherwise)
 
 from common.codeversion import code_version  # noqa: E402
 
