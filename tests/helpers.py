@@ -1549,7 +1549,10 @@ class MlflowServer:
         command = [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.db}", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--workers", "1", "--artifacts-destination", str(self.root / "artifacts")]
         log = open(self.root / f"server-{self.port}.log", "ab")  # noqa: SIM115 - the server's for its lifetime
-        self.process = subprocess.Popen(command, cwd=self.root, stdout=log, stderr=log, start_new_session=True)
+        # Without MLflow's GenAI job runner (a huey consumer per server, ~2 CPU-s each), as `pretrain ui` serves:
+        # nothing of ours submits jobs, and the tracking API under test is the same.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        self.process = subprocess.Popen(command, cwd=self.root, env=env, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
