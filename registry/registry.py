@@ -14,8 +14,8 @@ version. Its identity (``registration_identity``: what is registered, from which
 and evaluation, with which config and aliases) names ``models/<name>/registrations/<id>.json``,
 created only if absent with the version claimed for it; the registration that loses that race
 uses the winner's version. The version's claim names the identity too, so a twin that looks
-between the winner's two creates takes the winner's number instead of claiming the next one:
-twins never leave a number skipped. Then a committed version only has its aliases moved again; an
+between the winner's two creates takes the winner's number instead of claiming the next one
+(``_claim_version``): twins leave no number skipped. Then a committed version only has its aliases moved again; an
 uncommitted one (its writer died, or is writing at this moment) gets every object that is not
 there yet (one that is was written by the identical registration: the same bytes, and its card
 is the card) and is committed, a commit that finds the marker already there counting as done.
@@ -95,12 +95,20 @@ def _versions(store: Store, name: str, committed_only: bool = True) -> list[int]
 def _claim_version(store: Store, name: str, identity: str) -> int:
     """A version for registration ``identity``: the one an identical registration in flight
     claimed (its claim names the identity), else the next number, claimed by a conditional
-    create that names ``identity``. Two identical registrations never hold two numbers, so
-    versions stay 1, 2, 3... even when twin executions register at the same moment."""
+    create that names ``identity``, so versions stay 1, 2, 3... when twin executions register
+    at the same moment.
+
+    A twin's claim is newer than every version committed before it: the claims are read from
+    the newest down to the newest committed version (one or two reads in a registry of any
+    size, not one per version). Only a third registration committing between the twins' two
+    claims makes a twin claim a number of its own, which then stays an invisible, skipped
+    claim: never a wrong version."""
     claimed = _versions(store, name, committed_only=False)
-    for version in claimed:
+    for version in reversed(claimed):
         if _claimant(store, name, version) == identity:
             return version
+        if store.is_committed(model_prefix(name, version)):
+            break
     version = (claimed or [0])[-1] + 1
     while True:
         try:
