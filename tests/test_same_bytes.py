@@ -23,12 +23,10 @@ Each run's end-of-run summary is checked figure by figure against its records (`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
-import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -40,7 +38,8 @@ from registry.registry import show
 from runs.reading import load_run
 from storage import open_store
 from tests.helpers import BIN, ROOT, run_metrics
-from tracking.uri import resolve_uri, sqlite_path
+from tracking.client import client
+from tracking.uri import resolve_uri
 from training.checkpointing.snapshot import checkpoint_tensors, comparable_metrics, differences
 
 pytestmark = pytest.mark.slow
@@ -169,17 +168,14 @@ def _count(text: str) -> int:
 
 
 def mlflow_run_of(store, model: str) -> str:
-    """The id of the MLflow run tagged with ``model`` (name:version) of ``store``, from the tracking database."""
-    db = sqlite_path(resolve_uri())
-    assert db is not None and db.exists(), resolve_uri()
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        rows = conn.execute(
-            "SELECT m.run_uuid FROM tags m JOIN tags s ON s.run_uuid = m.run_uuid"
-            " WHERE m.key = 'pretrain.model' AND m.value = ? AND s.key = 'pretrain.store' AND s.value = ?",
-            (model, store.uri),
-        ).fetchall()
-    assert len(rows) == 1, (model, store.uri, rows)
-    return rows[0][0]
+    """The id of the one active MLflow run tagged with ``model`` (name:version) of ``store``, found through
+    MLflow's own search (as ``pretrain ui`` shows runs), not through the pipeline's lookup."""
+    mlflow = client(resolve_uri())
+    experiments = [e.experiment_id for e in mlflow.search_experiments()]
+    query = f"tags.`pretrain.model` = '{model}' and tags.`pretrain.store` = '{store.uri}'"
+    runs = mlflow.search_runs(experiments, filter_string=query)
+    assert len(runs) == 1, (model, store.uri, [r.info.run_id for r in runs])
+    return runs[0].info.run_id
 
 
 @pytest.mark.long("two whole demo pipelines (stdlib corpus, TP 2), side by side")
