@@ -48,12 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from machine_info import machine  # noqa: E402  (benchmarks/, the script's folder)
+from soak import pin_code  # noqa: E402  (the working tree's files, tracked and untracked, not ignored)
 
 from storage import open_store  # noqa: E402
 from tests.helpers import (  # noqa: E402
     BIN,
     CACHE_KEY_TABLE,
+    CACHED_STEPS,
     CACHED_TASKS,
+    LM_EVAL_HELDOUT,
     cache_outcomes,
     distinct_corpus,
     init_tracking_db,
@@ -61,28 +64,13 @@ from tests.helpers import (  # noqa: E402
     write_config,
 )
 
-STEPS = ("prepare", "validate", "train", "evaluate", "register")  # CACHED_TASKS, as the table names them
 EDIT = b"\n# an edit\n"
 NO_EDIT = "(no edit)"
 MODEL = "gpt-e2e"  # write_config's registry.model_name
-# lm-eval on, as in tests/test_workflow_e2e.py's cold run and the presets: an evaluate rerun runs it too.
-LM_EVAL = {"lm_eval_tasks": ["heldout_cloze", "heldout_continuation"], "lm_eval_examples": 16}
 
 
 def names(items: set[str]) -> list[str]:
-    return [step for step in (*STEPS, "run id") if step in items]
-
-
-def copy_tree(dest: Path) -> Path:
-    """The working tree's files that git tracks or would track (not ignored ones) under ``dest``."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        if (ROOT / name).is_file():  # a tracked file deleted in the working tree is left out
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
-    return dest
+    return [step for step in (*CACHED_STEPS, "run id") if step in items]
 
 
 class Pipelines:
@@ -90,14 +78,15 @@ class Pipelines:
 
     def __init__(self, work: Path) -> None:
         self.work = work
-        self.tree = copy_tree(work / "tree")
+        self.tree = pin_code(work / "tree")
         self.store_dir = work / "store"
         self.home = work / "home"
         self.db = work / "mlflow.db"
         (work / "tmp").mkdir()
         corpus = distinct_corpus(work / "corpus")
         data = {"sources": [str(corpus)], "max_documents": 0}
-        self.config = write_config(work / "run.yaml", str(self.store_dir), data=data, evaluation=LM_EVAL)
+        # lm-eval on, as in the suite's cold run and the presets: an evaluate rerun runs it too.
+        self.config = write_config(work / "run.yaml", str(self.store_dir), data=data, evaluation=LM_EVAL_HELDOUT)
         self.settings = yaml.safe_load(self.config.read_text())  # reported, with the scratch folder's paths
         self.env = {
             **os.environ,
@@ -123,7 +112,7 @@ class Pipelines:
         return {
             "exit": 0,
             "seconds": seconds,
-            "outcomes": {step: outcomes[task] for step, task in zip(STEPS, CACHED_TASKS, strict=True)},
+            "outcomes": {step: outcomes[task] for step, task in zip(CACHED_STEPS, CACHED_TASKS, strict=True)},
             "new_runs": len(self.runs(store) - runs),
             "new_versions": len(self.versions(store) - versions),
         }

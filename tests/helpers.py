@@ -1819,7 +1819,11 @@ def final_weights(ref, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
 # Which cached tasks an edit reruns: derived by tests/test_cache_keys.py from the cache keys, observed
 # from real executions by tests/test_workflow_e2e.py.
 
-ALL_TASKS = {"prepare", "validate", "train", "evaluate", "register"}
+CACHED_STEPS = ("prepare", "validate", "train", "evaluate", "register")
+"""CACHED_TASKS as the table names them, in the workflow's order."""
+ALL_TASKS = set(CACHED_STEPS)
+LM_EVAL_HELDOUT = {"lm_eval_tasks": ["heldout_cloze", "heldout_continuation"], "lm_eval_examples": 16}
+"""lm-eval on 16 examples of each held-out task: the end-to-end cold run's evaluation, as the presets run it."""
 
 # file edited -> (keys that change, tasks that rerun). The wide rows: storage and common.contracts
 # are imported by every stage. The data stages' own code (filters, dedup, the encoder, validation)

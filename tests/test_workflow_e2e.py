@@ -36,7 +36,9 @@ from common.contracts import checkpoint_prefix
 from storage import open_store
 from tests.helpers import (
     BIN,
+    CACHED_STEPS,
     CACHED_TASKS,
+    LM_EVAL_HELDOUT,
     ROOT,
     cache_outcomes,
     distinct_corpus,
@@ -53,7 +55,6 @@ from tracking.client import client
 pytestmark = pytest.mark.slow
 # Where the pipeline writes: datasets (with their validation reports), training runs, registry entries.
 PIPELINE_PREFIXES = ("datasets/", "runs/", "models/")
-LM_EVAL = {"lm_eval_tasks": ["heldout_cloze", "heldout_continuation"], "lm_eval_examples": 16}
 NAME = "gpt-e2e"
 
 
@@ -75,7 +76,7 @@ class Pipeline:
 
     def config(self, corpus: Path | None = None, **sections) -> Path:
         self.runs += 1
-        evaluation = {**LM_EVAL, **sections.pop("evaluation", {})}
+        evaluation = {**LM_EVAL_HELDOUT, **sections.pop("evaluation", {})}
         data = {"sources": [str(corpus or self.corpus)], "max_documents": 0}
         return write_config(self.root / f"run-{self.runs}.yaml", self.store_uri, data=data, evaluation=evaluation, **sections)
 
@@ -235,12 +236,11 @@ EDITS = {
     "filter+lm-eval-task": ["data_prep/clean.py", "evaluation/lm_eval_tasks/heldout_cloze.yaml"],
     "run-decks+registry": ["reports/run_html.py", "registry/registry.py"],
 }
-STEPS = ("prepare", "validate", "train", "evaluate", "register")  # CACHED_TASKS, as test_cache_keys names them
 
 
 def test_the_observed_edits_reach_each_cached_task_through_one_edit():
     reached = [step for edits in EDITS.values() for name in edits for step in EXPECTED[name][1]]
-    assert sorted(reached) == sorted(STEPS)
+    assert sorted(reached) == sorted(CACHED_STEPS)
 
 
 @pytest.mark.long("each edit's pipeline reruns the tasks it reaches (one retrains): up to 40 s under make test")
@@ -250,7 +250,7 @@ def test_a_code_edit_reruns_what_the_cache_key_table_says(pipeline, tmp_path, ed
     expected = set().union(*(EXPECTED[name][1] for name in edits))
     before = latest(pipeline)
     outcomes = pipeline(pipeline.config(), tree=source_tree(tmp_path / "tree", edits))
-    reran = {step for step, outcome in zip(STEPS, outcomes, strict=True) if outcome == "miss"}
+    reran = {step for step, outcome in zip(CACHED_STEPS, outcomes, strict=True) if outcome == "miss"}
     assert reran == expected, (edits, outcomes)
     # A comment changes no number: a register rerun of the same evaluation replays its registration, and
     # only a new run id (none of these edits) names a new run, whose model is a new version.
