@@ -1,14 +1,15 @@
 """Charts of training runs drawn with matplotlib: the loss (raw, smoothed, validation points) of one run or
-several, one metric against the step, and several series as lines (a log axis for the step time's phases).
+several (one run's with its learning rate on a second y axis), one metric against the step, and several series
+as lines (a log axis for the step time's phases).
 
 Used by ``pretrain runs compare`` (PNG/SVG files) and by the Decks and ``pretrain runs report``
 (``reports.run_html``: SVG inlined in HTML), so it knows nothing of Flyte. The settings and the output (``svg``,
 ``png``, ``save``) are ``reports.plotting``'s, the dataset's charts are ``reports.data_charts``.
 
 Every drawn series carries an SVG id (matplotlib's ``gid``) naming what it is, so that a test, or a person
-reading the SVG, can find it: ``raw-<i>``, ``smooth-<i>``, ``validation-<i>`` for run ``i``'s loss,
-``series`` for a single metric, ``line-<i>`` for series ``i`` of a line chart, ``goodput-<part>`` for a part of the
-goodput bar.
+reading the SVG, can find it: ``raw-<i>``, ``smooth-<i>``, ``validation-<i>`` for run ``i``'s loss, ``lr``
+for the learning rate beside it, ``series`` for a single metric, ``line-<i>`` for series ``i`` of a line chart,
+``goodput-<part>`` for a part of the goodput bar.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from reports.plotting import COLORS, SIZE, axes, integer_steps, text
+from reports.plotting import COLORS, SIZE, axes, integer_steps, text, twin
 from runs.ledger import PARTS as GOODPUT_PARTS
 from runs.view import RunView
 
@@ -27,6 +28,8 @@ SMOOTHING_FRACTION = 0.05
 MIN_WINDOW = 3
 RAW_ALPHA = 0.3
 """The raw curve is drawn faint beside its smoothed curve: visible noise, readable trend."""
+LR_COLOR = "#555555"
+"""The learning rate's line, its axis label and ticks: dashed dark gray, apart from every run's color."""
 
 
 @dataclass
@@ -62,9 +65,11 @@ def smooth(values: list[float], width: int | None = None) -> list[float]:
 
 
 # -- charts -----------------------------------------------------------------------------------------
-def loss_figure(curves: list[Curve], title: str = "training loss") -> Any:
+def loss_figure(curves: list[Curve], title: str = "training loss", lr: list[tuple[int, float]] | None = None) -> Any:
     """One or more runs' loss on one axes: each run in its color, raw faint, smoothed solid, its
-    validation losses as markers at their steps; a legend names the runs and the three kinds of line."""
+    validation losses as markers at their steps; a legend names the runs and the three kinds of line.
+    ``lr``: one run's learning rate at each step, (step, lr), drawn on a second y axis (right, from 0) so that its
+    schedule is seen against the loss it gave; none (a run that did not record it, or several runs): no second axis."""
     from matplotlib.lines import Line2D
 
     fig, ax = axes(title, "step", "loss")
@@ -95,9 +100,30 @@ def loss_figure(curves: list[Curve], title: str = "training loss") -> Any:
     if any(c.validation for c in curves):
         kinds.append(Line2D([], [], color="gray", linestyle="none", marker="o", markeredgecolor="black", label="validation loss"))
     handles = ax.get_legend_handles_labels()[0] + kinds
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if lr:
+        handles.append(_lr_axis(ax, lr))
+        # Right of the second axis' ticks and label: constrained layout makes room for a legend "outside".
+        fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    else:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     integer_steps(ax)
     return fig
+
+
+def _lr_axis(ax: Any, lr: list[tuple[int, float]]) -> Any:
+    """The learning rate on a twin of ``ax`` (same steps, its own y axis on the right, from 0); its line."""
+    from matplotlib.ticker import FuncFormatter
+
+    steps, values = zip(*lr, strict=True)
+    right = twin(ax)
+    (line,) = right.plot(steps, values, color=LR_COLOR, linestyle="--", linewidth=1.2, gid="lr", label="learning rate")
+    right.set_ylabel("learning rate", color=LR_COLOR)
+    right.tick_params(axis="y", colors=LR_COLOR)
+    right.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 0.0005, not 0.00050 or an offset
+    right.set_ylim(bottom=min(0.0, *values))
+    ax.set_zorder(right.get_zorder() + 1)  # the loss drawn over the rate, not under it...
+    ax.patch.set_visible(False)  # ...through a see-through background
+    return line
 
 
 def series_figure(steps: list[int], values: list[float], title: str, y_label: str) -> Any:
@@ -167,9 +193,9 @@ def goodput_figure(parts: list[tuple[str, float]], wall_s: float, title: str = "
 
 # -- the charts of one run ----------------------------------------------------------------------------
 # Per-step metrics of training/observe/metrics.py charted besides the loss: (record key, title, y label, scale).
-# MFU is recorded as a fraction and shown in percent, as people quote it.
+# MFU is recorded as a fraction and shown in percent, as people quote it. The learning rate is drawn on the loss
+# chart itself (a second y axis: ``loss_figure``), not here.
 TRAINING_CURVES = (
-    ("lr", "learning rate", "learning rate", 1.0),
     ("grad_norm", "gradient norm", "gradient norm (before clipping)", 1.0),
     ("tokens_per_s", "tokens/s", "tokens per second", 1.0),
     ("mfu", "model FLOPs utilisation", "MFU (%)", 100.0),
@@ -204,7 +230,8 @@ class RunCharts:
     mirror stores the loss chart as PNG."""
 
     loss: Any | None
-    """The loss (raw, smoothed) with its held-out points; None: no step recorded."""
+    """The loss (raw, smoothed) with its held-out points and, on a second axis, the learning rate when the
+    records hold it; None: no step recorded."""
     series: list[Any]
     """One chart per ``TRAINING_CURVES`` series the records hold."""
     goodput: Any | None
@@ -219,7 +246,7 @@ def run_charts(view: RunView) -> RunCharts:
     """The charts of the run ``view`` shows."""
     loss = None
     if view.loss.steps:
-        loss = loss_figure([Curve("loss", view.loss.steps, view.loss.loss, list(view.loss.validation))])
+        loss = loss_figure([Curve("loss", view.loss.steps, view.loss.loss, list(view.loss.validation))], lr=lr_history(view))
     series = []
     for key, title, y_label, scale in TRAINING_CURVES:
         points = [m for m in view.metrics if isinstance(m.get(key), (int, float))]
@@ -231,6 +258,16 @@ def run_charts(view: RunView) -> RunCharts:
         goodput = goodput_figure([(part, view.goodput.parts[part]) for part in GOODPUT_PARTS], view.goodput.wall_s)
     phases = [row["phase"] for row in view.breakdown["phases"]]
     return RunCharts(loss, series, goodput, _phase_chart(view.metrics, phases), _rank_chart(view.step_times, view.ranks))
+
+
+def lr_history(view: RunView) -> list[tuple[int, float]]:
+    """The learning rate at each recorded step, (step, lr): a skipped step's too (its loss is left out of the loss
+    line, but the schedule gave it a rate all the same); none for records without one (runs from before it)."""
+
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    return [(int(m["step"]), float(m["lr"])) for m in view.metrics if number(m.get("step")) and number(m.get("lr"))]
 
 
 def phase_label(phase: str) -> str:

@@ -40,6 +40,17 @@ def axes(title: str, x_label: str, y_label: str, size: tuple[float, float] = SIZ
     return fig, ax
 
 
+def twin(ax: Any) -> Any:
+    """A second y axis on the right of ``ax``, sharing its x (the step), in the same font, without a grid of its
+    own (it would not line up with ``ax``'s)."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):  # tick label sizes are read when the axes are made
+        other = ax.twinx()
+    other.grid(False)
+    return other
+
+
 def integer_steps(ax: Any) -> None:
     from matplotlib.ticker import MaxNLocator
 

@@ -1,7 +1,7 @@
 """A training run as HTML, rendered from its view (``runs.view.RunView``, read once from the store): its curves
-(loss with its validation points, and the other per-step series), where its wall time goes (the goodput
-ledger's bar) and its step time (the phase table and every rank, as ``pretrain runs show`` prints them, and
-charts), its warnings; and runs side by side.
+(loss with its validation points and the learning rate beside it, and the other per-step series), where its
+wall time goes (the goodput ledger's bar) and its step time (the phase table and every rank, as ``pretrain runs
+show`` prints them, and charts), its warnings; and runs side by side.
 
 The train task's Decks (``tasks.train``), the last task's Comparison Deck and ``pretrain runs report``
 (``reports.run_report``) are all made here, so they show the same thing. No Flyte, no torch.
@@ -36,8 +36,9 @@ def run_sections(view: RunView, figures: charts.RunCharts) -> dict[str, str]:
 
 # --- the curves ----------------------------------------------------------------------------------
 def training_curves(view: RunView, figures: charts.RunCharts) -> str:
-    """The loss (raw, smoothed, and the held-out points), then one chart per other series; a series missing from
-    the records (older runs, MFU on an unknown GPU) is left out, as are skipped steps' losses (they may be NaN)."""
+    """The loss (raw, smoothed, and the held-out points) with the learning rate on a second y axis, then one chart
+    per other series; a series missing from the records (older runs, MFU on an unknown GPU) is left out (the loss
+    chart then has no second axis), as are skipped steps' losses (they may be NaN; their learning rate is drawn)."""
     parts = [chart(fig) for fig in ([figures.loss] if figures.loss is not None else []) + figures.series]
     source = view.peak_flops_source
     note = f"<p>MFU against {escape(fmt(view.peak_flops))} FLOP/s per device ({escape(source)}).</p>" if source else ""

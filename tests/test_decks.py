@@ -119,8 +119,10 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
     records[9] |= {"loss": math.nan, "skipped": True}  # a refused step: its NaN is not drawn
     html = curves_html(view_of(records, evaluations=[{"step": 10, "val_loss": 5.5}, {"step": 20, "val_loss": 4.2}]))
     loss, *others = html_charts(html)
-    assert len(others) == 3  # lr, grad norm, tokens/s; no MFU in these records
+    assert len(others) == 2  # grad norm, tokens/s (the lr is on the loss chart); no MFU in these records
     assert {"step", "loss"} <= set(svg_texts(loss)) and "validation loss" in svg_texts(loss)
+    assert svg_ids(loss, "lr") == ["lr"] and svg_texts(loss).count("learning rate") == 2  # axis label, legend
+    assert len(svg_lines(svg_group(loss, "lr"))[0]) == 20  # every step's rate, the skipped step's too
     (raw,) = svg_lines(svg_group(loss, "raw-0"))
     (smoothed,) = svg_lines(svg_group(loss, "smooth-0"))
     assert len(raw) == len(smoothed) == 19  # every applied step; the skipped one left out
@@ -135,8 +137,39 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
     marks = svg_marks(svg_group(loss, "validation-0"))
     assert [round(x, 2) for x, _ in marks] == [round(x1 + (s - 1) * (x20 - x1) / 19, 2) for s in (10, 20)]
     assert marks[0][1] < marks[1][1]  # 5.5 above 4.2
-    assert [svg_texts(c)[-1] for c in others] == ["learning rate", "gradient norm", "tokens/s"]  # titles
+    assert [svg_texts(c)[-1] for c in others] == ["gradient norm", "tokens/s"]  # titles
     assert curves_html(view_of([])).count("no data") == 1
+
+
+def test_the_loss_chart_carries_the_learning_rate_on_a_second_axis():
+    # Warm-up to 1e-3 over 5 steps, then a linear decay to 1e-4 at step 20; step 8's update was skipped.
+    lr = {s: 1e-3 * s / 5 if s <= 5 else 1e-3 - 9e-4 * (s - 5) / 15 for s in range(1, 21)}
+    records = [{"step": s, "loss": 6.0 - s / 10, "lr": lr[s]} for s in range(1, 21)]
+    records[7] |= {"loss": math.nan, "skipped": True}
+    fig = charts.run_charts(view_of(records)).loss
+    loss_axes, lr_axes = fig.axes
+    assert lr_axes.get_shared_x_axes().joined(loss_axes, lr_axes)  # one step axis
+    assert lr_axes.get_ylabel() == "learning rate" and loss_axes.get_ylabel() == "loss"
+    assert lr_axes.yaxis.get_label_position() == "right"
+    (line,) = lr_axes.get_lines()
+    assert line.get_gid() == "lr"
+    assert list(line.get_xdata()) == list(range(1, 21))  # the skipped step's rate too...
+    assert list(line.get_ydata()) == pytest.approx([lr[s] for s in range(1, 21)])
+    (raw,) = [ln for ln in loss_axes.get_lines() if ln.get_gid() == "raw-0"]
+    assert 8 not in list(raw.get_xdata())  # ...but not its loss
+    assert lr_axes.get_ylim()[0] == 0.0 and lr_axes.get_ylim()[1] >= 1e-3  # the schedule from 0, its peak in view
+    legend = fig.legends[0] if fig.legends else loss_axes.get_legend()
+    assert "learning rate" in [t.get_text() for t in legend.get_texts()]
+
+
+def test_a_run_without_a_learning_rate_has_a_loss_chart_of_one_axis():
+    records = [{"step": s, "loss": 6.0 - s / 10, "grad_norm": 1.0} for s in range(1, 11)]  # an older run's records
+    fig = charts.run_charts(view_of(records)).loss
+    (loss_axes,) = fig.axes
+    assert all(ln.get_gid() != "lr" for ln in loss_axes.get_lines())
+    assert "learning rate" not in [t.get_text() for t in loss_axes.get_legend().get_texts()]
+    (root, _) = html_charts(curves_html(view_of(records)))  # the loss and the gradient norm
+    assert svg_ids(root, "lr") == [] and "learning rate" not in svg_texts(root)
 
 
 def test_mfu_is_charted_in_percent():
