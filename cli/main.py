@@ -41,6 +41,7 @@ from reports import run_text
 from runs import catalog
 from runs.reading import load_run
 from storage import default_store_uri, open_store
+from training.schedule import budget_text
 
 
 def _store(args: argparse.Namespace):
@@ -74,7 +75,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"ok: {args.config or 'the defaults'}: world {world} ranks ({where}) = TP {tp} × PP {pp} × DP {dp}; "
         f"global batch {train.global_batch_size} = micro-batch {train.micro_batch_size} × DP {dp} × {accumulation} "
-        f"accumulation; {train.steps} steps of {config.data.seq_len} tokens"
+        f"accumulation; {budget_text(train, config.data.seq_len)}"
     )
     return 0
 

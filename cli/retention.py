@@ -50,6 +50,7 @@ from common.contracts import (
     checkpoint_prefix,
     committed_steps,
     lease_key,
+    prunable,
     step_of_checkpoint,
 )
 from common.errors import first_line
@@ -383,13 +384,15 @@ def _checkpoints(planner: _Planner, run: str, objects: list[ObjectInfo], protect
     if not steps:
         return
     latest = max(steps)
-    keep, why = run_keep(planner.store, run, latest)
-    if keep is None:
+    policy, why = run_keep(planner.store, run, latest)
+    if policy is None:
         for step in sorted(steps)[:-1]:
             planner.entries.append(steps[step].entry(UNKNOWN, False, f"unknown, kept: {why}", run=run, step=step))
         return
-    # Never the latest: keep <= 0 means keep all (as training prunes), and keep >= 1 leaves it out.
-    for step in sorted(steps)[:-keep] if keep > 0 else []:
+    # Never the latest: keep <= 0 means keep all (as training prunes), and keep >= 1 leaves it out; nor a
+    # multiple of keep_every (a WSD run's cooldown points).
+    keep, every = policy
+    for step in prunable(sorted(steps), keep, every):
         folder = steps[step]
         kw = {"run": run, "step": step}
         if folder.prefix in protected:
@@ -397,7 +400,7 @@ def _checkpoints(planner: _Planner, run: str, objects: list[ObjectInfo], protect
         elif planner.recent(folder):
             planner.entries.append(folder.entry(OLD_CHECKPOINT, False, planner.too_recent(folder), **kw))
         else:
-            reason = f"keep_checkpoints={keep}; the run's latest is step {latest}"
+            reason = f"keep_checkpoints={keep}{f', keep_every={every}' if every else ''}; the run's latest is step {latest}"
             planner.entries.append(folder.entry(OLD_CHECKPOINT, True, reason, **kw))
 
 
@@ -468,16 +471,19 @@ def _registered_checkpoints(store: Store, objects: list[ObjectInfo], planner: _P
     return named
 
 
-def run_keep(store: Store, run: str, latest: int) -> tuple[int | None, str]:
-    """The run's ``train.keep_checkpoints`` (from its latest committed checkpoint), or None and why not."""
+def run_keep(store: Store, run: str, latest: int) -> tuple[tuple[int, int] | None, str]:
+    """The run's ``train.keep_checkpoints`` and ``train.keep_every`` (from its latest committed checkpoint; a
+    checkpoint from before keep_every: 0), or None and why not."""
     key = f"{checkpoint_prefix(run, latest)}/{CHECKPOINT_META}"
     try:
-        keep = store.get_json(key)["train"]["keep_checkpoints"]
-    except (StoreError, ValueError, KeyError, TypeError) as e:
+        train = store.get_json(key)["train"]
+        keep, every = train["keep_checkpoints"], train.get("keep_every", 0)
+    except (StoreError, ValueError, KeyError, TypeError, AttributeError) as e:
         return None, f"keep_checkpoints unreadable from {key} ({e})"
-    if type(keep) is not int:
-        return None, f"keep_checkpoints in {key} is {keep!r}, not a number"
-    return keep, ""
+    for name, value in (("keep_checkpoints", keep), ("keep_every", every)):
+        if type(value) is not int:
+            return None, f"{name} in {key} is {value!r}, not a number"
+    return (keep, every), ""
 
 
 def lease_holder(store: Store, run: str, now: float) -> str:
@@ -583,8 +589,8 @@ def still_eligible(store: Store, entry: Entry, min_age_s: float, now: float | No
         return f"written {_ago(now, folder.newest)}, within the last {min_age_s / 60:g} min"
     if entry.what == OLD_CHECKPOINT:
         steps = committed_steps(store, entry.run)
-        keep, why = run_keep(store, entry.run, steps[-1]) if steps else (None, "the run has no committed checkpoint")
-        if keep is None or keep <= 0 or entry.step not in steps[:-keep] or entry.step == steps[-1]:
+        policy, why = run_keep(store, entry.run, steps[-1]) if steps else (None, "the run has no committed checkpoint")
+        if policy is None or entry.step not in prunable(steps, *policy) or entry.step == steps[-1]:
             return why or f"no longer beyond keep_checkpoints (committed steps {steps})"
         return ""
     if folder.committed:

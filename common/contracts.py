@@ -106,6 +106,14 @@ def committed_steps(store, run: str) -> list[int]:
     return sorted(s for s in steps if s is not None and store.is_committed(checkpoint_prefix(run, s)))
 
 
+def prunable(steps: list[int], keep: int, keep_every: int = 0) -> list[int]:
+    """Of a run's committed steps (oldest first), those its retention deletes: all but the ``keep`` latest
+    (``keep`` 0: none deleted), less the multiples of ``keep_every`` (a WSD run's cooldown points; 0: none spared).
+    Training prunes after each save, ``pretrain gc`` plans with the same rule."""
+    older = steps[:-keep] if keep > 0 else []
+    return [step for step in older if not (keep_every > 0 and step % keep_every == 0)]
+
+
 def metrics_key(run: str) -> str:
     return f"{run}/{METRICS}"
 
@@ -271,6 +279,8 @@ class CheckpointRef:
     layouts: list[LayoutSpan] = field(default_factory=list)
     """Which parallel layout trained which steps, oldest first (from the checkpoints' meta.json).
     The run id leaves the layout out, so this may differ from the layout the caller asked for."""
+    cooled_from: str = ""
+    """Key prefix of the checkpoint a WSD cooldown started from ('' = not a cooldown)."""
 
 
 @dataclass
@@ -376,6 +386,8 @@ class Lineage:
     """Key of the committed checkpoint the entry copied."""
     base_model: str = ""
     """Registry entry whose weights started training ('' = from scratch)."""
+    cooldown_from: str = ""
+    """Key of the checkpoint (of another run) a WSD cooldown continued ('' = not a cooldown)."""
     evaluation: str = ""
     """Key of the committed evaluation outputs ('' = registered without them)."""
     flyte_execution_id: str = ""

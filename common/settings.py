@@ -141,6 +141,21 @@ def _check_scalar(hint: Any, value: Any, path: str, problems: list[str]) -> Any:
         return member
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is int and (whole := whole_number(value)) is not None:
+        return whole
     if isinstance(hint, type) and (not isinstance(value, hint) or (hint is int and isinstance(value, bool))):
         problems.append(f"{path} must be {hint.__name__}, got {value!r}")
     return value
+
+
+def whole_number(value: Any) -> int | None:
+    """A whole number written in scientific notation, as budgets are (``2e9``: YAML reads it as a string,
+    ``2.0e9`` as a float), else None (the type check then says what is wrong)."""
+    if isinstance(value, str) and "e" in value.lower():
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None

@@ -28,7 +28,7 @@ import yaml
 from common.docfields import documented
 from common.errors import ConfigError
 from common.names import spec_problem
-from common.settings import from_dict, problems_error, read_settings
+from common.settings import from_dict, problems_error, read_settings, whole_number
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from evaluation.config import EvalConfig
 from evaluation.lm_eval_catalog import parse_metric_name, shipped_tasks
@@ -242,7 +242,7 @@ def parse_config(values: Any, source: str = "", launch: bool = True) -> Pipeline
     problem in one ConfigError. ``launch`` adds the rules of the machine it is launched from
     (local corpus paths, the cluster profile's world size)."""
     with _building():
-        config, problems = read_settings(PipelineConfig, values if values is not None else {})
+        config, problems = read_settings(PipelineConfig, one_budget(values) if values is not None else {})
     if config is None:  # not a mapping: nothing else to check
         raise problems_error(problems, source)
     # Every problem at once: what could not be read, and the rules on what could (defaults standing in).
@@ -256,6 +256,16 @@ def parse_config(values: Any, source: str = "", launch: bool = True) -> Pipeline
     if launch and (warning := profile_warning(config, source, launch_profile())):
         print(warning, file=sys.stderr, flush=True)
     return config
+
+
+def one_budget(values: Any) -> Any:
+    """A train section that gives its budget in ``tokens`` only leaves ``steps`` (whose default is 300) at 0; one
+    that sets both is refused by the section's check (exactly one of them)."""
+    train = values.get("train") if isinstance(values, dict) else None
+    readable = isinstance(train, dict) and (type(train.get("tokens")) is int or whole_number(train.get("tokens")) is not None)
+    if readable and "steps" not in train:  # (an unreadable one is its own problem, the steps' default stands)
+        return {**values, "train": {**train, "steps": 0}}
+    return values
 
 
 def load_config(path: str | Path | None, launch: bool = True, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
@@ -295,4 +305,12 @@ def with_overrides(values: Any, overrides: list[str] | tuple[str, ...]) -> dict[
             node[part] = dict(child) if isinstance(child, dict) else {}
             node = node[part]
         node[parts[-1]] = value
+        if parts[:-1] == ["train"] and parts[-1] in BUDGET:
+            # The budget given one way replaces the preset's, given either way (set both: both are checked).
+            other = BUDGET[1 - BUDGET.index(parts[-1])]
+            if not any(o.partition("=")[0].strip() == f"train.{other}" for o in overrides):
+                node[other] = 0
     return values
+
+
+BUDGET = ("steps", "tokens")

@@ -99,7 +99,7 @@ def relative_lineage(store: Store, lineage: Lineage) -> Lineage:
 
 def lineage_urls(store: Store, lineage: Lineage) -> dict[str, str]:
     """The URL in ``store`` of every location the lineage names (base model and training run too)."""
-    named = {name: getattr(lineage, name) for name in (*LOCATIONS, "training_run", "base_model")}
+    named = {name: getattr(lineage, name) for name in (*LOCATIONS, "training_run", "base_model", "cooldown_from")}
     return {name: location_url(store, location) for name, location in named.items() if location}
 
 
@@ -110,7 +110,7 @@ def check_continuable(store: Store, entry: str, model: dict[str, Any]) -> None:
         raise ConfigError(problem)
 
 
-COUNTS = frozenset({"parameters", "tokens_trained", "world_size", "val_tokens"})
+COUNTS = frozenset({"parameters", "steps_trained", "tokens_trained", "world_size", "val_tokens"})
 """Card metrics that are counts: the training summary carries them as floats (its Flyte type), shown as integers."""
 
 

@@ -428,6 +428,7 @@ def _entry_card(
             training_steps=ckpt.step,
             checkpoint=ckpt.prefix,
             base_model=ckpt.base_model,
+            cooldown_from=ckpt.cooled_from,
             evaluation=report.outputs,
             flyte_execution_id=execution_id,
         ),

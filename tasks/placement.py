@@ -153,6 +153,11 @@ def train_task(cluster: ClusterConfig = CLUSTER) -> dict:
     }
 
 
+def plan_task(cluster: ClusterConfig = CLUSTER) -> dict:
+    """Planning the training (a cooldown's checkpoint read from runs/): slim image, the training identity."""
+    return {**data_task(cluster), "pod_template": pod_template(cluster.train_service_account, cluster)}
+
+
 def evaluate_task(cluster: ClusterConfig = CLUSTER) -> dict:
     """Evaluation: the training image and identity, one GPU when the cluster has them."""
     gpu = {"gpu": "1"} if cluster.gpus_per_node else {}

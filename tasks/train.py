@@ -18,14 +18,26 @@ from storage import open_store
 from tasks import decks
 from tasks.caching import cache_version
 from tasks.elastic import FirstFailureElastic
-from tasks.placement import CLUSTER, train_task
+from tasks.placement import CLUSTER, plan_task, train_task
 from tasks.user_errors import as_messages
 from tracking.config import TrackingConfig
 from tracking.sender import LiveSender
 from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.cooldown import plan_steps
 from training.train import train
 
 VERSION = cache_version(__name__)
+
+
+@task(**plan_task())
+@as_messages
+def plan_training(store: str, train_cfg: TrainConfig, seq_len: int) -> TrainConfig:
+    """The train section with the steps it trains: a ``tokens`` budget converted with the global batch and
+    ``seq_len``, a WSD cooldown pinned to its run's checkpoint (``RUN@STEP``) and checked before any data work.
+
+    Not cached: a cooldown from a run's latest checkpoint names whichever is latest now.
+    """
+    return plan_steps(open_store(store), train_cfg, seq_len)
 
 
 @task(

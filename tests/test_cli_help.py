@@ -75,7 +75,8 @@ def test_set_overrides_one_setting_and_is_checked_like_the_preset(capsys):
 
     preset = str(Path(__file__).parents[1] / "configs" / "tiny-cpu.yaml")
     assert main(["check", "--config", preset, "--set", "train.steps=7", "--set", "data.seq_len=64"]) == 0
-    assert capsys.readouterr().out.rstrip().endswith("; 7 steps of 64 tokens")
+    budget = "; 7 steps of 16 × 64 tokens = 7,168 tokens; cosine schedule, 20 warm-up steps"
+    assert capsys.readouterr().out.rstrip().endswith(budget)
     assert main(["check", "--set", "train.stpes=7", "--set", "train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the settings in the defaults with --set train.stpes=7 --set train.lr=fast have 2 problems:")

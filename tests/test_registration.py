@@ -30,6 +30,7 @@ TASKS = {
     "tasks.data.prepare_data",
     *(f"tasks.data.{name}" for name in DATA_STAGES),
     "tasks.data.validate_data",
+    "tasks.train.plan_training",
     "tasks.train.train_model",
     "tasks.evaluate.evaluate_model",
     "tasks.register.register_model",

@@ -34,6 +34,24 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+class LrSchedule(StrEnum):
+    """``train.lr_schedule``: the learning rate's shape after the linear warm-up (training/schedule.py)."""
+
+    COSINE = "cosine"
+    WSD = "wsd"
+    LINEAR = "linear"
+    INVERSE_SQRT = "inverse_sqrt"
+    CONSTANT = "constant"
+
+
+class DecayShape(StrEnum):
+    """``train.decay_shape``: how a WSD run's decay falls from ``lr`` to ``min_lr``."""
+
+    LINEAR = "linear"
+    COSINE = "cosine"
+    SQRT = "sqrt"
+
+
 class CompileMode(StrEnum):
     """``train.compile``: torch.compile of the transformer layers and the loss head."""
 
@@ -198,7 +216,10 @@ class TrainConfig:
     """The optimisation loop and checkpointing."""
 
     steps: int = 300
-    """Optimizer steps."""
+    """Optimizer steps (0 = from ``tokens``; set exactly one of the two)."""
+    tokens: int = 0
+    """The run's budget in training tokens instead of steps (0 = use ``steps``), e.g. 2e9: converted to
+    ceil(tokens / (global_batch_size × data.seq_len)) steps."""
     micro_batch_size: int = 8
     """Sequences per rank per forward pass."""
     global_batch_size: int = 16
@@ -206,9 +227,24 @@ class TrainConfig:
     lr: float = 2e-3
     """Peak learning rate."""
     min_lr: float = 2e-4
-    """Learning rate at the end of the cosine decay."""
+    """Learning rate at the end of the decay (cosine, linear, WSD), and the floor of inverse_sqrt."""
     warmup_steps: int = 20
-    """Linear warm-up steps."""
+    """Linear warm-up steps (inverse_sqrt's timescale too)."""
+    lr_schedule: LrSchedule = LrSchedule.COSINE
+    """After the warm-up: 'cosine' (down to min_lr at the run's end), 'linear' (the same, linearly), 'wsd'
+    (warmup-stable-decay: lr until the last ``decay_fraction`` of the steps, then ``decay_shape`` to min_lr;
+    ``steps`` does not name a WSD run, so a run still in its stable phase can be extended), 'inverse_sqrt'
+    (lr × sqrt(warmup / step), floored at min_lr) or 'constant'."""
+    decay_fraction: float = 0.2
+    """WSD: the share of the run's steps spent decaying (0 < f ≤ 1)."""
+    decay_shape: DecayShape = DecayShape.LINEAR
+    """WSD: the decay's shape, 'linear', 'cosine' or 'sqrt' (1 − sqrt: MiniCPM's)."""
+    cooldown_from: str = ""
+    """Cool a WSD run down: RUN[@STEP], a run's committed checkpoint (latest if no step; its weights,
+    optimizer state and data position), from which ``cooldown_steps`` decay to min_lr, in a run of its own
+    ('' = off). RUN is its id as `pretrain runs list` shows it."""
+    cooldown_steps: int = 0
+    """The cooldown's length in steps (with ``cooldown_from``): the run ends at STEP + cooldown_steps."""
     weight_decay: float = 0.1
     """AdamW weight decay."""
     grad_clip: float = 1.0
@@ -227,6 +263,9 @@ class TrainConfig:
     """Save a checkpoint every N steps (the last step is always saved)."""
     keep_checkpoints: int = 2
     """Committed checkpoints kept per run (older ones are deleted)."""
+    keep_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of N, whatever ``keep_checkpoints`` says (0 = off):
+    the points a WSD run can later be cooled down from."""
     async_checkpoints: bool = True
     """Complete each checkpoint in the background: the step loop stalls only while the state is copied to
     host memory; writing, digests, upload and commit overlap the next steps (one save at a time, the last
@@ -273,6 +312,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.recompute = as_choice(Recompute, self.recompute)
         self.compile = as_choice(CompileMode, self.compile)
+        self.lr_schedule = as_choice(LrSchedule, self.lr_schedule)
+        self.decay_shape = as_choice(DecayShape, self.decay_shape)
         self.on_bad_loss = as_choice(BadLossAction, self.on_bad_loss)
 
     def profile_window(self) -> tuple[int, int] | None:
@@ -289,7 +330,15 @@ class TrainConfig:
 
     def problems(self) -> list[str]:
         """Every setting of this section that cannot work, one line each."""
-        out = at_least("train.steps", self.steps, 1)
+        out = at_least("train.steps", self.steps, 0, " (0 = from train.tokens)")
+        out += at_least("train.tokens", self.tokens, 0, " (0 = use train.steps)")
+        if self.steps > 0 and self.tokens > 0:
+            out.append(
+                f"train.steps={self.steps} and train.tokens={self.tokens} are both set: give the budget one way, "
+                "steps or tokens, and set the other to 0"
+            )
+        elif self.steps == 0 and self.tokens == 0 and not self.cooldown_from:
+            out.append("train.steps and train.tokens are both 0: give the run's budget in steps or in tokens")
         out += at_least("train.micro_batch_size", self.micro_batch_size, 1)
         out += at_least("train.global_batch_size", self.global_batch_size, 1)
         if not out and self.global_batch_size % self.micro_batch_size:
@@ -302,12 +351,14 @@ class TrainConfig:
         elif not 0 <= self.min_lr <= self.lr:
             out.append(f"train.min_lr is {self.min_lr}: must be in [0, train.lr = {self.lr}] (typical lr / 10)")
         out += at_least("train.warmup_steps", self.warmup_steps, 0)
+        out += self.schedule_problems()
         out += at_least("train.weight_decay", self.weight_decay, 0, " (typical 0.1)")
         out += at_least("train.grad_clip", self.grad_clip, 0, " (0 = off; typical 1.0)")
         out += choice_problem("train.recompute", self.recompute, Recompute)
         out += choice_problem("train.compile", self.compile, CompileMode)
         out += at_least("train.seed", self.seed, 0)
         out += at_least("train.checkpoint_every", self.checkpoint_every, 1, " (the last step is always saved)")
+        out += at_least("train.keep_every", self.keep_every, 0, " (0 = off)")
         out += at_least("train.shuffle_window_shards", self.shuffle_window_shards, 1)
         out += at_least("train.peak_flops", self.peak_flops, 0, " (0 = the device's data-sheet figure)")
         out += at_least("train.log_every", self.log_every, 1)
@@ -327,12 +378,59 @@ class TrainConfig:
         out += at_least("train.max_skipped_steps", self.max_skipped_steps, 0)
         return out
 
+    def schedule_problems(self) -> list[str]:
+        """The learning-rate schedule's settings, and a cooldown's."""
+        out = choice_problem("train.lr_schedule", self.lr_schedule, LrSchedule)
+        out += choice_problem("train.decay_shape", self.decay_shape, DecayShape)
+        wsd = self.lr_schedule == LrSchedule.WSD
+        if wsd and not 0 < self.decay_fraction <= 1:
+            out.append(
+                f"train.decay_fraction is {self.decay_fraction}: must be in (0, 1], the share of the steps spent "
+                "decaying (typical 0.1 … 0.2)"
+            )
+        elif wsd and not self.cooldown_from and self.steps > 0 and not out:
+            decay = round(self.decay_fraction * self.steps)
+            if decay > self.steps - self.warmup_steps:
+                out.append(
+                    f"train.decay_fraction={self.decay_fraction} makes a decay of {decay} steps, longer than the "
+                    f"{self.steps - self.warmup_steps} steps after train.warmup_steps={self.warmup_steps}: lower one of them"
+                )
+        if self.cooldown_from:
+            if not wsd:
+                out.append(
+                    f"train.cooldown_from is {self.cooldown_from!r} but train.lr_schedule is {self.lr_schedule}: "
+                    "a cooldown continues a WSD run and decays as one; set lr_schedule: wsd"
+                )
+            if cooldown_point(self.cooldown_from) is None:
+                out.append(f"train.cooldown_from is {self.cooldown_from!r}: write RUN or RUN@STEP, e.g. 3f2a9c0d@400")
+            if self.cooldown_steps < 1:
+                out.append(f"train.cooldown_steps is {self.cooldown_steps}: a cooldown needs its length in steps (≥ 1)")
+            if self.tokens > 0:
+                out.append("train.tokens is set with train.cooldown_from: a cooldown lasts train.cooldown_steps; set tokens to 0")
+        elif self.cooldown_steps:
+            out.append(
+                f"train.cooldown_steps is {self.cooldown_steps} without train.cooldown_from: name a run to cool down, or 0"
+            )
+        return out
+
+    def steps_for(self, seq_len: int) -> int:
+        """The optimizer steps of the budget: ``steps``, or ``tokens`` in global batches of ``seq_len``-token
+        sequences (rounded up). A cooldown's are known once its start is (``training.cooldown``)."""
+        if self.tokens > 0:
+            return -(-self.tokens // (self.global_batch_size * seq_len))
+        return self.steps
+
     def identity(self) -> TrainConfig:
         """This config with the settings that only observe a run (console, profiles, straggler checks,
         TensorBoard, the MFU peak) and the reactions to a bad loss at their defaults: what names the run,
         so turning on a profile, or following a stopped run's advice to set on_bad_loss: skip, resumes
         the same run from its last checkpoint instead of starting another."""
-        return replace(self, **{name: getattr(TrainConfig, name) for name in OBSERVING_FIELDS})
+        observing = {name: getattr(TrainConfig, name) for name in OBSERVING_FIELDS}
+        if self.lr_schedule == LrSchedule.WSD:
+            # A WSD run's length is not its identity: extended while it is still in its stable phase, it
+            # continues (its trained steps keep their learning rates; checked at resume).
+            observing |= {"steps": TrainConfig.steps, "tokens": TrainConfig.tokens}
+        return replace(self, **observing)
 
 
 OBSERVING_FIELDS = (
@@ -353,6 +451,15 @@ OBSERVING_FIELDS = (
     # When a checkpoint completes, not what it holds: a run saved either way resumes the same.
     "async_checkpoints",
 )
+
+
+def cooldown_point(text: str) -> tuple[str, int] | None:
+    """``train.cooldown_from`` as (run id, step; 0 = its latest committed checkpoint), or None if unreadable.
+    The run may be written as its id or as runs/<id>."""
+    run, at, step = text.strip().removeprefix("runs/").partition("@")
+    if not run or "/" in run or (at and not (step.isdigit() and int(step) > 0)):
+        return None
+    return run, int(step) if at else 0
 
 
 def layout_problems(model: ModelConfig, parallel: ParallelConfig) -> list[str]:

@@ -22,7 +22,6 @@ train, the same CheckpointRef).
 from __future__ import annotations
 
 import functools
-import math
 import os
 import sys
 import traceback
@@ -41,6 +40,7 @@ from storage import open_store
 from training.callbacks import Callbacks, OnRecord
 from training.checkpointing.manager import CheckpointManager
 from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.cooldown import pinned_checkpoint, plan_steps
 from training.data import Reading, StreamingLoader
 from training.distributed import init_distributed, shutdown_distributed
 from training.model.compiling import compile_seconds
@@ -55,14 +55,8 @@ from training.observe.stragglers import StragglerMonitor
 from training.observe.timing import StepTimer, phase_key
 from training.observe.watchdog import Progress, Watchdog, explain
 from training.runlog import RunLog
+from training.schedule import lr_at
 from training.validator import Validator
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def run_id(dataset: DatasetRef, model: ModelConfig, train_cfg: TrainConfig, base_model: str = "") -> str:
@@ -118,13 +112,11 @@ class Trainer:
         """Setup: the process groups, the loader, the model and optimizer, the run's store, log and checkpoints."""
         from megatron.core import parallel_state as ps
 
-        self.cfg = cfg
         self.parallel = parallel
         self.model_cfg = model_cfg
         self.base_model = base_model
         self.progress = progress
         self.dataset = dataset
-        self.run_prefix = run_prefix(run_id(dataset, model_cfg, cfg, base_model))
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         init_distributed(parallel, cfg.seed)
         self.rank0 = dist.get_rank() == 0
@@ -135,6 +127,10 @@ class Trainer:
             dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards, reading=reading
         )
         self.seq_len = manifest["seq_len"]
+        # The steps in effect: a token budget converted, a cooldown pinned to its checkpoint (the workflow's
+        # plan_training did both before anything ran; a direct call gets the same).
+        self.cfg = cfg = plan_steps(open_store(dataset.store), cfg, self.seq_len)
+        self.run_prefix = run_prefix(run_id(dataset, model_cfg, cfg, base_model))
         self.val_loader = None  # the validation split's, for the Validator (none when the split is empty or it is off)
         if cfg.val_every > 0 and manifest["splits"].get("val", {}).get("shards"):
             self.val_loader, _ = StreamingLoader.for_split(
@@ -226,6 +222,7 @@ class Trainer:
             self.log.publish()
         sizes = {
             "parameters": float(self.step.num_parameters()),
+            "steps_trained": float(self.cfg.steps),
             "tokens_trained": float(self.cfg.steps * self.tokens_per_step),
             "world_size": float(layouts[-1].layout.world_size),
             # Apart from the step times: the first step of a compiled process includes it.
@@ -240,4 +237,5 @@ class Trainer:
             base_model=self.base_model,
             summary=self.log.summary(layouts, self.health.skipped, sizes),
             layouts=layouts,
+            cooled_from=pinned_checkpoint(self.cfg),
         )

@@ -26,7 +26,7 @@ from tasks.placement import CLUSTER
 from tasks.register import find_base_model, find_gate_holder, register_model
 from tasks.settings import check_settings
 from tasks.track import fail_tracking, start_tracking, track_run
-from tasks.train import train_model
+from tasks.train import plan_training, train_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -43,11 +43,13 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
     """
     settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node, cluster=CLUSTER)
     base_model = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model)
+    train_cfg = plan_training(store=config.store, train_cfg=config.train, seq_len=config.data.seq_len)
     # The run opens before the corpus is listed: a corpus that stops there ends a FAILED run, not none.
     tracking = start_tracking(config=config)
     data = fingerprint_corpus(data=config.data)
     settings >> tracking
     settings >> base_model
+    settings >> train_cfg
     settings >> data
     dataset = prepare_data(store=config.store, data=data, tokenizer=config.tokenizer, base_model=base_model)
     checked = validate_data(dataset=dataset, validation=config.validation)
@@ -55,7 +57,7 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
         dataset=checked,
         model=config.model,
         parallel=config.parallel,
-        train_cfg=config.train,
+        train_cfg=train_cfg,
         base_model=base_model,
         tracking=tracking,
         tracking_cfg=config.tracking,

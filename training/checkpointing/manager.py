@@ -32,11 +32,13 @@ from storage import Store
 from training.checkpointing import checkpoint
 from training.checkpointing.saving import PendingSave, start_save
 from training.config import ParallelConfig, TrainConfig
-from training.data import StreamingLoader
+from training.cooldown import cooldown_checkpoint, trained_config
+from training.data import LoaderStateError, StreamingLoader
 from training.distributed import checkpoint_group
 from training.observe.timing import StepTimer
 from training.observe.watchdog import Progress
 from training.runlog import RunLog
+from training.schedule import decay_start, schedule_change
 
 
 class CheckpointManager:
@@ -65,6 +67,7 @@ class CheckpointManager:
         self.resumed_step = 0
         self.prefix = ""
         """The key prefix of the run's latest committed checkpoint ('' while there is none)."""
+
         self.lease: RunLease | None = None
         self.pending: PendingSave | None = None
         """The save completing in the background (``train.async_checkpoints``), if any."""
@@ -77,6 +80,8 @@ class CheckpointManager:
         start = self.resume()
         if start:
             log.restore(self.prefix, start)
+        elif self.cfg.cooldown_from:
+            start = self.cool_down(log)
         elif base_model:
             self.init_from(base_model)
         return start
@@ -124,11 +129,49 @@ class CheckpointManager:
         model, optimizer, layout = self.step.model, self.step.optimizer, asdict(self.layout)
         resumed = checkpoint.load(self.store, self.prefix, model, optimizer, layout)
         self.loader.check_resume(resumed["loader"], self.resumed_step)
+        self._check_schedule(resumed, self.run)
         self.history = layouts_of(resumed)
         if self.rank == 0:
             restored = checkpoint.restores_optimizer(resumed, optimizer, layout)
             print(resume_note(self.run, self.resumed_step, self.cfg.steps, self.history, self.layout, restored), flush=True)
         return self.resumed_step
+
+    def cool_down(self, log: RunLog) -> int:
+        """Start this run from the checkpoint ``train.cooldown_from`` names, as a resume of it would (weights,
+        optimizer state, RNG, data position, the run log up to it): the step to continue after."""
+        source, start = cooldown_checkpoint(self.store, self.cfg)
+        prefix = checkpoint_prefix(source, start)
+        self.progress.enter(f"cooldown from {prefix}", self.timeout_s)
+        model, optimizer, layout = self.step.model, self.step.optimizer, asdict(self.layout)
+        resumed = checkpoint.load(self.store, prefix, model, optimizer, layout)
+        try:
+            self.loader.check_resume(resumed["loader"], start)
+        except LoaderStateError as e:
+            raise ConfigError(
+                f"train.cooldown_from={self.cfg.cooldown_from}: a cooldown continues its run's data order, on the "
+                f"same dataset and batch ({e}); prepare the run's own data (dataset {resumed['dataset']})"
+            ) from e
+        self._check_schedule(resumed, source)
+        self.history, self.resumed_step = layouts_of(resumed), start
+        log.restore(prefix, start)
+        if self.rank == 0:
+            steps = f"steps {start + 1}-{self.cfg.steps}"
+            print(f"cooling down {source} from step {start}: {steps} decay to min_lr in {self.run}", flush=True)
+        return start
+
+    def _check_schedule(self, meta: dict, run: str) -> None:
+        """Refuse to continue the checkpoint of ``meta`` (of ``run``) under a schedule that would have trained its
+        steps at other learning rates: a WSD run extended after its decay began, or a shortened one."""
+        step = meta["step"]
+        changed = schedule_change(trained_config(meta), self.cfg, step)
+        if changed:
+            trained = trained_config(meta)
+            raise ConfigError(
+                f"run {run} trained steps 1-{step} with train.steps={trained.steps}, lr_schedule {trained.lr_schedule}; "
+                f"this config's learning rate differs from step {changed}, so it cannot continue them: a WSD run can be "
+                f"extended only before its decay (it began after step {decay_start(trained)}); cool down from a kept "
+                f"stable-phase checkpoint instead (train.cooldown_from: {run.removeprefix('runs/')}@STEP) or change train.seed"
+            )
 
     def init_from(self, base_model: str) -> None:
         """Initialise the weights from the registry entry under key prefix ``base_model`` (continued
@@ -188,8 +231,8 @@ class CheckpointManager:
         self.check_lease()  # nothing written by a job that lost the run to an identical one
         self.loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
         model, optimizer = self.step.model, self.step.optimizer
-        keep, background = self.cfg.keep_checkpoints, self.cfg.async_checkpoints
-        self.pending = start_save(self.store, self.run, step, model, optimizer, meta, keep, files, background)
+        keep, background, every = self.cfg.keep_checkpoints, self.cfg.async_checkpoints, self.cfg.keep_every
+        self.pending = start_save(self.store, self.run, step, model, optimizer, meta, keep, files, background, every)
         if not background:
             self.wait()
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from common.contracts import CHECKPOINT_DIGESTS, CHECKPOINT_META, CHECKPOINT_MODEL, checkpoint_prefix, committed_steps
+from common.contracts import CHECKPOINT_DIGESTS, CHECKPOINT_META, CHECKPOINT_MODEL, checkpoint_prefix, committed_steps, prunable
 from common.digests import file_sha256, folder_files
 from common.stages import mark_stage
 from runs.staging import remove_job_folder
@@ -104,9 +104,11 @@ def start_save(
     keep: int,
     files: dict[str, bytes] | None = None,
     background: bool = True,
+    keep_every: int = 0,
 ) -> PendingSave:
     """Snapshot the checkpoint of ``step`` on every rank (collective) and complete it in the background
-    (or inline): see the module docstring. ``files`` (rank 0's) are committed with it."""
+    (or inline): see the module docstring. ``files`` (rank 0's) are committed with it. Afterwards the run
+    keeps its ``keep`` latest checkpoints and those whose step is a multiple of ``keep_every`` (0 = none)."""
     from megatron.core import dist_checkpointing
 
     rank = dist.get_rank()
@@ -117,7 +119,7 @@ def start_save(
     dist.broadcast_object_list(done, src=0, group=checkpoint_group())
     if done[0]:
         if rank == 0:
-            _prune(store, run_prefix, keep)
+            _prune(store, run_prefix, keep, keep_every)
         dist.barrier(group=checkpoint_group())
         return PendingSave(step, prefix, None, background)
     if rank == 0:
@@ -140,7 +142,7 @@ def start_save(
     # The DCP finalisation (write results gathered, .metadata written by rank 0); megatron's other
     # finaliser writes metadata.json after a barrier on the default group: ours does it on the saver's.
     finalize_dcp = request.finalize_fns[0]
-    complete = functools.partial(_complete_save, store, run_prefix, step, keep, job, write_tensors, finalize_dcp)
+    complete = functools.partial(_complete_save, store, run_prefix, step, (keep, keep_every), job, write_tensors, finalize_dcp)
     return PendingSave(step, prefix, complete, background)
 
 
@@ -160,13 +162,13 @@ def _complete_save(
     store: Store,
     run_prefix: str,
     step: int,
-    keep: int,
+    keep: tuple[int, int],
     job: Path,
     write_tensors: Callable[[], None],
     finalize_dcp: Callable[[], None],
 ) -> None:
     """The rest of a save after its snapshot (in the background or inline): write the tensors, finish the DCP
-    metadata, upload the staged folder, record the digests, commit (the marker last), prune to ``keep``."""
+    metadata, upload the staged folder, record the digests, commit (the marker last), prune to ``keep`` (latest, every)."""
     rank = dist.get_rank()
     prefix = checkpoint_prefix(run_prefix, step)
     staging = job / "save"
@@ -194,7 +196,7 @@ def _complete_save(
             target.commit(prefix, {"step": step})
         except AlreadyCommitted:
             pass  # committed meanwhile by an identical writer: the same step of the same run counts as done
-        _prune(target, run_prefix, keep)
+        _prune(target, run_prefix, *keep)
     dist.barrier(group=saver_group())
     if _local_leader():
         remove_job_folder(job)
@@ -282,7 +284,8 @@ def _gather_digests(staging: Path, group) -> dict[str, str] | None:
     return dict(sorted(digests.items()))
 
 
-def _prune(store: Store, run_prefix: str, keep: int) -> None:
-    """Delete all but the ``keep`` latest committed checkpoints of the run (``keep`` 0: none)."""
-    for old in committed_steps(store, run_prefix)[:-keep] if keep > 0 else []:
+def _prune(store: Store, run_prefix: str, keep: int, keep_every: int = 0) -> None:
+    """Delete all but the ``keep`` latest committed checkpoints of the run (``keep`` 0: none), sparing those
+    whose step is a multiple of ``keep_every`` (0: none spared)."""
+    for old in prunable(committed_steps(store, run_prefix), keep, keep_every):
         store.delete_prefix(checkpoint_prefix(run_prefix, old))
