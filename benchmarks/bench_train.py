@@ -16,6 +16,10 @@ parameter count, and of the data loader against what training consumes, measured
       compiles one block), the trainer's fused AdamW (``training.model.step.adamw``), torch's
       ``clip_grad_norm_``. Compile time is excluded from the step times and reported (``compile_s``).
     - ``plain_eager``: the same model and optimizer, not compiled: shows what compiling gains.
+    - ``ours_masked``: ``ours`` with ``train.document_masking`` (training/model/documents.py: block-diagonal
+      causal SDPA, positions restarting per document, the masked loss): its cost against ``ours`` is
+      ``masked_vs_unmasked``. Every variant trains the same rows, packed documents whose lengths are drawn
+      from an exponential distribution of mean seq/2 (two documents a row on average, ``documents_per_row``).
     The parameter counts are asserted equal. Steps alternate round-robin between the variants (the
     order rotates every step) for ``--repeats`` repeats of ``--steps`` steps after ``--warmup``
     warm-up steps each; tokens/s comes from the median step time.
@@ -94,7 +98,8 @@ SIZES: dict[str, dict[str, int]] = {
 }
 # Documents of the corpus (Python's standard library) prepared for the loader measurement.
 LOADER_DOCUMENTS = {"tiny": 60, "small": 300, "350m": 300, "1b": 300}
-VARIANTS = ("ours", "ours_eager", "plain_compiled", "plain_eager")
+VARIANTS = ("ours", "ours_eager", "ours_masked", "plain_compiled", "plain_eager")
+EOD = 0  # the batch's end-of-text id: its rows are packed documents (``packed_documents``)
 # The optimizer settings of both sides: the trainer's betas and eps (training/model/step.py), one lr, its clip.
 LR, WEIGHT_DECAY, CLIP = 1e-4, 0.1, 1.0
 EPS_NORM = 1e-5  # megatron's RMSNorm epsilon (build_gpt keeps the default)
@@ -202,9 +207,11 @@ def model_config(shape: dict[str, int], kernels: str = "triton") -> ModelConfig:
     )
 
 
-def build_ours(shape: dict[str, int], compiled: bool, device: torch.device, tokens: torch.Tensor) -> tuple[nn.Module, Step, str]:
+def build_ours(
+    shape: dict[str, int], compiled: bool, device: torch.device, tokens: torch.Tensor, masked: bool = False
+) -> tuple[nn.Module, Step, str]:
     """The trainer's own step at TP=PP=1, as ``training.model.step.build_step`` makes it (``train.compile``
-    on or off; ``model.kernels: triton``)."""
+    on or off; ``model.kernels: triton``; ``train.document_masking`` as ``masked``)."""
     from training.model.layers import IMPL_ATTR
     from training.model.step import LocalStep, build_step
     from training.observe.timing import StepTimer
@@ -217,8 +224,9 @@ def build_ours(shape: dict[str, int], compiled: bool, device: torch.device, toke
         weight_decay=WEIGHT_DECAY,
         grad_clip=CLIP,
         compile="on" if compiled else "off",
+        document_masking=masked,
     )
-    local = build_step(model_config(shape), ParallelConfig(tensor_parallel=1), cfg, shape["vocab"], shape["seq"])
+    local = build_step(model_config(shape), ParallelConfig(tensor_parallel=1), cfg, shape["vocab"], shape["seq"], EOD)
     require(isinstance(local, LocalStep), f"expected the single-stage LocalStep, got {type(local).__name__}")
     model, timer = local.model, StepTimer(device)
     built_on = next(model.parameters()).device.type
@@ -229,6 +237,24 @@ def build_ours(shape: dict[str, int], compiled: bool, device: torch.device, toke
         return result.loss, result.grad_norm
 
     return model, step, getattr(model.config, IMPL_ATTR)
+
+
+def packed_documents(rows: torch.Tensor, mean_length: float) -> torch.Tensor:
+    """``rows`` (ids ≥ 1) with an end-of-text after each document, lengths drawn from an exponential
+    distribution of ``mean_length`` tokens (a fixed seed), as the packer lays documents end to end."""
+    generator = torch.Generator().manual_seed(0)
+    flat = rows.flatten().clone()
+    at = 0
+    while True:
+        at += 1 + int(torch.empty(1).exponential_(1 / mean_length, generator=generator).item())
+        if at >= flat.numel():
+            return flat.view_as(rows)
+        flat[at] = EOD
+
+
+def documents_per_row(tokens: torch.Tensor) -> float:
+    """Documents a row holds on average: its boundaries + 1."""
+    return (tokens[:, :-1] == EOD).sum(dim=1).float().mean().item() + 1
 
 
 def sync(device: torch.device) -> None:
@@ -259,11 +285,12 @@ def build_variants(shape: dict[str, int], device: torch.device, attention: str) 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what build_gpt uses
     init_distributed(ParallelConfig(tensor_parallel=1), seed=0, standalone=True)
     torch.manual_seed(0)
-    tokens = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"] + 1), device=device)
+    tokens = packed_documents(torch.randint(1, shape["vocab"], (shape["batch"], shape["seq"] + 1)), shape["seq"] / 2).to(device)
     steps, info = {}, {}
-    for name, compiled in (("ours", True), ("ours_eager", False)):
-        model, steps[name], ran = build_ours(shape, compiled, device, tokens)
+    for name, compiled, masked in (("ours", True, False), ("ours_eager", False, False), ("ours_masked", True, True)):
+        model, steps[name], ran = build_ours(shape, compiled, device, tokens, masked)
         info[name] = {"parameters": parameter_count(model), "compiled": compiled, "kernels_run": ran, "optimizer": "fused"}
+        info[name] |= {"document_masking": masked, "documents_per_row": round(documents_per_row(tokens), 2)}
     for name in ("plain_compiled", "plain_eager"):
         torch.manual_seed(0)
         with device:  # initialised where it runs: a 1B model's init on the CPU alone takes tens of seconds
@@ -348,6 +375,8 @@ def repeat_ratios(timed: dict[str, list[list[float]]]) -> dict:
             "ours_eager_vs_plain_eager": over("ours_eager", "plain_eager"),
             "ours_vs_plain_eager": over("ours", "plain_eager"),
             "ours_compile_speedup": over("ours", "ours_eager"),
+            # < 1: document masking's cost, the masked step's speed over the unmasked one's.
+            "masked_vs_unmasked": over("ours_masked", "ours"),
         }
     )
     keys["ratios"] = {k: round(v, 3) for k, v in keys["ratios"].items()}

@@ -1945,3 +1945,49 @@ def run_decks(view: RunView) -> dict[str, str]:
     from reports import charts, run_html
 
     return run_html.run_sections(view, charts.run_charts(view))
+
+
+# ----------------------------------------------------------------------------------------------
+# Document masking (tests/test_document_masking.py): a layout's logits of packed rows
+
+
+def document_logits(model_cfg: ModelConfig, tp: int, pp: int, rows: list[list[int]], vocab: int, eod: int | None) -> list:
+    """On each rank of a ``tp`` × ``pp`` launch: a freshly initialised GPT's logits ``[rows, seq, vocab]`` of
+    ``rows`` (input ids), whole (gathered over TP, from the last pipeline stage), with document masking at
+    ``eod`` (None: off). Rank 0's result is the launch's."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from training.config import ParallelConfig
+    from training.distributed import init_distributed, shutdown_distributed
+    from training.model.gpt import build_gpt, model_inputs
+
+    parallel = ParallelConfig(tensor_parallel=tp, pipeline_parallel=pp)
+    init_distributed(parallel, seed=7)
+    try:
+        tokens = torch.tensor([row + [eod or 0] for row in rows])  # a label column, unused
+        model = build_gpt(model_cfg, vocab, tokens.shape[1] - 1, tp, pipeline_parallel=pp, init_seed=7, document_eod=eod)
+        model.eval()
+        inputs, positions, _, mask, _ = model_inputs(model, tokens)
+        with torch.no_grad():
+            if pp > 1 and not ps.is_pipeline_first_stage():
+                hidden = torch.empty(inputs.shape[1], inputs.shape[0], model_cfg.hidden_size)
+                dist.recv(hidden, src=ps.get_pipeline_model_parallel_prev_rank())
+                model.set_input_tensor(hidden)
+            out = model(inputs, positions, mask)
+            if not ps.is_pipeline_last_stage():
+                dist.send(out.contiguous(), dst=ps.get_pipeline_model_parallel_next_rank())
+                out = torch.empty(inputs.shape[0], inputs.shape[1], 0)
+            elif tp > 1:  # vocab-parallel logits: each TP rank holds its slice of the vocabulary
+                parts = [torch.empty_like(out) for _ in range(tp)]
+                dist.all_gather(parts, out.contiguous(), group=ps.get_tensor_model_parallel_group())
+                out = torch.cat(parts, dim=-1)
+        # Rank 0 answers: the last stage's logits travel to it (the first stage's rank, under PP).
+        result = [out[..., :vocab].tolist() if ps.is_pipeline_last_stage() else None]
+        if pp > 1:
+            last = ps.get_pipeline_model_parallel_last_rank()
+            dist.broadcast_object_list(result, src=last, group=ps.get_pipeline_model_parallel_group())
+        return result[0]
+    finally:
+        shutdown_distributed()

@@ -9,7 +9,9 @@ weights by 2.6e-6, while the gradient norm doubled). Each run also proves its la
 ranks built (``train_recording_layout``): the layout recorded in the run's summary is made from
 the settings and stays right when a setting is silently ignored. Layouts also recompute
 activations (selective, full) and overlap megatron's collectives with compute, which must not move
-anything either.
+anything either. Every layout but the single process trains with document masking (``train.document_masking``:
+its block-diagonal mask, restarted positions and masked loss through TP, SP, PP, DP, FSDP, recompute and
+compiled layers) against a masked TP=2 run; the single process, unmasked, against the plain TP=2 run.
 """
 
 import dataclasses
@@ -25,7 +27,18 @@ from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
 from evaluation.tensorboard_log import event_file
 from storage import open_store
-from tests.helpers import final_weights, fresh_copy, layout_facts, losses, records, tiny_model, train_recording_layout
+from tests.helpers import (
+    distinct_corpus,
+    final_weights,
+    fresh_copy,
+    layout_facts,
+    losses,
+    records,
+    tiny_data,
+    tiny_model,
+    tiny_tokenizer,
+    train_recording_layout,
+)
 from training.checkpointing import checkpoint, snapshot
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
@@ -52,6 +65,32 @@ def tp2_weights(tp2_run):
     return final_weights(tp2_run, MODEL)
 
 
+MASKED = dataclasses.replace(STEPS, document_masking=True, checkpoint_every=STEPS.steps)
+
+
+@pytest.fixture(scope="module")
+def short_docs_dataset(tmp_path_factory):
+    """Documents of about 30 tokens: two rows in three hold a boundary (the tiny dataset's long documents,
+    53 rows in 23,988), so that document masking changes what trains. Prepared in 0.3 s."""
+    from data_prep.prepare import prepare_dataset
+
+    root = tmp_path_factory.mktemp("short-docs")
+    corpus = distinct_corpus(root / "corpus", n=300, words_per_doc=24)
+    return prepare_dataset(tiny_data(sources=[str(corpus)], max_documents=0), tiny_tokenizer(), open_store(str(root / "store")))
+
+
+@pytest.fixture(scope="module")
+def masked_tp2_run(short_docs_dataset, tmp_path_factory):
+    """The TP=2 run with document masking: the masked layouts' reference."""
+    dataset = fresh_copy(short_docs_dataset, tmp_path_factory.mktemp("masked-tp2"))
+    return launch(train, 2, dataset, MODEL, ParallelConfig(tensor_parallel=2), MASKED)
+
+
+@pytest.fixture(scope="module")
+def masked_tp2_weights(masked_tp2_run):
+    return final_weights(masked_tp2_run, MODEL)
+
+
 def adam_moments(ref) -> dict:
     """The AdamW moments of a run's final checkpoint, each whole (as a TP=1 process reads them): ``{key: tensor}``."""
     tensors = snapshot.checkpoint_tensors(open_store(ref.store), ref.prefix)
@@ -74,6 +113,17 @@ def test_tensor_parallel_training_learns_and_commits(tp2_run, tp2_facts):
     assert list(held_out) == [4, 8] and all(math.isfinite(v) and v > 0 for v in held_out.values()), held_out
     assert held_out[8] < held_out[4], held_out  # the model learned something that carries to unseen rows
     assert all(r["val_time_s"] > 0 for r in records(tp2_run) if "val_loss" in r)
+
+
+@pytest.mark.slow
+def test_document_masking_changes_what_the_short_documents_train(short_docs_dataset, masked_tp2_run, tmp_path):
+    # The masked layouts' comparison means something only if masking changes the training (layout noise: 1e-6).
+    unmasked = dataclasses.replace(MASKED, document_masking=False)
+    plain_run = launch(train, 1, fresh_copy(short_docs_dataset, tmp_path), MODEL, ParallelConfig(tensor_parallel=1), unmasked)
+    masked, plain = losses(masked_tp2_run), losses(plain_run)
+    assert len(masked) == len(plain) == STEPS.steps
+    assert max(abs(a - b) for a, b in zip(masked, plain, strict=True)) > 1e-3, (masked, plain)
+    assert masked[-1] < masked[0] - 0.3, masked  # and it learns
 
 
 # Tolerances. Float noise between layouts measured (8 steps): losses <= 9.5e-7, gradient norms
@@ -147,6 +197,8 @@ LAYOUTS = {
 # 2 s each): what a warm cache leaves is Dynamo's tracing, the layer's AOTAutograd (megatron's autograd.Function
 # keeps it out of the cache), the graphs' loading, and the pipeline's two stages compiling one after the other.
 COMPILED = {name for name in LAYOUTS if name.endswith("+compiled")}
+UNMASKED = {"single-process"}
+"""Layouts trained without document masking, against the plain TP=2 run; the others are masked."""
 
 # Layouts run at micro-batch 2 instead of 4 (the mean of the micro-batches' mean losses is the same number):
 # FSDP's unsharded accumulation before the last micro-batch's reduce-scatter and megatron's overlapped reduction,
@@ -212,13 +264,17 @@ def check_built_layout(name: str, facts: list[dict]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, tp2_weights, tmp_path, name):
+def test_parallel_layouts_match_the_tensor_parallel_run(request, tmp_path, name):
     """Same initial weights and global batches whatever the layout: only float noise may differ
-    in the losses, the gradient norms and the final weights."""
+    in the losses, the gradient norms and the final weights (documents masked or not, as the reference)."""
+    masked = name not in UNMASKED
+    data = request.getfixturevalue("short_docs_dataset" if masked else "tiny_dataset")
+    tp2_run = request.getfixturevalue("masked_tp2_run" if masked else "tp2_run")
+    tp2_weights = request.getfixturevalue("masked_tp2_weights" if masked else "tp2_weights")
     nproc, parallel, recompute, _ = LAYOUTS[name]
     facts_dir = tmp_path / "facts"
     facts_dir.mkdir()
-    dataset = fresh_copy(tiny_dataset, tmp_path / "store")
+    dataset = fresh_copy(data, tmp_path / "store")
     # One save: the final weights. The single-process run measures no held-out loss: its weights matching the TP=2
     # run's (which does, at steps 4 and 8) show that the measurement changes nothing of the training. Neither does the
     # overlap layout, whose final checkpoint is then saved right after an optimizer step, before any forward has
@@ -232,6 +288,7 @@ def test_parallel_layouts_match_the_tensor_parallel_run(tiny_dataset, tp2_run, t
         val_every=STEPS.val_every if validate else 0,
         compile="on" if compiled else "off",
         micro_batch_size=2 if name in SMALL_MICRO_BATCH else STEPS.micro_batch_size,
+        document_masking=masked,
     )
     ref = launch(train_recording_layout, nproc, str(facts_dir), dataset, MODEL, parallel, steps)
     recorded = Layout(nproc, parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer, parallel.fsdp)

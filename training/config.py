@@ -273,6 +273,10 @@ class TrainConfig:
     shuffle_window_shards: int = 4
     """Shards whose rows are shuffled together each epoch (shard order is shuffled too); the loader
     holds about twice this many shards in memory."""
+    document_masking: bool = False
+    """Attend within each document of a packed sequence only, with RoPE positions restarting at each document
+    and no loss on predicting a document's first token from the one before (Llama 3, torchtitan); the shards
+    already mark documents with end-of-text, so nothing is prepared again (training/model/documents.py)."""
     init_from: str = ""
     """Continue pretraining from a registered model: NAME, NAME:VERSION or NAME:ALIAS
     ('' = from scratch). Its tokenizer is reused and the model section must match it."""

@@ -137,7 +137,7 @@ class Trainer:
                 dataset, "val", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards, reading=reading
             )
         self.tokens_per_step = cfg.global_batch_size * self.seq_len
-        self.step = build_step(model_cfg, parallel, cfg, manifest["vocab_size"], self.seq_len)
+        self.step = build_step(model_cfg, parallel, cfg, manifest["vocab_size"], self.seq_len, manifest.get("eod_id"))
         self.store = open_store(dataset.store)
         progress.world_size = dist.get_world_size()
         progress.diagnose = functools.partial(write_diagnostics, self.store, self.run_prefix, dist.get_rank())

@@ -41,6 +41,7 @@ from training.model.shared import (
     count_parameters,
     mean_over_data_parallel,
     micro_batch_mean_loss,
+    token_weights,
 )
 from training.observe.timing import StepTimer
 
@@ -107,11 +108,13 @@ class FsdpStep:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=self.params[0].device)
         micros = batch.split(self.cfg.micro_batch_size)
+        weights = token_weights(self.model, micros)
         with timer.phase("forward_backward"):  # the all-gathers, and the reduce-scatter in the last backward
             for i, micro in enumerate(micros):
                 # Gradients accumulate unsharded until the last micro-batch, whose backward reduce-scatters the sum.
                 self.model.set_requires_gradient_sync(i == len(micros) - 1)
-                loss = mean_loss(self.model, micro) / self.accumulation
+                loss = mean_loss(self.model, micro)
+                loss = loss / self.accumulation if weights is None else loss * weights[i]
                 loss.backward()
                 loss_sum += loss.detach()
         with timer.phase("collective"):

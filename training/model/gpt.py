@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 
@@ -29,14 +30,15 @@ def build_gpt(
     pipeline_parallel: int = 1,
     init_seed: int | None = None,
     recompute: str = "none",
+    document_eod: int | None = None,
 ):
     """A megatron-core GPTModel for this rank: with ``pipeline_parallel`` > 1, this rank's stage
     (its layers; the embedding on the first stage, the final norm and output on the last).
     megatron's groups must be initialised with the same sizes. With ``init_seed`` the CPU
     initialisation is the same whatever the parallel layout (see ``layers.py``). ``recompute``
-    is ``TrainConfig.recompute``."""
+    is ``TrainConfig.recompute``. ``document_eod``: the end-of-text id of document masking
+    (``training.model.documents``; None = off), which ``mean_loss`` reads from the model."""
     from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
 
     from training.model.layers import IMPL_ATTR, INIT_SEED_ATTR, gpt_block_spec, install_rotary, resolve_impl
 
@@ -59,7 +61,7 @@ def build_gpt(
         setattr(transformer, INIT_SEED_ATTR, init_seed)
     install_rotary()
     vocab = _padded_vocab(vocab_size, tensor_parallel)
-    model = GPTModel(
+    model = _gpt_class()(
         config=transformer,
         transformer_layer_spec=gpt_block_spec(config.num_layers // pipeline_parallel),
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -70,9 +72,32 @@ def build_gpt(
         position_embedding_type="rope",
         rotary_base=config.rotary_base,
     )
+    model.document_eod = document_eod
     if on_gpu:
         model.cuda()
     return model
+
+
+@functools.cache
+def _gpt_class():
+    from megatron.core.models.gpt import GPTModel
+
+    class GPT(GPTModel):
+        """megatron's GPTModel whose RoPE follows ``position_ids`` when they are given per row: megatron's
+        rotary embedding covers positions 0..s-1 alike in every row; document masking restarts them at each
+        document. The angles travel down to the layers as an argument (recompute replays them)."""
+
+        document_eod: int | None = None
+
+        def _preprocess(self, input_ids, position_ids, *args, **kwargs):
+            out = super()._preprocess(input_ids, position_ids, *args, **kwargs)
+            rotary = out[1]
+            if self.document_eod is None or position_ids is None or rotary is None or position_ids.dim() != 2:
+                return out
+            per_token = rotary[:, 0, 0, :][position_ids.t()].unsqueeze(2)  # [s, 1, 1, d] -> [s, b, 1, d]
+            return (out[0], per_token, *out[2:])
+
+    return GPT
 
 
 def transformer_config(config: ModelConfig, parallel: ParallelConfig, recompute: str):
@@ -127,11 +152,24 @@ def _padded_vocab(vocab_size: int, tensor_parallel: int, multiple: int = 64) -> 
 
 
 def mean_loss(model, tokens: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of rows holding ``seq_len + 1`` ids."""
+    """Mean next-token cross-entropy of rows holding ``seq_len + 1`` ids (within documents, with the model's
+    document masking)."""
     from training.model.layers import mean_token_loss
+
+    return mean_token_loss(model, *model_inputs(model, tokens))
+
+
+def model_inputs(model, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``mean_token_loss``'s inputs, positions, labels, attention mask and loss mask for rows of ``seq_len + 1``
+    ids on the model's device: plain causal, or the documents' (``model.document_eod``)."""
+    from training.model.documents import documents
 
     device = next(model.parameters()).device
     tokens = tokens.to(device=device, dtype=torch.long)
     inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    positions = torch.arange(inputs.shape[1], device=device).unsqueeze(0).expand_as(inputs)
-    return mean_token_loss(model, inputs, positions, labels)
+    eod = getattr(model, "document_eod", None)
+    if eod is None:
+        positions = torch.arange(inputs.shape[1], device=device).unsqueeze(0).expand_as(inputs)
+        return inputs, positions, labels, None, None
+    docs = documents(inputs, eod)
+    return inputs, docs.positions, labels, docs.attention_mask, docs.loss_mask

@@ -120,17 +120,20 @@ class SDPAttention(_dot_product_attention()):
     """megatron's core attention (same constructor, parameters and checkpoints) on torch's SDPA.
 
     The 350M shape (seq 2048, bf16, one H200) trained at 38k tokens/s on megatron's unfused path
-    and 154k on this one (benchmarks/bench_train.py). Causal self-attention without mask, bias,
-    dropout, window, softmax offset or query-key layer scaling takes SDPA; anything else megatron's code.
+    and 154k on this one (benchmarks/bench_train.py). Causal self-attention without bias, dropout, window,
+    softmax offset or query-key layer scaling takes SDPA; anything else megatron's code. A boolean
+    ``[b, 1, s, s]`` mask (True = masked, megatron's convention: document masking's block-diagonal causal
+    mask, ``training.model.documents``) goes to SDPA as its complement, the causality included.
     """
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None, **kw):
         from megatron.core.transformer.enums import AttnMaskType
 
         config = self.config
+        masked = attention_mask is not None and attention_mask.dtype == torch.bool and attention_mask.dim() == 4
         plain = (
             (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
-            and attention_mask is None
+            and (attention_mask is None or masked)
             and attention_bias is None
             and packed_seq_params is None
             and query.shape[0] == key.shape[0]
@@ -145,7 +148,10 @@ class SDPAttention(_dot_product_attention()):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [s, b, heads, d] -> [b, heads, s, d]
         if q.shape[1] != k.shape[1]:  # grouped-query attention: repeat each key/value head over its group
             k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        if masked:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~attention_mask, scale=self.softmax_scale)
+        else:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [s, b, heads · d]
 
 
@@ -180,7 +186,11 @@ def install_rotary() -> None:
     megatron_rope = attention.apply_rotary_pos_emb
 
     def rope(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
-        plain = cu_seqlens is None and not config.rotary_interleaved and (cp_group is None or cp_group.size() == 1)
+        # Per-token angles ([s, b, 1, d]: document masking's positions) take megatron's broadcasting function.
+        per_token = freqs.dim() == 4 and freqs.shape[1] != 1
+        plain = (
+            cu_seqlens is None and not per_token and not config.rotary_interleaved and (cp_group is None or cp_group.size() == 1)
+        )
         if plain and getattr(config, IMPL_ATTR, None) is not None:
             # In compiled layers the reference, which Inductor fuses (training/model/compiling.py).
             impl = "torch" if getattr(config, COMPILE_ATTR, False) else getattr(config, IMPL_ATTR)
@@ -191,14 +201,31 @@ def install_rotary() -> None:
     _installed = True
 
 
-def mean_token_loss(model, inputs: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of a batch (``[batch, seq]`` inputs and labels)."""
+IGNORE_INDEX = -100
+"""A label that counts for nothing in the fused loss (and its reference's): the default of both."""
+
+
+def mean_token_loss(
+    model,
+    inputs: torch.Tensor,
+    positions: torch.Tensor,
+    labels: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    loss_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mean next-token cross-entropy of a batch (``[batch, seq]`` inputs and labels), over the tokens of
+    ``loss_mask`` (all when None); ``attention_mask`` as megatron takes it (None: causal)."""
     config = model.config
     if config.tensor_model_parallel_size > 1:
-        return model(inputs, positions, None, labels=labels).float().mean()
+        losses = model(inputs, positions, attention_mask, labels=labels).float()
+        if loss_mask is None:
+            return losses.mean()
+        return (losses * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+    if loss_mask is not None:
+        labels = labels.masked_fill(~loss_mask, IGNORE_INDEX)
     model.post_process = False  # GPTModel then returns the final-norm hidden states [s, b, h]
     try:
-        hidden = model(inputs, positions, None)
+        hidden = model(inputs, positions, attention_mask)
     finally:
         model.post_process = True
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else model.output_layer.weight

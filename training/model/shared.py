@@ -72,9 +72,34 @@ def adamw(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Ada
 
 
 def micro_batch_mean_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
-    """The mean over ``batch``'s micro-batches of each one's mean token loss (forward only, on this rank)."""
+    """The mean over ``batch``'s micro-batches of each one's mean token loss (forward only, on this rank); with
+    document masking each weighted by its trained tokens (``token_weights``), this rank's share × DP size."""
     micros = batch.split(micro_batch_size)
+    weights = token_weights(model, micros)
     total = torch.zeros((), device=next(model.parameters()).device)
-    for micro in micros:
-        total += mean_loss(model, micro).float()
-    return total / len(micros)
+    for i, micro in enumerate(micros):
+        loss = mean_loss(model, micro).float()
+        total += loss if weights is None else loss * weights[i]
+    return total / len(micros) if weights is None else total
+
+
+def token_weights(model: torch.nn.Module, micros: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """With document masking (``model.document_eod``), each micro-batch's weight in the step's loss: its
+    trained tokens (those not predicting another document's first) × DP size ÷ those of the global batch
+    (summed over the data-parallel ranks, collective). The step's loss is then the mean over every trained
+    token of the global batch whatever the micro-batch size or data-parallel split, as megatron's
+    per-token loss: averaging each micro-batch's own mean would weigh a token by its micro-batch's count.
+    None without masking: every micro-batch counts ``seq_len`` tokens a row, the mean of the means is that mean."""
+    from megatron.core import parallel_state as ps
+
+    eod = getattr(model, "document_eod", None)
+    if eod is None:
+        return None
+    device = next(model.parameters()).device
+    counts = [(micro[:, :-1] != eod).sum().to(device=device, dtype=torch.float64) for micro in micros]
+    total = torch.stack(counts).sum()
+    group = ps.get_data_parallel_group()
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(total, group=group)
+    dp = dist.get_world_size(group)
+    return [(count * dp / total.clamp(min=1)).float() for count in counts]

@@ -42,7 +42,7 @@ from training import cpu_compat
 from training.config import ModelConfig, ParallelConfig, TrainConfig, batch_problems
 from training.model.compiling import compile_model, resolve_compile
 from training.model.fsdp import FsdpStep
-from training.model.gpt import build_gpt, mean_loss
+from training.model.gpt import build_gpt, mean_loss, model_inputs
 from training.model.shared import (
     BETAS,
     EPS,
@@ -53,6 +53,7 @@ from training.model.shared import (
     count_parameters,
     mean_over_data_parallel,
     micro_batch_mean_loss,
+    token_weights,
 )
 from training.observe.timing import StepTimer
 
@@ -85,8 +86,11 @@ def micro_batches(cfg: TrainConfig, dp_size: int) -> int:
     return cfg.global_batch_size // (cfg.micro_batch_size * dp_size)
 
 
-def build_step(model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, vocab_size: int, seq_len: int) -> TrainStep:
-    """This rank's model and optimizer for ``parallel`` (megatron's groups must be initialised)."""
+def build_step(
+    model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, vocab_size: int, seq_len: int, eod_id: int | None = None
+) -> TrainStep:
+    """This rank's model and optimizer for ``parallel`` (megatron's groups must be initialised); ``eod_id`` (the
+    dataset's end-of-text id) is what ``train.document_masking`` splits documents at."""
     from megatron.core import parallel_state as ps
 
     accumulation = micro_batches(cfg, ps.get_data_parallel_world_size())
@@ -99,6 +103,7 @@ def build_step(model_cfg: ModelConfig, parallel: ParallelConfig, cfg: TrainConfi
         pipeline_parallel=parallel.pipeline_parallel,
         init_seed=cfg.seed,
         recompute=cfg.recompute,
+        document_eod=eod_id if cfg.document_masking else None,
     )
     if resolve_compile(cfg.compile, next(model.parameters()).device.type):
         compile_model(model)
@@ -142,9 +147,12 @@ class LocalStep:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=self.params[0].device)
+        micros = batch.split(self.cfg.micro_batch_size)
+        weights = token_weights(self.model, micros)
         with timer.phase("forward_backward"):
-            for micro in batch.split(self.cfg.micro_batch_size):
-                loss = mean_loss(self.model, micro) / self.accumulation
+            for i, micro in enumerate(micros):
+                loss = mean_loss(self.model, micro)
+                loss = loss / self.accumulation if weights is None else loss * weights[i]
                 loss.backward()
                 loss_sum += loss.detach()
         tp_group = ps.get_tensor_model_parallel_group()
@@ -265,7 +273,7 @@ class MegatronStep:
         micros = batch.split(self.cfg.micro_batch_size)
         losses = get_forward_backward_func()(
             forward_step_func=self._forward_step,
-            data_iterator=iter(micros),
+            data_iterator=self._weighted(micros),
             model=[self.ddp],
             num_microbatches=len(micros),
             seq_length=self.seq_len,
@@ -286,6 +294,12 @@ class MegatronStep:
             dist.broadcast(loss, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
         return mean_over_data_parallel(loss)
 
+    def _weighted(self, micros: tuple[torch.Tensor, ...]) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The schedule's data: each micro-batch with its weight (``token_weights``; None without masking)."""
+        self._micros = micros
+        weights = token_weights(self.model, micros)
+        return iter(zip(micros, weights if weights is not None else [None] * len(micros), strict=True))
+
     def _finalize_grads(self, *args, **kwargs):
         # Called inside the schedule: its time is the collectives', not forward+backward's.
         with self._timer.phase("collective"):
@@ -294,15 +308,15 @@ class MegatronStep:
     def _forward_step(self, data: Iterator[torch.Tensor], model: torch.nn.Module):
         from training.model.layers import mean_token_loss
 
-        device = next(self.model.parameters()).device
-        tokens = next(data).to(device=device, dtype=torch.long)
-        inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-        positions = torch.arange(inputs.shape[1], device=device).unsqueeze(0).expand_as(inputs)
+        tokens, weight = next(data)
+        inputs, positions, labels, attention_mask, loss_mask = model_inputs(self.model, tokens)
         # The DDP wrapper only adds gradient hooks to the parameters: run the model itself.
         if self.last_stage:
-            output = mean_token_loss(self.model, inputs, positions, labels)
+            output = mean_token_loss(self.model, inputs, positions, labels, attention_mask, loss_mask)
+            if weight is not None:  # the schedule divides by the micro-batch count: its share of the tokens instead
+                output = output * (weight * len(self._micros))
         else:  # hidden states for the next stage (this stage's input came via set_input_tensor)
-            output = self.model(inputs, positions, None)
+            output = self.model(inputs, positions, attention_mask)
         return output, _report_loss
 
     def step(self, batch: torch.Tensor, lr: float, timer: StepTimer, accept: Accept = accept_all) -> StepResult:
@@ -317,7 +331,7 @@ class MegatronStep:
             self.optimizer.zero_grad()
             losses = get_forward_backward_func()(
                 forward_step_func=self._forward_step,
-                data_iterator=iter(batch.split(self.cfg.micro_batch_size)),
+                data_iterator=self._weighted(batch.split(self.cfg.micro_batch_size)),
                 model=[self.ddp],
                 num_microbatches=self.accumulation,
                 seq_length=self.seq_len,
