@@ -164,6 +164,20 @@ def records(ref) -> list[dict]:
     return run_metrics(open_store(ref.store), ref.run)
 
 
+def checkpoint_state(store_root: str, prefix: str, tmp_path: Path) -> dict:
+    """Every tensor of a committed checkpoint in a local store (weights and optimizer moments, unsharded) and its
+    meta (tests/test_resume.py, tests/test_cooldown.py)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    folder = Path(store_root) / prefix
+    out = tmp_path / f"{prefix.replace('/', '_')}.pt"
+    dcp_to_torch_save(folder / "model", out)
+    state = torch.load(out, weights_only=False)
+    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return {"tensors": state, "meta": json.loads((folder / "meta.json").read_text())}
+
+
 def losses(ref) -> list[float]:
     return [r["loss"] for r in records(ref)]
 

@@ -15,8 +15,7 @@ import torch
 
 from common.contracts import checkpoint_prefix, committed_steps
 from storage import open_store
-from tests.helpers import fresh_copy, losses, records, tiny_model
-from tests.test_resume import checkpoint_state
+from tests.helpers import checkpoint_state, fresh_copy, losses, records, tiny_model
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
 from training.train import train

@@ -143,8 +143,9 @@ def test_a_spec_that_names_nothing_says_what_there_is(populated):
 def test_cli_list_is_a_table_and_show_prints_counts_as_integers(populated, capsys):
     store = populated
     counted = report(3.0)  # the training summary's counts are floats, as its Flyte type says
-    summary = {"parameters": 1901696.0, "world_size": 2.0, "mfu": 0.25}
-    register(store, "gpt", replace(counted, checkpoint=replace(counted.checkpoint, summary=summary)))
+    summary = {"parameters": 1901696.0, "world_size": 2.0, "mfu": 0.25, "steps_trained": 10.0, "tokens_trained": 81920.0}
+    cooled = "runs/r0/checkpoints/step-0000008"  # a WSD cooldown's starting checkpoint (docs/recipe.md)
+    register(store, "gpt", replace(counted, checkpoint=replace(counted.checkpoint, summary=summary, cooled_from=cooled)))
     register(store, "gpt-longer-name", report(2.5))
     assert cli(["registry", "list", "--store", store.uri]) == 0
     header, *lines = capsys.readouterr().out.splitlines()
@@ -156,6 +157,8 @@ def test_cli_list_is_a_table_and_show_prints_counts_as_integers(populated, capsy
     assert shown["parameters"] == ["1901696"] and shown["world_size"] == ["2"] and shown["mfu"] == ["0.2500"]
     assert shown["val_tokens"] == ["100"] and shown["training_steps"] == ["10"] and shown["val_loss"] == ["3.0000"]
     assert shown["base_model"] == ["-"]  # an empty lineage value is a dash, not a blank
+    assert shown["steps_trained"] == ["10"] and shown["tokens_trained"] == ["81920"]  # the budget both ways
+    assert shown["cooldown_from"] == [cooled]  # the card names where the cooldown started
 
 
 def test_cli_download_says_what_it_resolved_and_how_to_use_it(populated, capsys, tmp_path):

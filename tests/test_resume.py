@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 from storage import open_store
-from tests.helpers import fresh_copy, kill_group, losses, start_training, tiny_model
+from tests.helpers import checkpoint_state, fresh_copy, kill_group, losses, start_training, tiny_model
 from training.checkpointing import checkpoint
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
@@ -23,18 +22,6 @@ STEPS = TrainConfig(
     steps=8, micro_batch_size=2, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=3, keep_checkpoints=3, seed=4321
 )
 TP2 = ParallelConfig(tensor_parallel=2)
-
-
-def checkpoint_state(store_root: str, prefix: str, tmp_path: Path) -> dict:
-    """Every tensor of a committed checkpoint (weights and optimizer moments, unsharded) and its meta."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    folder = Path(store_root) / prefix
-    out = tmp_path / f"{prefix.replace('/', '_')}.pt"
-    dcp_to_torch_save(folder / "model", out)
-    state = torch.load(out, weights_only=False)
-    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    return {"tensors": state, "meta": json.loads((folder / "meta.json").read_text())}
 
 
 @pytest.fixture(scope="module")

@@ -260,9 +260,12 @@ def test_a_code_edit_reruns_what_the_cache_key_table_says(pipeline, tmp_path, ed
 
 @pytest.mark.long("a pipeline rerunning training, evaluation (lm-eval included) and registration: about 45 s under make test")
 def test_a_training_change_reruns_train_evaluate_register(pipeline):
-    # lm-eval off as well: evaluate reruns anyway, on the new checkpoint.
-    config = pipeline.config(train={"lr": 0.001}, evaluation={"lm_eval_tasks": []})
+    # lm-eval off as well: evaluate reruns anyway, on the new checkpoint. The budget in tokens this time:
+    # plan_training turns 3,000 into the same 12 steps of 8 rows of 32 tokens (3,072 tokens).
+    config = pipeline.config(train={"lr": 0.001, "steps": 0, "tokens": 3000}, evaluation={"lm_eval_tasks": []})
     assert pipeline(config) == ["hit", "hit", "miss", "miss", "miss"]
+    metrics = pipeline.card(latest(pipeline))["metrics"]
+    assert (metrics["steps_trained"], metrics["tokens_trained"]) == (12, 3072), metrics
 
 
 @pytest.mark.long("a pipeline whose training continues the registered model, lm-eval included: about 60 s under make test")

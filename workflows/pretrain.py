@@ -50,6 +50,7 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
     settings >> tracking
     settings >> base_model
     settings >> train_cfg
+    train_cfg >> data  # a budget or cooldown that cannot run stops the run before the corpus is read
     settings >> data
     dataset = prepare_data(store=config.store, data=data, tokenizer=config.tokenizer, base_model=base_model)
     checked = validate_data(dataset=dataset, validation=config.validation)
