@@ -244,7 +244,8 @@ class TrainConfig:
     optimizer state and data position), from which ``cooldown_steps`` decay to min_lr, in a run of its own
     ('' = off). RUN is its id as `pretrain runs list` shows it."""
     cooldown_steps: int = 0
-    """The cooldown's length in steps (with ``cooldown_from``): the run ends at STEP + cooldown_steps."""
+    """The cooldown's length in steps (with ``cooldown_from``): the run ends at STEP + cooldown_steps (``steps``,
+    and a preset's, do not apply to a cooldown)."""
     weight_decay: float = 0.1
     """AdamW weight decay."""
     grad_clip: float = 1.0
