@@ -48,5 +48,6 @@ def test_the_previous_document_changes_no_logit_of_the_next_one_only_with_maskin
     assert (plain[0, START:] - plain[1, START:]).abs().max() > 1e-3  # without masking it shows through
     # The next document's logits are those of the document alone at the start of a row, bit for bit: its positions
     # restart at 0. (RoPE is relative: positions 16-31 would give the same numbers but for rounding, 1e-7 here.)
-    alone = torch.tensor(launch(document_logits, tp * pp, MODEL, tp, pp, [NEXT + NEXT], VOCAB, EOD))
+    # Two rows, as ROWS: the same shapes take the same kernels' summation order.
+    alone = torch.tensor(launch(document_logits, tp * pp, MODEL, tp, pp, [NEXT + NEXT] * 2, VOCAB, EOD))
     assert torch.equal(masked[0, START:], alone[0, :16])
