@@ -52,6 +52,8 @@ def run_summary(store: Store, model: ModelRef, mlflow_run: str = "") -> list[str
     lines.append(_data_line(store, card.lineage.dataset_version))
     lines.append(_validation_line(store, card.lineage.dataset_version))
     train = f"  training    {card.lineage.training_steps} steps"
+    if "tokens_trained" in m:  # the budget both ways (train.steps or train.tokens)
+        train += f" ({_count(m['tokens_trained'])} tokens)"
     if "first_train_loss" in m and "final_train_loss" in m:
         train += f", loss {m['first_train_loss']:.3f} → {m['final_train_loss']:.3f}"
     if "tokens_per_second" in m:
@@ -59,6 +61,8 @@ def run_summary(store: Store, model: ModelRef, mlflow_run: str = "") -> list[str
     if "mfu" in m:
         train += f", MFU {m['mfu']:.1%}"
     lines.append(train + (f"; {card.layouts[-1].describe()}" if card.layouts else ""))
+    if card.lineage.cooldown_from:
+        lines.append(f"  cooldown    from {card.lineage.cooldown_from}")
     figures = [f"{k} {metric_text(k, m[k])}" for k in ("val_loss", "perplexity", "bits_per_byte") if k in m]
     lines.append(f"  evaluation  {', '.join(figures)}")
     lm_eval = [f"{k.removeprefix('lm_eval.')} {metric_text(k, v)}" for k, v in sorted(m.items()) if k.startswith("lm_eval.")]

@@ -100,10 +100,15 @@ def assert_summary(output: str, registered: dict, store) -> None:
 
     run_id = card.lineage.training_run.rsplit("/", 1)[-1]
     view = load_run(store, run_id)
-    training = re.fullmatch(r"  training    (\d+) steps, loss (\S+) → (\S+), ([\d,]+) tokens/s, MFU ([\d.]+)%; (.*)", summary[3])
+    training = re.fullmatch(
+        r"  training    (\d+) steps \(([\d,]+) tokens\), loss (\S+) → (\S+), ([\d,]+) tokens/s, MFU ([\d.]+)%; (.*)", summary[3]
+    )
     assert training, summary[3]
-    steps, first, final, tokens_per_s, mfu, layout = training.groups()
+    steps, tokens, first, final, tokens_per_s, mfu, layout = training.groups()
     assert int(steps) == card.lineage.training_steps == view.steps_done == len(view.metrics) == 12, (summary[3], view.steps_done)
+    # The budget in tokens: every step's global batch of seq_len-token rows (the run's own config and dataset).
+    train_cfg, seq_len = view.config["train"], store.get_json(f"{card.lineage.dataset_manifest}")["seq_len"]
+    assert int(tokens.replace(",", "")) == 12 * train_cfg["global_batch_size"] * seq_len == m["tokens_trained"], summary[3]
     # First -> final: step 1's loss -> the mean of the last applied steps', from metrics.jsonl (a swap fails: they differ).
     assert (first, final) == (f"{view.metrics[0]['loss']:.3f}", f"{view.final_loss:.3f}") and first != final, summary[3]
     assert view.first_loss == view.metrics[0]["loss"] and view.metrics[0]["step"] == 1
