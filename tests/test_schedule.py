@@ -13,7 +13,7 @@ from pipeline.config import load_config, parse_config
 from storage import open_store
 from training.config import TrainConfig, cooldown_point
 from training.cooldown import cooldown_checkpoint, plan_steps
-from training.schedule import budget_text, decay_start, decay_steps, lr_at, schedule_change
+from training.schedule import budget_text, decay_start, lr_at, schedule_change
 
 LR, MIN, WARMUP = 1e-3, 1e-4, 4
 
@@ -43,7 +43,7 @@ def test_cosine_and_linear_fall_from_lr_toward_min_lr_over_the_steps_after_warmu
 )
 def test_wsd_holds_lr_then_decays_over_its_last_fraction_in_its_shape(shape, fraction_left):
     c = cfg("wsd", decay_fraction=0.25, decay_shape=shape)  # 40 steps: 10 of decay, after step 30
-    assert decay_steps(c) == 10 and decay_start(c) == 30
+    assert c.decay_steps() == 10 and decay_start(c) == 30
     assert {lr_at(s, c) for s in range(WARMUP, 30)} == {LR}  # the stable phase, exactly lr
     for step in range(30, 40):
         p = (step - 30 + 1) / 10

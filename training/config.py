@@ -394,7 +394,7 @@ class TrainConfig:
                 "decaying (typical 0.1 … 0.2)"
             )
         elif wsd and not self.cooldown_from and self.steps > 0 and not out:
-            decay = round(self.decay_fraction * self.steps)
+            decay = self.decay_steps()
             if decay > self.steps - self.warmup_steps:
                 out.append(
                     f"train.decay_fraction={self.decay_fraction} makes a decay of {decay} steps, longer than the "
@@ -417,6 +417,13 @@ class TrainConfig:
                 f"train.cooldown_steps is {self.cooldown_steps} without train.cooldown_from: name a run to cool down, or 0"
             )
         return out
+
+    def decay_steps(self) -> int:
+        """A WSD run's decay length in steps: a cooldown's ``cooldown_steps``, else ``decay_fraction`` of its steps
+        (at least one)."""
+        if self.cooldown_from:
+            return self.cooldown_steps
+        return max(1, round(self.decay_fraction * self.steps))
 
     def steps_for(self, seq_len: int) -> int:
         """The optimizer steps of the budget: ``steps``, or ``tokens`` in global batches of ``seq_len``-token

@@ -2,7 +2,7 @@
 
 ``cosine`` and ``linear`` fall from ``lr`` to ``min_lr`` over the steps after the warm-up; ``wsd``
 (warmup-stable-decay: MiniCPM, DeepSeek, SmolLM3) holds ``lr`` and decays over its last
-``decay_steps`` only, so any stable-phase checkpoint can be cooled down later (``train.cooldown_from``)
+``decay_steps()`` only, so any stable-phase checkpoint can be cooled down later (``train.cooldown_from``)
 and the run extended; ``inverse_sqrt`` decays as 1/sqrt(step) with the warm-up as its timescale;
 ``constant`` holds ``lr``.
 
@@ -18,16 +18,9 @@ import math
 from training.config import DecayShape, LrSchedule, TrainConfig
 
 
-def decay_steps(cfg: TrainConfig) -> int:
-    """A WSD run's decay length in steps: a cooldown's ``cooldown_steps``, else ``decay_fraction`` of its steps."""
-    if cfg.cooldown_from:
-        return cfg.cooldown_steps
-    return max(1, round(cfg.decay_fraction * cfg.steps))
-
-
 def decay_start(cfg: TrainConfig) -> int:
     """The number of steps a WSD run trains before it decays (its stable phase ends after this step)."""
-    return cfg.steps - decay_steps(cfg)
+    return cfg.steps - cfg.decay_steps()
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -43,7 +36,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         start = decay_start(cfg)
         if step < start:
             return cfg.lr
-        return _decayed(cfg, min(1.0, (step - start + 1) / decay_steps(cfg)), cfg.decay_shape)
+        return _decayed(cfg, min(1.0, (step - start + 1) / cfg.decay_steps()), cfg.decay_shape)
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
     if schedule == LrSchedule.LINEAR:
         return _decayed(cfg, progress, DecayShape.LINEAR)
@@ -71,7 +64,7 @@ def budget_text(cfg: TrainConfig, seq_len: int) -> str:
     planned = dataclasses.replace(cfg, steps=steps)
     shape = f"{cfg.lr_schedule} schedule, {cfg.warmup_steps} warm-up steps"
     if cfg.lr_schedule == LrSchedule.WSD:
-        shape += f", stable to step {decay_start(planned)}, {decay_steps(planned)} {cfg.decay_shape} decay steps"
+        shape += f", stable to step {decay_start(planned)}, {planned.decay_steps()} {cfg.decay_shape} decay steps"
     return f"{given}{steps:,} steps of {cfg.global_batch_size} × {seq_len} tokens = {tokens:,} tokens; {shape}"
 
 
