@@ -129,7 +129,8 @@ class Trainer:
         self.seq_len = manifest["seq_len"]
         # The steps in effect: a token budget converted, a cooldown pinned to its checkpoint (the workflow's
         # plan_training did both before anything ran; a direct call gets the same).
-        self.cfg = cfg = plan_steps(open_store(dataset.store), cfg, self.seq_len)
+        self.store = open_store(dataset.store)
+        self.cfg = cfg = plan_steps(self.store, cfg, self.seq_len)
         self.run_prefix = run_prefix(run_id(dataset, model_cfg, cfg, base_model))
         self.val_loader = None  # the validation split's, for the Validator (none when the split is empty or it is off)
         if cfg.val_every > 0 and manifest["splits"].get("val", {}).get("shards"):
@@ -138,7 +139,6 @@ class Trainer:
             )
         self.tokens_per_step = cfg.global_batch_size * self.seq_len
         self.step = build_step(model_cfg, parallel, cfg, manifest["vocab_size"], self.seq_len, manifest.get("eod_id"))
-        self.store = open_store(dataset.store)
         progress.world_size = dist.get_world_size()
         progress.diagnose = functools.partial(write_diagnostics, self.store, self.run_prefix, dist.get_rank())
         self.log = RunLog(self.store, self.run_prefix, self.rank0)

@@ -31,8 +31,8 @@ from runs.lease import LeaseLost, RunLease
 from storage import Store
 from training.checkpointing import checkpoint
 from training.checkpointing.saving import PendingSave, start_save
-from training.config import ParallelConfig, TrainConfig
-from training.cooldown import cooldown_checkpoint, trained_config
+from training.config import ParallelConfig, TrainConfig, cooldown_point
+from training.cooldown import trained_config
 from training.data import LoaderStateError, StreamingLoader
 from training.distributed import checkpoint_group
 from training.observe.timing import StepTimer
@@ -67,7 +67,6 @@ class CheckpointManager:
         self.resumed_step = 0
         self.prefix = ""
         """The key prefix of the run's latest committed checkpoint ('' while there is none)."""
-
         self.lease: RunLease | None = None
         self.pending: PendingSave | None = None
         """The save completing in the background (``train.async_checkpoints``), if any."""
@@ -138,8 +137,10 @@ class CheckpointManager:
 
     def cool_down(self, log: RunLog) -> int:
         """Start this run from the checkpoint ``train.cooldown_from`` names, as a resume of it would (weights,
-        optimizer state, RNG, data position, the run log up to it): the step to continue after."""
-        source, start = cooldown_checkpoint(self.store, self.cfg)
+        optimizer state, RNG, data position, the run log up to it): the step to continue after. The trainer
+        pinned and checked it (``training.cooldown.plan_steps``); the schedule is checked again on its meta."""
+        run_id, start = cooldown_point(self.cfg.cooldown_from)
+        source = f"runs/{run_id}"
         prefix = checkpoint_prefix(source, start)
         self.progress.enter(f"cooldown from {prefix}", self.timeout_s)
         model, optimizer, layout = self.step.model, self.step.optimizer, asdict(self.layout)
@@ -162,10 +163,9 @@ class CheckpointManager:
     def _check_schedule(self, meta: dict, run: str) -> None:
         """Refuse to continue the checkpoint of ``meta`` (of ``run``) under a schedule that would have trained its
         steps at other learning rates: a WSD run extended after its decay began, or a shortened one."""
-        step = meta["step"]
-        changed = schedule_change(trained_config(meta), self.cfg, step)
+        step, trained = meta["step"], trained_config(meta)
+        changed = schedule_change(trained, self.cfg, step)
         if changed:
-            trained = trained_config(meta)
             raise ConfigError(
                 f"run {run} trained steps 1-{step} with train.steps={trained.steps}, lr_schedule {trained.lr_schedule}; "
                 f"this config's learning rate differs from step {changed}, so it cannot continue them: a WSD run can be "
