@@ -41,7 +41,7 @@ REFERENCE = TrainConfig(
 )
 # The same run planned longer: stable through step 12, so step 9 is a stable-phase checkpoint it keeps.
 LONG = dataclasses.replace(REFERENCE, steps=16, checkpoint_every=9, keep_checkpoints=1, keep_every=9)
-COOLDOWN = dataclasses.replace(REFERENCE, steps=0, checkpoint_every=100)
+COOLDOWN = dataclasses.replace(REFERENCE, steps=0)
 
 
 @pytest.fixture(scope="module")

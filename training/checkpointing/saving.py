@@ -142,7 +142,7 @@ def start_save(
     # The DCP finalisation (write results gathered, .metadata written by rank 0); megatron's other
     # finaliser writes metadata.json after a barrier on the default group: ours does it on the saver's.
     finalize_dcp = request.finalize_fns[0]
-    complete = functools.partial(_complete_save, store, run_prefix, step, (keep, keep_every), job, write_tensors, finalize_dcp)
+    complete = functools.partial(_complete_save, store, run_prefix, step, keep, keep_every, job, write_tensors, finalize_dcp)
     return PendingSave(step, prefix, complete, background)
 
 
@@ -162,13 +162,14 @@ def _complete_save(
     store: Store,
     run_prefix: str,
     step: int,
-    keep: tuple[int, int],
+    keep: int,
+    keep_every: int,
     job: Path,
     write_tensors: Callable[[], None],
     finalize_dcp: Callable[[], None],
 ) -> None:
     """The rest of a save after its snapshot (in the background or inline): write the tensors, finish the DCP
-    metadata, upload the staged folder, record the digests, commit (the marker last), prune to ``keep`` (latest, every)."""
+    metadata, upload the staged folder, record the digests, commit (the marker last), prune to ``keep`` and ``keep_every``."""
     rank = dist.get_rank()
     prefix = checkpoint_prefix(run_prefix, step)
     staging = job / "save"
@@ -196,7 +197,7 @@ def _complete_save(
             target.commit(prefix, {"step": step})
         except AlreadyCommitted:
             pass  # committed meanwhile by an identical writer: the same step of the same run counts as done
-        _prune(target, run_prefix, *keep)
+        _prune(target, run_prefix, keep, keep_every)
     dist.barrier(group=saver_group())
     if _local_leader():
         remove_job_folder(job)

@@ -27,6 +27,12 @@ class Documents:
     """``[batch, seq]`` bool, False where the input is end-of-text (its label starts another document)."""
 
 
+def trained(inputs: torch.Tensor, eod_id: int) -> torch.Tensor:
+    """Where ``inputs`` has a trained position: everywhere but end-of-text, whose label starts another document
+    (the loss mask, and the tokens that weigh each micro-batch: ``training.model.shared.token_weights``)."""
+    return inputs != eod_id
+
+
 def documents(inputs: torch.Tensor, eod_id: int) -> Documents:
     """The documents of ``inputs`` (``[batch, seq]``), each ending with ``eod_id``, which belongs to the
     document it ends."""
@@ -40,4 +46,4 @@ def documents(inputs: torch.Tensor, eod_id: int) -> Documents:
     document = starts.long().cumsum(dim=1)
     same = document.unsqueeze(2) == document.unsqueeze(1)
     causal = index.unsqueeze(1) >= index.unsqueeze(0)
-    return Documents(positions=index - first, attention_mask=~(same & causal).unsqueeze(1), loss_mask=~eod)
+    return Documents(positions=index - first, attention_mask=~(same & causal).unsqueeze(1), loss_mask=trained(inputs, eod_id))

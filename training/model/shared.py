@@ -92,11 +92,13 @@ def token_weights(model: torch.nn.Module, micros: tuple[torch.Tensor, ...] | lis
     None without masking: every micro-batch counts ``seq_len`` tokens a row, the mean of the means is that mean."""
     from megatron.core import parallel_state as ps
 
+    from training.model.documents import trained
+
     eod = getattr(model, "document_eod", None)
     if eod is None:
         return None
     device = next(model.parameters()).device
-    counts = [(micro[:, :-1] != eod).sum().to(device=device, dtype=torch.float64) for micro in micros]
+    counts = [trained(micro[:, :-1], eod).sum().to(device=device, dtype=torch.float64) for micro in micros]
     total = torch.stack(counts).sum()
     group = ps.get_data_parallel_group()
     if dist.get_world_size(group) > 1:

@@ -295,10 +295,11 @@ class MegatronStep:
         return mean_over_data_parallel(loss)
 
     def _weighted(self, micros: tuple[torch.Tensor, ...]) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The schedule's data: each micro-batch with its weight (``token_weights``; None without masking)."""
-        self._micros = micros
+        """The schedule's data: each micro-batch with the factor of its loss (None without masking): its
+        ``token_weights`` share times the micro-batch count, by which the schedule divides every loss."""
         weights = token_weights(self.model, micros)
-        return iter(zip(micros, weights if weights is not None else [None] * len(micros), strict=True))
+        factors = [w * len(micros) for w in weights] if weights is not None else [None] * len(micros)
+        return iter(zip(micros, factors, strict=True))
 
     def _finalize_grads(self, *args, **kwargs):
         # Called inside the schedule: its time is the collectives', not forward+backward's.
@@ -308,13 +309,13 @@ class MegatronStep:
     def _forward_step(self, data: Iterator[torch.Tensor], model: torch.nn.Module):
         from training.model.layers import mean_token_loss
 
-        tokens, weight = next(data)
+        tokens, factor = next(data)
         inputs, positions, labels, attention_mask, loss_mask = model_inputs(self.model, tokens)
         # The DDP wrapper only adds gradient hooks to the parameters: run the model itself.
         if self.last_stage:
             output = mean_token_loss(self.model, inputs, positions, labels, attention_mask, loss_mask)
-            if weight is not None:  # the schedule divides by the micro-batch count: its share of the tokens instead
-                output = output * (weight * len(self._micros))
+            if factor is not None:  # its share of the global batch's trained tokens, not 1 / micro-batches
+                output = output * factor
         else:  # hidden states for the next stage (this stage's input came via set_input_tensor)
             output = self.model(inputs, positions, attention_mask)
         return output, _report_loss
