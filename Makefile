@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench soak clean
+.PHONY: venv demo demo-continue test test-fast lint bench soak clean
 
 $(INSTALLED): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ venv: $(INSTALLED)
 demo: venv
 	$(BIN)/pyflyte run workflows/pretrain.py pretrain
 	$(BIN)/pretrain registry list --json
+
+# Continue an imported open model: a tiny random Llama 3 built here (no download), imported, trained on.
+TINY_LLAMA ?= $(or $(TMPDIR),/tmp)/pretrain-tiny-llama
+demo-continue: venv
+	$(BIN)/python -m hf_interop.tiny llama $(TINY_LLAMA)
+	$(BIN)/pretrain registry import $(TINY_LLAMA) --name tiny-llama
+	$(BIN)/pretrain run --config configs/continue-cpu.yaml
+	$(BIN)/pretrain registry show tiny-llama-python:latest
 
 lint: venv
 	$(BIN)/ruff check .

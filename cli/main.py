@@ -149,6 +149,13 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
         print(f"  not recorded (card format {card.format}: only the config's parallel section, which may not be what trained it)")
     print("lineage:")
     for key, value in sorted(vars(card.lineage).items()):
+        if key == "imported_from" and value is not None:
+            where = value.name_or_path or value.folder
+            revision = f" @ {value.revision}" if value.revision else ""
+            print(f"  {key:<{width}}  {value.architecture} ({value.family}) from {where}{revision}")
+            for name, digest in sorted(value.files.items()):
+                print(f"  {'':<{width}}    {name}  sha256 {digest}")
+            continue
         print(f"  {key:<{width}}  {value if value not in ('', None) else '-'}")
     for label, text in (("greedy", card.sample), ("sampled", card.sampled)):
         if text:
@@ -216,6 +223,19 @@ def cmd_registry_download(args: argparse.Namespace) -> int:
     if (folder / HF_EXPORT).is_dir():
         print(f'  transformers: AutoModelForCausalLM.from_pretrained("{folder / HF_EXPORT}")')
     print(f"  continue pretraining from it: pretrain run --set train.init_from={name}:{version}")
+    return 0
+
+
+def cmd_registry_import(args: argparse.Namespace) -> int:
+    from hf_interop.importer import import_checkpoint  # torch and megatron: only for this command
+
+    ref, registered = import_checkpoint(_store(args), Path(args.folder), args.name)
+    if args.json:
+        print(json.dumps({**asdict(ref), "registered": registered}))
+        return 0
+    said = "registered" if registered else "already registered (the same files) as"
+    print(f"{args.folder} {said} {ref.name}:{ref.version}")
+    print(f"  continue pretraining from it: pretrain run --set train.init_from={ref.name}:{ref.version}")
     return 0
 
 
@@ -402,6 +422,14 @@ def _registry_commands(sub) -> None:
     dl.add_argument("dest", metavar="FOLDER", help="where the files go (created if needed)")
     _store_option(dl)
     dl.set_defaults(fn=cmd_registry_download)
+    im = command(
+        registry, "import", "register a Hugging Face checkpoint folder (Llama, Mistral, Qwen2, Qwen3) as NAME's next version"
+    )
+    im.add_argument("folder", metavar="DIR", help="the folder save_pretrained wrote: config.json, *.safetensors, tokenizer.json")
+    im.add_argument("--name", required=True, help="the registry name, e.g. qwen2.5-0.5b (continue it with train.init_from: NAME)")
+    _json_option(im)
+    _store_option(im)
+    im.set_defaults(fn=cmd_registry_import)
 
 
 def _runs_commands(sub) -> None:

@@ -318,6 +318,9 @@ class EvalReport:
     """sha256 of each file of the Hugging Face export (``hf/``), by path inside it, taken as it was written:
     registration copies only these bytes, and a baseline's export is checked against them before lm-eval
     reads it (the store's run folder can be written by the train role)."""
+    base: dict[str, float] = field(default_factory=dict)
+    """The base model's figures on the very same validation rows (``val_loss``, ``perplexity``,
+    ``bits_per_byte``) when the checkpoint continued one ({}: trained from scratch): what continuing changed."""
 
 
 @dataclass
@@ -368,6 +371,24 @@ class CodeRevision:
 
 
 @dataclass
+class ImportedFrom:
+    """The Hugging Face checkpoint an imported model's weights and tokenizer came from."""
+
+    architecture: str
+    """``config.json``'s architecture, e.g. ``Qwen2ForCausalLM``."""
+    family: str
+    """``hf_interop.families``: llama, mistral, qwen2 or qwen3."""
+    files: dict[str, str]
+    """sha256 of every file the import read, by name."""
+    name_or_path: str = ""
+    """``config.json``'s ``_name_or_path`` (the hub id it was saved from), when it has one."""
+    revision: str = ""
+    """The hub revision, when the folder says (a ``huggingface_hub`` snapshot is named by it)."""
+    folder: str = ""
+    """The folder as given to ``pretrain registry import``."""
+
+
+@dataclass
 class Lineage:
     """Where the model came from: every input, as a key of the registry's store or a content hash. Places
     are keys, so that a copied or moved store still reads (``registry.card.location_url`` makes their URLs);
@@ -391,6 +412,10 @@ class Lineage:
     evaluation: str = ""
     """Key of the committed evaluation outputs ('' = registered without them)."""
     flyte_execution_id: str = ""
+    eod_token: str = ""
+    """The token that ends a document in the model's tokenizer ('' = ``<|endoftext|>``, this pipeline's)."""
+    imported_from: ImportedFrom | None = None
+    """The Hugging Face checkpoint of an imported model (None: trained here)."""
 
 
 @dataclass
@@ -446,11 +471,12 @@ class ModelCard:
         """The ``model`` section of the config it was trained with."""
         return self.config.get("model", {})
 
-    def continuation_problem(self, model: dict[str, Any]) -> str:
+    def continuation_problem(self, model: dict[str, Any], defaults: dict[str, Any] | None = None) -> str:
         """Why a run with ``model`` (a model section) cannot continue this model, or '' if it can:
-        continued pretraining keeps the shape."""
-        trained = self.model_config()
-        differ = [k for k in sorted(model) if trained.get(k) != model.get(k)]
+        continued pretraining keeps the shape (``kernels``, how it is computed, may change). ``defaults``:
+        the model section's defaults, which a card written before a key existed had."""
+        trained = {**(defaults or {}), **self.model_config()}
+        differ = [k for k in sorted(model) if k != "kernels" and trained.get(k) != model.get(k)]
         if not differ:
             return ""
         details = ", ".join(f"model.{k}: {trained.get(k)!r} there, {model.get(k)!r} here" for k in differ)
@@ -478,7 +504,7 @@ class ModelCard:
                 metrics=dict(d["metrics"]),
                 sample=d["sample"],
                 sampled=d.get("sampled", ""),
-                lineage=Lineage(**d["lineage"]),
+                lineage=_lineage(d["lineage"]),
                 layouts=[LayoutSpan.from_dict(span) for span in d.get("layouts", [])],
                 config=dict(d["config"]),
                 code=CodeRevision(**d["code"]),
@@ -490,6 +516,13 @@ class ModelCard:
             raise CardFormatError(f"card has no {e.args[0]!r}") from e
         except (TypeError, AttributeError) as e:
             raise CardFormatError(f"card does not fit format {version}: {e}") from e
+
+
+def _lineage(d: dict[str, Any]) -> Lineage:
+    imported = d.get("imported_from")
+    if imported is not None:
+        _known_keys(ImportedFrom, imported)
+    return Lineage(**{**d, "imported_from": ImportedFrom(**imported) if imported else None})
 
 
 def _known_keys(cls: type, d: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from common.contracts import EOD_TOKEN
 from common.docfields import documented
 from common.settings import as_choice, at_least, choice_problem
 
@@ -371,7 +372,11 @@ class TokenizerConfig:
 
     file: str = ""
     """An existing tokenizer.json to use instead of training one (local path or ``s3://`` URI);
-    it needs the ``<|endoftext|>`` token. A registered base model's tokenizer takes precedence."""
+    it needs the token named by ``eod_token``. A registered base model's tokenizer takes precedence."""
+
+    eod_token: str = ""
+    """The token that ends every document ('' = ``<|endoftext|>``, which trained tokenizers have): a given
+    tokenizer's own, e.g. ``<|end_of_text|>`` (Llama 3) or ``</s>`` (Mistral). A base model sets its own."""
 
     train_bytes: int = 32_000_000
     """Training sample: the first this many bytes of kept training documents (bounds the
@@ -383,6 +388,10 @@ class TokenizerConfig:
         out += at_least("tokenizer.min_frequency", self.min_frequency, 0)
         out += at_least("tokenizer.train_bytes", self.train_bytes, 1, " (typical 32000000)")
         return out
+
+    def end_of_text(self) -> str:
+        """The token that ends every document."""
+        return self.eod_token or EOD_TOKEN
 
     def path_problems(self) -> list[str]:
         """A local tokenizer.file that does not exist on this machine."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from common.contracts import DOC_STATS, EOD_TOKEN, MANIFEST, PAD_TOKEN, TOKENIZER, DatasetRef
+from common.contracts import DOC_STATS, MANIFEST, PAD_TOKEN, TOKENIZER, DatasetRef
 from common.digests import file_sha256
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.errors import DataError
@@ -42,7 +42,8 @@ def build(
         "seq_len": data.seq_len,
         "token_dtype": token_dtype(vocab_size).name,
         "vocab_size": vocab_size,
-        "eod_id": tokenizer.token_to_id(EOD_TOKEN),
+        "eod_id": tokenizer.token_to_id(tokenizer_config.end_of_text()),
+        "eod_token": tokenizer_config.end_of_text(),
         "pad_id": tokenizer.token_to_id(PAD_TOKEN),
         "tokenizer": {"file": TOKENIZER, "sha256": file_sha256(staging / TOKENIZER)},
         "doc_stats": {"file": DOC_STATS, "sha256": file_sha256(staging / DOC_STATS)},

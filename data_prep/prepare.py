@@ -94,11 +94,12 @@ def work_for(data: DataConfig, tokenizer_config: TokenizerConfig, tokenizer_from
 
 
 # --- tokenizers -------------------------------------------------------------------------
-def _load_tokenizer(store: Store, tokenizer_key: str) -> Tokenizer:
+def _load_tokenizer(store: Store, tokenizer_key: str, eod_token: str) -> Tokenizer:
     tokenizer = Tokenizer.from_str(store.get_bytes(tokenizer_key).decode())
-    if tokenizer.token_to_id(EOD_TOKEN) is None:
+    if tokenizer.token_to_id(eod_token) is None:
         raise DataError(
-            f"tokenizer {store.url(tokenizer_key)} has no {EOD_TOKEN} token: give a tokenizer trained by this pipeline"
+            f"tokenizer {store.url(tokenizer_key)} has no {eod_token} token to end documents with: set "
+            "tokenizer.eod_token to the one it has (its tokenizer_config.json's eos_token)"
         )
     return tokenizer
 
@@ -106,12 +107,12 @@ def _load_tokenizer(store: Store, tokenizer_key: str) -> Tokenizer:
 def given_tokenizer(store: Store, tokenizer_key: str, config: TokenizerConfig) -> tuple[Tokenizer | None, str]:
     """The tokenizer to reuse, if any, and where it came from."""
     if tokenizer_key:
-        return _load_tokenizer(store, tokenizer_key), store.url(tokenizer_key)
+        return _load_tokenizer(store, tokenizer_key, config.end_of_text()), store.url(tokenizer_key)
     if config.file:
         location = config.file if config.file.startswith("s3://") else str(Path(config.file).expanduser().resolve())
         folder, _, name = location.rpartition("/")
         try:
-            return _load_tokenizer(open_store(folder), name), location
+            return _load_tokenizer(open_store(folder), name, config.end_of_text()), location
         except Exception as e:  # a missing file, bad JSON (tokenizers raises plain Exception), no EOD token
             raise DataError(f"tokenizer.file {config.file!r} cannot be loaded ({e}): give a tokenizer.json") from e
     return None, ""
@@ -163,7 +164,12 @@ def plan(
     """Check the settings, the store and a given tokenizer, list the corpus and cut it."""
     check_settings(data, tokenizer_config)
     store.check()
-    given_tokenizer(store, tokenizer_key, tokenizer_config)  # a bad one fails now, not after the scan
+    given, _ = given_tokenizer(store, tokenizer_key, tokenizer_config)  # a bad one fails now, not after the scan
+    if given is None and tokenizer_config.end_of_text() != EOD_TOKEN:
+        raise DataError(
+            f"tokenizer.eod_token is {tokenizer_config.eod_token!r}, but a tokenizer trained here ends documents with "
+            f"{EOD_TOKEN}: set it only with tokenizer.file"
+        )
     listing = list_corpus(data)
     prep = Preparation(store.uri, "", data, tokenizer_config, tokenizer_key, listing_hash(listing.files), len(listing.partitions))
     prep.work = work_for(data, tokenizer_config, prep.tokenizer_from, listing, nonce or uuid.uuid4().hex)
@@ -236,11 +242,13 @@ def encode_stage(prep: Preparation, store: Store, index: int) -> None:
     tokenizer = work_tokenizer(store, prep.work)
     set_worker_state(prep.data, tokenizer)
     with WorkerPool(prep.data.workers) as pool:
-        encode_partition(listing.files, listing.partitions[index], store, prep.work, pool, *_token_format(tokenizer))
+        encode_partition(
+            listing.files, listing.partitions[index], store, prep.work, pool, *_token_format(tokenizer, prep.tokenizer)
+        )
 
 
-def _token_format(tokenizer: Tokenizer) -> tuple[int, np.dtype]:
-    return tokenizer.token_to_id(EOD_TOKEN), token_dtype(tokenizer.get_vocab_size())
+def _token_format(tokenizer: Tokenizer, config: TokenizerConfig) -> tuple[int, np.dtype]:
+    return tokenizer.token_to_id(config.end_of_text()), token_dtype(tokenizer.get_vocab_size())
 
 
 def pack_jobs(prep: Preparation, store: Store) -> list[PackJob]:
@@ -253,7 +261,7 @@ def pack_jobs(prep: Preparation, store: Store) -> list[PackJob]:
 
 
 def pack_stage(prep: Preparation, store: Store, job: PackJob) -> list[ShardInfo]:
-    _, dtype = _token_format(work_tokenizer(store, prep.work))
+    _, dtype = _token_format(work_tokenizer(store, prep.work), prep.tokenizer)
     return pack_shards(store, prep.work, prep.partitions, prep.data, job.split, job.first, job.end, dtype)
 
 

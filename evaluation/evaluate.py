@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 from common.contracts import (
     ENTRY_CHECKPOINT,
     ENTRY_EVALUATION,
+    EOD_TOKEN,
     EVAL_RESULTS,
     HF_EXPORT,
     TOKENIZER,
@@ -37,8 +38,9 @@ from common.errors import local_space
 from common.hashing import config_hash
 from evaluation import lm_eval_suite
 from evaluation.config import EvalConfig
-from evaluation.hf_export import export_llama
 from evaluation.tensorboard_log import log_evaluation
+from hf_interop.export import export_hf
+from hf_interop.folder import TOKENIZER_FILES
 from storage import AlreadyCommitted, open_store
 from training.checkpointing import checkpoint
 from training.config import ModelConfig, ParallelConfig
@@ -79,15 +81,17 @@ def _mean_loss(model, rows, cfg: EvalConfig) -> tuple[float, int]:
     return total / count, count
 
 
-def _baseline_bits_per_byte(store, baseline: str, model_cfg: ModelConfig, manifest: dict, rows, cfg: EvalConfig) -> float:
-    """The baseline's bits per byte on the same rows, or -1 when it cannot read them
-    (another tokenizer or model shape: its numbers would not be about the same text)."""
-    card = ModelCard.from_dict(store.get_json(card_key(baseline)))
-    if card.lineage.tokenizer_sha256 != manifest["tokenizer"]["sha256"] or card.model_config() != asdict(model_cfg):
-        return -1.0
-    model = _load_tp1(store, f"{baseline}/{ENTRY_CHECKPOINT}", model_cfg, manifest, committed_at=baseline)
+def _entry_figures(store, entry: str, model_cfg: ModelConfig, manifest: dict, rows, cfg: EvalConfig) -> dict[str, float]:
+    """Registry ``entry``'s figures on the same rows (``val_loss``, ``perplexity``, ``bits_per_byte``), or {}
+    when it cannot read them (another tokenizer or model shape: its numbers would not be about the same text)."""
+    card = ModelCard.from_dict(store.get_json(card_key(entry)))
+    if card.lineage.tokenizer_sha256 != manifest["tokenizer"]["sha256"] or card.continuation_problem(
+        asdict(model_cfg), asdict(ModelConfig())
+    ):
+        return {}
+    model = _load_tp1(store, f"{entry}/{ENTRY_CHECKPOINT}", model_cfg, manifest, committed_at=entry)
     loss, _ = _mean_loss(model, rows, cfg)
-    return bits_per_byte(loss, manifest["stats"])
+    return {"val_loss": loss, "perplexity": math.exp(loss), "bits_per_byte": bits_per_byte(loss, manifest["stats"])}
 
 
 def bits_per_byte(loss: float, stats: dict) -> float:
@@ -127,7 +131,10 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
         sample=generate(model, tokenizer, cfg.prompt, cfg.sample_tokens, *shape),
         sampled=generate(model, tokenizer, cfg.prompt, cfg.sample_tokens, *shape, cfg.temperature, cfg.seed),
         baseline=baseline,
-        baseline_bits_per_byte=_baseline_bits_per_byte(store, baseline, model_cfg, manifest, rows, cfg) if baseline else -1.0,
+        baseline_bits_per_byte=_entry_figures(store, baseline, model_cfg, manifest, rows, cfg).get("bits_per_byte", -1.0)
+        if baseline
+        else -1.0,
+        base=_entry_figures(store, ckpt.base_model, model_cfg, manifest, rows, cfg) if ckpt.base_model else {},
     )
     key = config_hash(ckpt.prefix, cfg, baseline)
     outputs = eval_prefix(ckpt.run, key)
@@ -141,7 +148,15 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     else:
         with tempfile.TemporaryDirectory(prefix="pretrain-eval-out-") as tmp, local_space(tmp, "the evaluation outputs' staging"):
             staging = Path(tmp)
-            export_llama(model, model_cfg, tokenizer_json, manifest["seq_len"], staging / HF_EXPORT)
+            export_hf(
+                model,
+                model_cfg,
+                tokenizer_json,
+                manifest["seq_len"],
+                staging / HF_EXPORT,
+                eod_token=manifest.get("eod_token", EOD_TOKEN),
+                original_files=base_tokenizer_files(store, ckpt.base_model),
+            )
             report = dataclasses.replace(report, export_digests=folder_digests(staging / HF_EXPORT))
             extra = {}
             if cfg.lm_eval_tasks:
@@ -173,7 +188,14 @@ def _lm_eval(report: EvalReport, store, cfg: EvalConfig, rows, tokenizer: Tokeni
     Returns the report with its lm-eval figures and the full per-task results for results.json."""
     started = time.monotonic()
     files = lm_eval_suite.build_task_files(
-        rows, tokenizer, manifest["seq_len"], cfg.lm_eval_tasks, cfg.lm_eval_examples, cfg.lm_eval_seed, staging / LM_EVAL_DIR
+        rows,
+        tokenizer,
+        manifest["seq_len"],
+        cfg.lm_eval_tasks,
+        cfg.lm_eval_examples,
+        cfg.lm_eval_seed,
+        staging / LM_EVAL_DIR,
+        eod_id=manifest["eod_id"],
     )
     models = {"candidate": staging / HF_EXPORT}
     with tempfile.TemporaryDirectory(prefix="pretrain-eval-baseline-") as tmp:
@@ -211,6 +233,19 @@ def baseline_export(store, entry: str, into: Path) -> Path | None:
     store.download_dir(where, into)
     require_digests(into, recorded, f"the Hugging Face export {store.url(where)}", f"export_digests of {ENTRY_EVALUATION}")
     return into
+
+
+def base_tokenizer_files(store, base_model: str) -> dict[str, str] | None:
+    """The tokenizer files of the base model's Hugging Face export (an imported model's are the original's),
+    which a continued model exports with: it loads as its base does. None: trained from scratch."""
+    if not base_model:
+        return None
+    files = {}
+    for name in TOKENIZER_FILES:
+        key = f"{base_model}/{HF_EXPORT}/{name}"
+        if store.exists(key):
+            files[name] = store.get_bytes(key).decode()
+    return files or None
 
 
 def results_json(report: EvalReport, store, cfg: EvalConfig) -> dict:

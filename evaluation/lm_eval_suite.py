@@ -160,13 +160,22 @@ BUILDERS: dict[str, Callable[[list[Passage], Tokenizer, int, random.Random], lis
 
 
 def build_task_files(
-    rows: np.ndarray, tokenizer: Tokenizer, seq_len: int, tasks: list[str], examples: int, seed: int, out_dir: Path
+    rows: np.ndarray,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    tasks: list[str],
+    examples: int,
+    seed: int,
+    out_dir: Path,
+    eod_id: int | None = None,
 ) -> dict[str, Path]:
-    """``<out_dir>/<task>.jsonl`` for each task, from the validation ``rows``: deterministic (the
-    same rows, tokenizer and settings give the same bytes) and at most ``examples`` lines each."""
+    """``<out_dir>/<task>.jsonl`` for each task, from the validation ``rows`` (documents ending in ``eod_id``;
+    None: ``<|endoftext|>``'s): deterministic (the same rows, tokenizer and settings give the same bytes) and
+    at most ``examples`` lines each."""
     from common.contracts import EOD_TOKEN
 
-    pool = passages(heldout_documents(rows, tokenizer.token_to_id(EOD_TOKEN)), seq_len)
+    eod = tokenizer.token_to_id(EOD_TOKEN) if eod_id is None else eod_id
+    pool = passages(heldout_documents(rows, eod), seq_len)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {}
     for task in tasks:

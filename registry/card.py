@@ -103,11 +103,26 @@ def lineage_urls(store: Store, lineage: Lineage) -> dict[str, str]:
     return {name: location_url(store, location) for name, location in named.items() if location}
 
 
-def check_continuable(store: Store, entry: str, model: dict[str, Any]) -> None:
-    """Refuse, before any work, to continue ``entry`` with another model section."""
-    problem = read_card(store, entry).continuation_problem(model)
-    if problem:
-        raise ConfigError(problem)
+def base_eod_token(store: Store, entry: str) -> str:
+    """The token that ends a document in the tokenizer of registry ``entry`` ('' = ``<|endoftext|>``)."""
+    return read_card(store, entry).lineage.eod_token
+
+
+def continued_model(store: Store, entry: str, asked: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a run continuing registry ``entry``: the base's shape (an imported model's is its
+    Hugging Face config's), with the run's ``kernels``. A setting the run changed from its default (``defaults``)
+    must be the base's: one that is not is refused, naming each, before any work."""
+    card = read_card(store, entry)
+    base = {**defaults, **card.model_config()}
+    conflicts = [k for k in sorted(asked) if k != "kernels" and asked[k] != defaults.get(k) and asked[k] != base.get(k)]
+    if conflicts:
+        details = ", ".join(f"model.{k}: {asked[k]!r} here, {base.get(k)!r} there" for k in conflicts)
+        raise ConfigError(
+            f"train.init_from names {card.name}:{card.version}, whose model section differs ({details}): a continued "
+            "run keeps its base's shape; leave those settings out (they come from the base) or train from scratch "
+            "(train.init_from: '')"
+        )
+    return {**base, "kernels": asked.get("kernels", base.get("kernels"))}
 
 
 COUNTS = frozenset({"parameters", "steps_trained", "tokens_trained", "world_size", "val_tokens"})

@@ -50,6 +50,7 @@ from common.contracts import (
     CHECKPOINT_MODEL,
     ENTRY_CHECKPOINT,
     ENTRY_EVALUATION,
+    EOD_TOKEN,
     EVAL_RESULTS,
     HF_EXPORT,
     MANIFEST,
@@ -415,6 +416,8 @@ def _entry_card(
             "val_tokens": report.tokens_evaluated,
             **ckpt.summary,
             **report.lm_eval,
+            # The base's figures on the same rows, beside the candidate's: what continuing it changed.
+            **{f"base.{k}": v for k, v in report.base.items()},
         },
         sample=report.sample,
         sampled=report.sampled,
@@ -431,6 +434,7 @@ def _entry_card(
             cooldown_from=ckpt.cooled_from,
             evaluation=report.outputs,
             flyte_execution_id=execution_id,
+            eod_token=manifest.get("eod_token", EOD_TOKEN) if manifest.get("eod_token", EOD_TOKEN) != EOD_TOKEN else "",
         ),
         layouts=list(ckpt.layouts),
         config=redacted(config or {}),  # a card is read by everyone who can list the registry

@@ -17,6 +17,7 @@ from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from data_prep.shards import ShardInfo
 from data_prep.sources import content_fingerprint, list_files
 from data_prep.validation import Validation, ValidationFailed, check_dataset, report_html
+from registry.card import base_eod_token
 from reports.dataset_html import dataset_section, doc_tokens
 from storage import Store, open_store
 from tasks import decks
@@ -56,11 +57,14 @@ def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_
     an encode task per partition, a pack task per range of shards, and the commit. A task that
     fails is retried alone (``retries``); the others keep their results.
 
-    A ``base_model`` (registry entry) lends its tokenizer: continued pretraining keeps the vocabulary.
+    A ``base_model`` (registry entry) lends its tokenizer and the token ending its documents: continued
+    pretraining keeps the vocabulary (an imported model's tokenizer encodes the corpus).
     """
     mark_stage("prepare")
     _log_progress()
     tokenizer_key = f"{base_model}/{TOKENIZER}" if base_model else ""
+    if base_model:  # its tokenizer's own end-of-text token ends the documents
+        tokenizer = dataclasses.replace(tokenizer, eod_token=base_eod_token(open_store(store), base_model))
     prep = stages.plan(open_store(store), data, tokenizer, tokenizer_key)
     partitions = list(range(prep.partitions))
     scanned = map_task(functools.partial(scan_partition, prep=prep))(index=partitions)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from flytekit import Cache, current_context, task
 
 from common.contracts import EvalReport, ModelRef, model_prefix
+from common.errors import ConfigError
+from common.settings import read_settings
 from common.stages import mark_stage
 from pipeline.config import PipelineConfig
-from registry.card import check_continuable, read_card
+from registry.card import continued_model, read_card
 from registry.config import RegistryConfig
 from registry.names import RegistryError
 from registry.registry import register, resolve
@@ -32,19 +35,30 @@ def _entry(store: str, spec: str) -> str:
     return model_prefix(name, version)
 
 
+class BaseModel(NamedTuple):
+    entry: str
+    model: ModelConfig
+
+
 @task(**data_task())
 @as_messages
-def find_base_model(store: str, init_from: str, model: ModelConfig) -> str:
-    """The registry entry that ``init_from`` names right now, or '' (train from scratch); an entry
-    trained with another model section is refused here, before the data stage.
+def find_base_model(store: str, init_from: str, model: ModelConfig) -> BaseModel:
+    """The registry entry that ``init_from`` names right now, or '' (train from scratch), and the model section
+    the run trains: the base's shape (an imported model's comes from its Hugging Face config) with this run's
+    kernels, or ``model`` from scratch. A setting of ``model`` that contradicts the base is refused here,
+    before the data stage.
 
     Not cached: ``NAME:latest`` moves, and the concrete version it resolves to is what keys
     the cache of prepare and train downstream.
     """
     entry = _entry(store, init_from) if init_from else ""
-    if entry:
-        check_continuable(open_store(store), entry, dataclasses.asdict(model))
-    return entry
+    if not entry:
+        return BaseModel(entry, model)
+    section = continued_model(open_store(store), entry, dataclasses.asdict(model), dataclasses.asdict(ModelConfig()))
+    resolved, problems = read_settings(ModelConfig, section, "model")
+    if problems:
+        raise ConfigError(f"{entry}'s model section does not fit this release: {'; '.join(problems)}")
+    return BaseModel(entry, resolved)
 
 
 @task(**data_task())
@@ -72,7 +86,7 @@ def flyte_execution_id() -> str:
     **registry_task(),
 )
 @as_messages
-def register_model(report: EvalReport, registry: RegistryConfig, config: PipelineConfig) -> ModelRef:
+def register_model(report: EvalReport, registry: RegistryConfig, config: PipelineConfig, model: ModelConfig) -> ModelRef:
     """Register the evaluated checkpoint as a new immutable version, move ``latest``, and move
     the gate alias too when the candidate is not worse than its holder (decision on the card).
 
@@ -80,14 +94,16 @@ def register_model(report: EvalReport, registry: RegistryConfig, config: Pipelin
     evaluated, the gate compares with the new holder's recorded bits per byte on the same
     validation rows, or keeps the alias ("holder changed during evaluation: alias kept, re-run
     to compare"); the alias moves only if the holder compared with still holds it
-    (``registry.register``)."""
+    (``registry.register``). ``model``: the model section that trained (``find_base_model``'s), on the card in
+    place of ``config``'s."""
     mark_stage("register")
     store = open_store(report.checkpoint.store)
     ref = register(
         store,
         registry.model_name,
         report,
-        config=dataclasses.asdict(config),
+        # The model section that trained: a continued run's is its base's (find_base_model).
+        config={**dataclasses.asdict(config), "model": dataclasses.asdict(model)},
         gate_alias=registry.gate_alias,
         gate_tolerance=registry.gate_tolerance,
         execution_id=flyte_execution_id(),

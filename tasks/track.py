@@ -129,7 +129,8 @@ def _mirror(tracking: TrackingRef, store: Store, model: ModelRef, config: Pipeli
     if not tracking.uri:
         return ""
     settings = config.tracking
-    config_dict = dataclasses.asdict(config)
+    # The model section that trained (the card's): a continued run's is its base's, not the config's defaults.
+    config_dict = {**dataclasses.asdict(config), "model": read_card(store, model.prefix).config.get("model", {})}
 
     files = run_artifacts(store, model)
     name = config_run_name(config)

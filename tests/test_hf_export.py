@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.contracts import EOD_TOKEN
 from data_prep.tokenizer import train_tokenizer
-from evaluation.hf_export import export_llama
+from hf_interop.export import export_hf
 from tests.helpers import tiny_tokenizer
 from training.config import ModelConfig, ParallelConfig
 from training.distributed import init_distributed, shutdown_distributed
@@ -43,7 +43,7 @@ def test_transformers_loads_the_export_and_matches_our_logits(tp1, tmp_path, sha
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     model.eval()
-    out = export_llama(model, cfg, tokenizer.to_str(), SEQ_LEN, tmp_path / "hf")
+    out = export_hf(model, cfg, tokenizer.to_str(), SEQ_LEN, tmp_path / "hf")
 
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     config = json.loads((out / "config.json").read_text())

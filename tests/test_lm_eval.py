@@ -119,7 +119,7 @@ def test_lm_eval_on_a_tiny_export_matches_a_hand_computation_offline(heldout, tm
     import torch
     from transformers import AutoModelForCausalLM
 
-    from evaluation.hf_export import export_llama
+    from hf_interop.export import export_hf
     from training.config import ModelConfig, ParallelConfig
     from training.distributed import init_distributed, shutdown_distributed
     from training.model.gpt import build_gpt
@@ -133,7 +133,7 @@ def test_lm_eval_on_a_tiny_export_matches_a_hand_computation_offline(heldout, tm
         with torch.no_grad():  # away from the init, so that the choices' likelihoods differ clearly
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * 0.2)
-        hf_dir = export_llama(model.eval(), cfg, tokenizer.to_str(), SEQ_LEN, tmp_path / "hf")
+        hf_dir = export_hf(model.eval(), cfg, tokenizer.to_str(), SEQ_LEN, tmp_path / "hf")
     finally:
         shutdown_distributed()
     files = suite.build_task_files(rows, tokenizer, SEQ_LEN, TASKS, 12, 0, tmp_path / "tasks")

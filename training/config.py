@@ -79,6 +79,24 @@ class ModelConfig:
     """Share the input embedding with the output layer."""
     rotary_base: int = 10000
     """RoPE base frequency."""
+    head_dim: int = 0
+    """Channels per attention head (0 = hidden_size / num_attention_heads; Qwen3 sets its own)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2); no other layer has one."""
+    qk_norm: bool = False
+    """An RMSNorm on every query and key head before RoPE (Qwen3)."""
+    norm_eps: float = 1e-5
+    """The epsilon of every RMSNorm."""
+    rope_scaling_factor: float = 0.0
+    """Llama 3's RoPE scaling of long wavelengths by this factor (0 = none; an imported Llama 3.x sets it)."""
+    rope_low_freq_factor: float = 1.0
+    """Llama 3 RoPE scaling: wavelengths above original_max_positions / this are divided by the factor."""
+    rope_high_freq_factor: float = 4.0
+    """Llama 3 RoPE scaling: wavelengths below original_max_positions / this are kept; between, blended."""
+    rope_original_max_positions: int = 8192
+    """Llama 3 RoPE scaling: the context length the model was first trained at."""
+    vocab_size: int = 0
+    """Embedding rows before tensor-parallel padding (0 = the tokenizer's size; an imported model's own)."""
     kernels: Kernels = Kernels.TRITON
     """Norm, SwiGLU, RoPE and output-layer loss: 'triton' (our kernels where CUDA or the Triton
     interpreter can run them, their PyTorch references elsewhere) or 'torch' (the references)."""
@@ -94,10 +112,25 @@ class ModelConfig:
         out += at_least("model.num_query_groups", self.num_query_groups, 0, " (0 = one per attention head)")
         out += at_least("model.ffn_hidden_size", self.ffn_hidden_size, 0, " (0 = 8/3 × hidden_size)")
         out += at_least("model.rotary_base", self.rotary_base, 2, " (typical 10000)")
+        out += at_least("model.head_dim", self.head_dim, 0, " (0 = hidden_size / num_attention_heads)")
+        out += at_least("model.vocab_size", self.vocab_size, 0, " (0 = the tokenizer's size)")
+        out += at_least("model.rope_scaling_factor", self.rope_scaling_factor, 0, " (0 = no scaling)")
+        if not 0 < self.norm_eps < 1:
+            out.append(f"model.norm_eps is {self.norm_eps}: RMSNorm's epsilon must be between 0 and 1 (typical 1e-5 or 1e-6)")
+        if self.rope_scaling_factor and not (0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
+            out.append(
+                f"model.rope_low_freq_factor={self.rope_low_freq_factor} and model.rope_high_freq_factor="
+                f"{self.rope_high_freq_factor}: Llama 3's RoPE scaling needs 0 < low < high (it uses 1 and 4)"
+            )
+        if self.rope_scaling_factor:
+            out += at_least("model.rope_original_max_positions", self.rope_original_max_positions, 1, " (Llama 3 uses 8192)")
         if out:
             return out  # the rules below divide by these
         heads, groups = self.num_attention_heads, self.num_query_groups or self.num_attention_heads
-        if self.hidden_size % heads:
+        if self.head_dim:
+            if self.head_dim % 2:
+                out.append(f"model.head_dim={self.head_dim}: RoPE rotates channel pairs, so it must be even")
+        elif self.hidden_size % heads:
             out.append(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_attention_heads={heads}: "
                 "every head gets hidden_size / heads channels"
@@ -526,6 +559,11 @@ def batch_problems(train: TrainConfig, data_parallel: int, where: str = "") -> l
         f"data-parallel size = {train.micro_batch_size} × {data_parallel} = {per_step}: use e.g. {lower} "
         f"or {lower + per_step}, or a smaller micro_batch_size{where}"
     ]
+
+
+def head_size(config: ModelConfig) -> int:
+    """Channels per attention head."""
+    return config.head_dim or config.hidden_size // config.num_attention_heads
 
 
 def ffn_size(config: ModelConfig) -> int:

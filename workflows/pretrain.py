@@ -42,30 +42,31 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
             training, evaluation and registry settings, and the object store.
     """
     settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node, cluster=CLUSTER)
-    base_model = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model)
+    # The model to continue, if any, and the model section that trains: a continued run's is its base's.
+    base = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model)
     train_cfg = plan_training(store=config.store, train_cfg=config.train, seq_len=config.data.seq_len)
     # The run opens before the corpus is listed: a corpus that stops there ends a FAILED run, not none.
     tracking = start_tracking(config=config)
     data = fingerprint_corpus(data=config.data)
     settings >> tracking
-    settings >> base_model
+    settings >> base.entry
     settings >> train_cfg
     train_cfg >> data  # a budget or cooldown that cannot run stops the run before the corpus is read
     settings >> data
-    dataset = prepare_data(store=config.store, data=data, tokenizer=config.tokenizer, base_model=base_model)
+    dataset = prepare_data(store=config.store, data=data, tokenizer=config.tokenizer, base_model=base.entry)
     checked = validate_data(dataset=dataset, validation=config.validation)
     checkpoint = train_model(
         dataset=checked,
-        model=config.model,
+        model=base.model,
         parallel=config.parallel,
         train_cfg=train_cfg,
-        base_model=base_model,
+        base_model=base.entry,
         tracking=tracking,
         tracking_cfg=config.tracking,
     )
     holder = find_gate_holder(store=config.store, registry=config.registry)
-    report = evaluate_model(checkpoint=checkpoint, model=config.model, eval_cfg=config.evaluation, baseline=holder)
-    model = register_model(report=report, registry=config.registry, config=config)
+    report = evaluate_model(checkpoint=checkpoint, model=base.model, eval_cfg=config.evaluation, baseline=holder)
+    model = register_model(report=report, registry=config.registry, config=config, model=base.model)
     track_run(tracking=tracking, model=model, config=config)
     return model
 

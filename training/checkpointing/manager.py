@@ -31,7 +31,7 @@ from runs.lease import LeaseLost, RunLease
 from storage import Store
 from training.checkpointing import checkpoint
 from training.checkpointing.saving import PendingSave, start_save
-from training.config import ParallelConfig, TrainConfig, cooldown_point
+from training.config import ModelConfig, ParallelConfig, TrainConfig, cooldown_point
 from training.cooldown import trained_config
 from training.data import LoaderStateError, StreamingLoader
 from training.distributed import checkpoint_group
@@ -177,7 +177,7 @@ class CheckpointManager:
         """Initialise the weights from the registry entry under key prefix ``base_model`` (continued
         pretraining), after checking that its model config continues into this one."""
         card = ModelCard.from_dict(self.store.get_json(card_key(base_model)))
-        problem = card.continuation_problem(self.meta["model"])
+        problem = card.continuation_problem(self.meta["model"], asdict(ModelConfig()))
         if problem:
             raise ConfigError(problem)
         checkpoint.load_weights(self.store, f"{base_model}/{ENTRY_CHECKPOINT}", self.step.model, committed_at=base_model)

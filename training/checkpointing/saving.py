@@ -290,3 +290,17 @@ def _prune(store: Store, run_prefix: str, keep: int, keep_every: int = 0) -> Non
     whose step is a multiple of ``keep_every`` (0: none spared)."""
     for old in prunable(committed_steps(store, run_prefix), keep, keep_every):
         store.delete_prefix(checkpoint_prefix(run_prefix, old))
+
+
+def write_weights(model, folder: Path, meta: dict) -> None:
+    """A weights-only checkpoint of ``model`` (one process: TP=1, PP=1) in the local ``folder``, as a registry
+    entry holds one: megatron's sharded ``model/`` (loadable at any layout), ``meta.json`` and the digests."""
+    from megatron.core import dist_checkpointing
+
+    (folder / CHECKPOINT_MODEL).mkdir(parents=True)
+    dist_checkpointing.save(fsdp_state.sharded_state_dict(model), str(folder / CHECKPOINT_MODEL))
+    (folder / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    digests = {rel: file_sha256(folder / rel) for rel in folder_files(folder)}
+    (folder / CHECKPOINT_DIGESTS).write_text(
+        json.dumps({"format": DIGESTS_FORMAT, "files": dict(sorted(digests.items()))}, indent=2)
+    )

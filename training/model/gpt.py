@@ -9,7 +9,7 @@ import math
 import torch
 
 from common.errors import ConfigError
-from training.config import ModelConfig, ParallelConfig, Recompute, ffn_size
+from training.config import ModelConfig, ParallelConfig, Recompute, ffn_size, head_size
 from training.distributed import check_parallel
 
 # megatron's settings per TrainConfig.recompute. Selective recomputes the core attention
@@ -60,10 +60,15 @@ def build_gpt(
     if init_seed is not None:
         setattr(transformer, INIT_SEED_ATTR, init_seed)
     install_rotary()
-    vocab = _padded_vocab(vocab_size, tensor_parallel)
+    if config.vocab_size and vocab_size > config.vocab_size:
+        raise ConfigError(
+            f"the tokenizer has {vocab_size} tokens but model.vocab_size is {config.vocab_size}: "
+            "its ids would fall outside the embedding; use the model's own tokenizer or set model.vocab_size: 0"
+        )
+    vocab = _padded_vocab(config.vocab_size or vocab_size, tensor_parallel)
     model = _gpt_class()(
         config=transformer,
-        transformer_layer_spec=gpt_block_spec(config.num_layers // pipeline_parallel),
+        transformer_layer_spec=gpt_block_spec(config.num_layers // pipeline_parallel, qk_norm=config.qk_norm),
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         vocab_size=vocab,
@@ -72,6 +77,8 @@ def build_gpt(
         position_embedding_type="rope",
         rotary_base=config.rotary_base,
     )
+    if config.rope_scaling_factor and model.rotary_pos_emb is not None:
+        model.rotary_pos_emb.inv_freq = llama3_inv_freq(model.rotary_pos_emb.inv_freq, config)
     model.document_eod = document_eod
     if on_gpu:
         model.cuda()
@@ -100,9 +107,24 @@ def _gpt_class():
     return GPT
 
 
+def llama3_inv_freq(inv_freq: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies under Llama 3's scaling (``rope_type: llama3``), as transformers computes
+    them: long wavelengths divided by the factor, short ones kept, those between blended. megatron's own
+    scaling fixes every setting but the factor, so the frequencies are set here from all four."""
+    factor, low, high = config.rope_scaling_factor, config.rope_low_freq_factor, config.rope_high_freq_factor
+    original = config.rope_original_max_positions
+    low_wavelen, high_wavelen = original / low, original / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
 def transformer_config(config: ModelConfig, parallel: ParallelConfig, recompute: str):
-    """megatron's TransformerConfig of our GPT (RMSNorm, SwiGLU, RoPE, no biases or dropout) on this machine:
-    bf16 on GPUs, fp32 on CPU."""
+    """megatron's TransformerConfig of our GPT (RMSNorm, SwiGLU, RoPE, no dropout, no biases but the optional
+    query/key/value ones) on this machine: bf16 on GPUs, fp32 on CPU."""
     from megatron.core.transformer import TransformerConfig
 
     groups = config.num_query_groups or config.num_attention_heads
@@ -114,6 +136,10 @@ def transformer_config(config: ModelConfig, parallel: ParallelConfig, recompute:
         ffn_hidden_size=ffn_size(config),
         num_attention_heads=config.num_attention_heads,
         num_query_groups=groups,
+        kv_channels=head_size(config),
+        add_qkv_bias=config.qkv_bias,
+        qk_layernorm=config.qk_norm,
+        layernorm_epsilon=config.norm_eps,
         normalization="RMSNorm",
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,

@@ -33,6 +33,7 @@ from kernels.swiglu import swiglu
 
 COMPILE_ATTR = "pretrain_compiled_loss"  # set on megatron's TransformerConfig by training.model.compiling
 IMPL_ATTR = "pretrain_kernel_impl"  # set on megatron's TransformerConfig by build_gpt
+TP_PARTIAL = "tp_partial_grad"  # a replicated parameter whose gradient each tensor-parallel rank holds a part of
 
 
 def resolve_impl(choice: str) -> str:
@@ -65,6 +66,20 @@ class RMSNorm(_megatron_module()):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rmsnorm(x, self.weight, self.eps, impl=self.impl)
+
+
+class HeadRMSNorm(RMSNorm):
+    """The query/key norm (Qwen3's): over each head's channels, after the projection. A tensor-parallel rank
+    holds some of the heads, so the weight's gradient is partial whatever the sequence split: the trainer sums
+    it over TP (``TP_PARTIAL``), as megatron's own gradient finaliser does for its q/k layernorms."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__(config, hidden_size, eps)
+        setattr(self.weight, TP_PARTIAL, True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [s, b, heads, d]: the kernels normalise rows of a 2-D view.
+        return super().forward(x.reshape(-1, x.shape[-1])).view(x.shape)
 
 
 class SwiGLU(_megatron_module()):
@@ -155,8 +170,9 @@ class SDPAttention(_dot_product_attention()):
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [s, b, heads · d]
 
 
-def gpt_block_spec(num_layers: int):
-    """megatron's local GPT layer spec with our norm, activation and SDPA attention, plus our final norm.
+def gpt_block_spec(num_layers: int, qk_norm: bool = False):
+    """megatron's local GPT layer spec with our norm, activation and SDPA attention, plus our final norm;
+    with ``qk_norm`` our norm on every query and key head too.
 
     ``num_layers`` is this pipeline stage's share: megatron numbers the layers globally
     (stage offset + local index), so checkpoints do not depend on the pipeline split.
@@ -164,10 +180,13 @@ def gpt_block_spec(num_layers: int):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_norm)
     layer.module = _seeded_layer_class()
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
+    if qk_norm:
+        layer.submodules.self_attention.submodules.q_layernorm = HeadRMSNorm
+        layer.submodules.self_attention.submodules.k_layernorm = HeadRMSNorm
     layer.submodules.mlp.submodules.activation_func = SwiGLU
     layer.submodules.self_attention.submodules.core_attention = SDPAttention
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)

@@ -43,6 +43,7 @@ from training.config import ModelConfig, ParallelConfig, TrainConfig, batch_prob
 from training.model.compiling import compile_model, resolve_compile
 from training.model.fsdp import FsdpStep
 from training.model.gpt import build_gpt, mean_loss, model_inputs
+from training.model.layers import TP_PARTIAL
 from training.model.shared import (
     BETAS,
     EPS,
@@ -131,6 +132,13 @@ class LocalStep:
         self.accumulation = accumulation
         self.sequence_parallel = sequence_parallel
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # Replicated weights whose gradient each TP rank holds a part of: norm weights under sequence parallelism
+        # (a slice of the sequence each) and the query/key norms (some of the heads each).
+        self.tp_partial = [
+            p
+            for p in self.params
+            if (sequence_parallel and getattr(p, "sequence_parallel", False)) or getattr(p, TP_PARTIAL, False)
+        ]
         self.optimizer = adamw(self.params, cfg)
         model.train()
 
@@ -163,8 +171,7 @@ class LocalStep:
             return StepResult(mean, float("nan"), False)
         with timer.phase("collective"):
             _all_reduce_grads(self.params, ps.get_data_parallel_group(), average_over=ps.get_data_parallel_world_size())
-            if self.sequence_parallel:  # norm weights saw only this rank's slice of the sequence
-                _all_reduce_grads([p for p in self.params if getattr(p, "sequence_parallel", False)], tp_group)
+            _all_reduce_grads(self.tp_partial, tp_group)
             norm = _grad_norm(self.params, tp_group, ps.get_tensor_model_parallel_rank())
         with timer.phase("optimizer"):
             if self.cfg.grad_clip > 0:
