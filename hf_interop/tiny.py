@@ -125,7 +125,9 @@ def model_config(family: str, vocab_size: int, **overrides):
     elif family == "smollm":
         config = LlamaConfig(**shape, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True)
     elif family == "mistral":
-        config = MistralConfig(**shape, sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+        # One key/value head per query head (plain multi-head attention); the others group two per key/value head.
+        rope = {"rope_type": "default", "rope_theta": 1000000.0}
+        config = MistralConfig(**{**shape, "num_key_value_heads": 4}, sliding_window=None, rope_parameters=rope)
     elif family == "qwen2":
         config = Qwen2Config(**shape, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
     elif family == "qwen3":

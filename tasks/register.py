@@ -20,7 +20,7 @@ from storage import open_store
 from tasks.caching import cache_version
 from tasks.placement import data_task, registry_task
 from tasks.user_errors import as_messages
-from training.config import ModelConfig
+from training.config import ModelConfig, ParallelConfig, layout_problems
 
 VERSION = cache_version(__name__)
 
@@ -42,7 +42,7 @@ class BaseModel(NamedTuple):
 
 @task(**data_task())
 @as_messages
-def find_base_model(store: str, init_from: str, model: ModelConfig) -> BaseModel:
+def find_base_model(store: str, init_from: str, model: ModelConfig, parallel: ParallelConfig) -> BaseModel:
     """The registry entry that ``init_from`` names right now, or '' (train from scratch), and the model section
     the run trains: the base's shape (an imported model's comes from its Hugging Face config) with this run's
     kernels, or ``model`` from scratch. A setting of ``model`` that contradicts the base is refused here,
@@ -58,6 +58,9 @@ def find_base_model(store: str, init_from: str, model: ModelConfig) -> BaseModel
     resolved, problems = read_settings(ModelConfig, section, "model")
     if problems:
         raise ConfigError(f"{entry}'s model section does not fit this release: {'; '.join(problems)}")
+    split = layout_problems(resolved, parallel)  # the base's heads and layers over this run's ranks
+    if split:
+        raise ConfigError(f"{init_from} is {entry}: {'; '.join(split)}")
     return BaseModel(entry, resolved)
 
 

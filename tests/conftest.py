@@ -56,6 +56,16 @@ def tiny_dataset(tmp_path_factory):
     return prepare_dataset(tiny_data(), tiny_tokenizer(), store)
 
 
+@pytest.fixture(scope="session")
+def tiny_hf_models(tmp_path_factory) -> dict:
+    """A tiny random Hugging Face checkpoint of every family we import (``hf_interop.tiny``: built here, no
+    download), by family; read-only: a test that edits one copies it first. The Llama one is sharded."""
+    from hf_interop.tiny import FAMILIES, build_tiny, sample_texts
+
+    root, texts = tmp_path_factory.mktemp("tiny-hf"), sample_texts()
+    return {f: build_tiny(f, root / f, texts, max_shard_size="200KB" if f == "llama" else None) for f in FAMILIES}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def mlflow_tracking_uri(tmp_path_factory) -> str:
     """One SQLite MLflow database for every pipeline of the session: ``MLFLOW_TRACKING_URI`` reaches the

@@ -152,23 +152,32 @@ def test_a_card_this_release_cannot_read_is_one_registry_error(tmp_path):
 
 def test_continuing_a_model_of_another_shape_stops_before_the_data_stage(tmp_path):
     from tasks.register import find_base_model
-    from training.config import ModelConfig
+    from training.config import ModelConfig, ParallelConfig
 
     store = populated_store(tmp_path / "store")
     ckpt = CheckpointRef(
         store.uri, "runs/ab12", "runs/ab12/checkpoints/step-0000010", 10, DatasetRef(store.uri, "v1", "datasets/v1")
     )
     register(store, "gpt", evaluated(ckpt), config={"model": dataclasses.asdict(ModelConfig(num_layers=2, hidden_size=64))})
-    same = find_base_model(store=store.uri, init_from="gpt:latest", model=ModelConfig(num_layers=2))
+    same = find_base_model(store=store.uri, init_from="gpt:latest", parallel=ParallelConfig(), model=ModelConfig(num_layers=2))
     assert same == ("models/gpt/1", ModelConfig(num_layers=2, hidden_size=64))  # settings left at defaults: the base's
     # The run's kernels stand (how it computes, not what it is).
-    torch_kernels = find_base_model(store=store.uri, init_from="gpt:latest", model=ModelConfig(kernels="torch"))
+    torch_kernels = find_base_model(
+        store=store.uri, init_from="gpt:latest", parallel=ParallelConfig(), model=ModelConfig(kernels="torch")
+    )
     assert torch_kernels.model == ModelConfig(num_layers=2, hidden_size=64, kernels="torch")
     with pytest.raises(Exception) as raised:
-        find_base_model(store=store.uri, init_from="gpt:latest", model=ModelConfig(num_layers=3, hidden_size=64))
+        find_base_model(
+            store=store.uri, init_from="gpt:latest", parallel=ParallelConfig(), model=ModelConfig(num_layers=3, hidden_size=64)
+        )
     error = user_error_in(raised.value)
     assert isinstance(error, ConfigError)
     assert "train.init_from names gpt:1, whose model section differs (model.num_layers: 3 here, 2 there)" in str(error)
+    # The base's heads over this run's tensor-parallel ranks: before the data stage too.
+    with pytest.raises(Exception) as raised:
+        find_base_model(store=store.uri, init_from="gpt:latest", parallel=ParallelConfig(tensor_parallel=8), model=ModelConfig())
+    said = "gpt:latest is models/gpt/1: model.num_attention_heads=4 is not divisible by parallel.tensor_parallel=8"
+    assert said in str(user_error_in(raised.value))
 
 
 # -- the scenario: a pipeline_parallel=2 run, then the same settings at DP=2 ------

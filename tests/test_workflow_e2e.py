@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 from common.contracts import checkpoint_prefix
 from storage import open_store
@@ -378,3 +379,63 @@ def test_rejected_credentials_fail_in_one_line(s3_server, flyte_env, tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("error: S3 endpoint")
     assert "rejected the credentials" in result.stderr
     assert open_store(store_uri).list("") == []
+
+
+@pytest.mark.long("a pipeline continuing an imported Llama 3, lm-eval included: about 60 s under make test")
+def test_continuing_an_imported_model_encodes_with_its_tokenizer_and_exports_its_family(pipeline, tiny_hf_models):
+    import yaml
+
+    original = tiny_hf_models["llama"]
+    imported = run(
+        [
+            str(BIN / "pretrain"),
+            "registry",
+            "import",
+            str(original),
+            "--name",
+            "tiny-llama",
+            "--store",
+            pipeline.store_uri,
+            "--json",
+        ],
+        pipeline.env,
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert json.loads(imported.stdout.splitlines()[-1])["prefix"] == "models/tiny-llama/1"
+    config = pipeline.config(train={"init_from": "tiny-llama"}, registry={"model_name": "tiny-llama-e2e"})
+    settings = yaml.safe_load(config.read_text())
+    del settings["model"]  # the model section comes from the imported model
+    config.write_text(yaml.safe_dump(settings))
+    assert pipeline(config) == ["miss"] * 5  # another tokenizer: another dataset, and everything after it
+
+    store = open_store(pipeline.store_uri)
+    base = store.get_json("models/tiny-llama/1/card.json")
+    card = store.get_json("models/tiny-llama-e2e/1/card.json")
+    assert card["lineage"]["base_model"] == "models/tiny-llama/1"
+    assert card["config"]["model"] == {**base["config"]["model"], "kernels": card["config"]["model"]["kernels"]}
+    # The model's own tokenizer encoded the corpus, its end-of-text token ending each document.
+    assert card["lineage"]["tokenizer_sha256"] == base["lineage"]["tokenizer_sha256"]
+    assert card["lineage"]["eod_token"] == "<|end_of_text|>"
+    manifest = store.get_json(card["lineage"]["dataset_manifest"])
+    eod = Tokenizer.from_file(str(original / "tokenizer.json")).token_to_id("<|end_of_text|>")
+    assert (manifest["eod_token"], manifest["eod_id"]) == ("<|end_of_text|>", eod)
+    # Training started from the imported weights: its first loss is the base's on this text, far above a fresh model's.
+    metrics = card["metrics"]
+    assert abs(metrics["first_train_loss"] - metrics["base.val_loss"]) < 0.5 and metrics["base.val_loss"] > 7
+    assert metrics["val_loss"] < metrics["base.val_loss"] and metrics["base.bits_per_byte"] > metrics["bits_per_byte"]
+    assert "lm_eval.heldout_continuation.acc" in metrics  # lm-eval ran on the export, as for any model
+    assert card["gate"]["promoted"] and card["gate"]["baseline"] == ""  # gated in its own name: no holder yet
+
+    # The export is a Llama 3 again: its RoPE scaling, the original's vocabulary and tokenizer files; it loads.
+    export = pipeline.root / "continued-export"
+    store.download_dir(f"models/tiny-llama-e2e/1/{card['hf_export']}", export)
+    exported = json.loads((export / "config.json").read_text())
+    assert exported["architectures"] == ["LlamaForCausalLM"] and exported["rope_parameters"]["rope_type"] == "llama3"
+    assert exported["vocab_size"] == json.loads((original / "config.json").read_text())["vocab_size"]
+    assert (export / "tokenizer_config.json").read_bytes() == (original / "tokenizer_config.json").read_bytes()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(export)
+    ids = AutoTokenizer.from_pretrained(export)("def main():", return_tensors="pt").input_ids
+    assert ids[0, 0].item() == Tokenizer.from_file(str(original / "tokenizer.json")).token_to_id("<|begin_of_text|>")
+    assert model(ids).logits.shape[-1] == exported["vocab_size"]

@@ -43,7 +43,7 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
     """
     settings = check_settings(config=config, world_size=CLUSTER.nnodes * CLUSTER.nproc_per_node, cluster=CLUSTER)
     # The model to continue, if any, and the model section that trains: a continued run's is its base's.
-    base = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model)
+    base = find_base_model(store=config.store, init_from=config.train.init_from, model=config.model, parallel=config.parallel)
     train_cfg = plan_training(store=config.store, train_cfg=config.train, seq_len=config.data.seq_len)
     # The run opens before the corpus is listed: a corpus that stops there ends a FAILED run, not none.
     tracking = start_tracking(config=config)

@@ -32,7 +32,7 @@ import torch
 
 from common.contracts import tensorboard_prefix
 from training.callbacks import Record, StepCallback
-from training.config import ModelConfig, TrainConfig
+from training.config import ModelConfig, TrainConfig, head_size
 from training.observe.timing import BREAKDOWN_KEYS
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's data sheets, per GPU: (bf16, fp32).
@@ -67,11 +67,12 @@ TENSORBOARD_TAGS = (
 
 def non_embedding_params(cfg: ModelConfig) -> int:
     """Weights of the transformer layers and the final norm (what build_gpt makes, TP-independent)."""
-    from training.config import ffn_size
+    from training.config import ffn_size, head_size
 
-    h, heads = cfg.hidden_size, cfg.num_attention_heads
-    kv = (cfg.num_query_groups or heads) * (h // heads)
-    attention = h * (h + 2 * kv) + h * h  # fused QKV, output projection (no biases)
+    h, d = cfg.hidden_size, head_size(cfg)
+    q, kv = cfg.num_attention_heads * d, (cfg.num_query_groups or cfg.num_attention_heads) * d
+    attention = h * (q + 2 * kv) + q * h  # fused QKV, output projection
+    attention += (q + 2 * kv if cfg.qkv_bias else 0) + (2 * d if cfg.qk_norm else 0)  # Qwen2's biases, Qwen3's norms
     mlp = h * 2 * ffn_size(cfg) + ffn_size(cfg) * h  # fc1 = [gate | up], fc2
     return cfg.num_layers * (attention + mlp + 2 * h) + h  # + two norms per layer, the final norm
 
@@ -147,7 +148,9 @@ class StepMetrics(StepCallback):
         tensorboard: bool = True,
     ) -> None:
         n = non_embedding_params(model_cfg)
-        self.flops_per_token = flops_per_token(n, model_cfg.num_layers, model_cfg.hidden_size, seq_len)
+        # The attention scores' term runs over the query width: heads × head size (Qwen3's differs from hidden).
+        width = model_cfg.num_attention_heads * head_size(model_cfg)
+        self.flops_per_token = flops_per_token(n, model_cfg.num_layers, width, seq_len)
         self.tokens_per_step, self.world_size, self.device = tokens_per_step, world_size, device
         self.rank0, self.store, self.run_prefix = rank0, store, run_prefix
         self.peak, self.peak_source = device_peak(device, dtype, peak_override) if rank0 else (0.0, "")
