@@ -227,7 +227,7 @@ def cmd_registry_download(args: argparse.Namespace) -> int:
 
 
 def cmd_registry_import(args: argparse.Namespace) -> int:
-    from hf_interop.importer import import_checkpoint  # torch and megatron: only for this command
+    from registry.hf_import import import_checkpoint  # torch and megatron: only for this command
 
     ref, registered = import_checkpoint(_store(args), Path(args.folder), args.name)
     if args.json:

@@ -39,6 +39,7 @@ FIRST_PARTY = frozenset(
         "data_prep",
         "training",
         "evaluation",
+        "hf_interop",
         "cli",
         "kernels",
         "storage",

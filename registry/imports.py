@@ -1,5 +1,5 @@
 """Registering a model that was not trained here (``pretrain registry import``): its files staged locally
-by ``hf_interop.importer``, committed as the name's next version under the registry's rules
+by ``registry.hf_import``, committed as the name's next version under the registry's rules
 (``registry.registry``): claimed, every object created only if absent, ``_COMMITTED`` last, ``latest`` moved
 forward. The registration's identity is the name and the source files' digests: importing the same folder
 again (or twice at once) gives the same version."""

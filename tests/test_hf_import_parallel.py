@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hf_interop.convert import hf_logits
-from hf_interop.importer import import_checkpoint
+from registry.hf_import import import_checkpoint
 from hf_interop.tiny import FAMILIES, sample_texts
 from storage import open_store
 from training.launch import launch

@@ -14,7 +14,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARIES = ["common", "data_prep", "training", "evaluation", "kernels", "storage", "registry", "tracking", "runs", "reports"]
+LIBRARIES = [
+    "common",
+    "data_prep",
+    "training",
+    "evaluation",
+    "kernels",
+    "storage",
+    "registry",
+    "tracking",
+    "runs",
+    "reports",
+    "hf_interop",
+]
 
 PROBE = """
 import importlib, importlib.abc, pkgutil, sys
@@ -115,6 +127,7 @@ FLOORS = [
     ["tracking", "reports"],
     ["registry"],
     ["evaluation"],
+    ["hf_interop"],
     ["training"],
     ["runs", "data_prep"],
     ["storage"],
