@@ -45,6 +45,7 @@ test-fast: venv
 bench: venv
 	$(BIN)/python -m pip install -q -c requirements.lock -e ".[dev,bench]"
 	$(BIN)/python benchmarks/bench_tokenize.py
+	$(BIN)/python benchmarks/bench_imported_tokenizers.py
 	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_kernels.py
 	$(BIN)/python benchmarks/bench_observability.py
