@@ -11,11 +11,22 @@ An unsupported architecture or feature is refused in one line before anything is
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from pathlib import Path
 
-from common.contracts import ENTRY_CHECKPOINT, HF_EXPORT, TOKENIZER, ImportedFrom, Lineage, ModelCard, ModelRef, model_prefix
-from common.digests import file_sha256
+from common.contracts import (
+    ENTRY_CHECKPOINT,
+    ENTRY_EVALUATION,
+    HF_EXPORT,
+    TOKENIZER,
+    ImportedFrom,
+    Lineage,
+    ModelCard,
+    ModelRef,
+    model_prefix,
+)
+from common.digests import file_sha256, folder_digests
 from common.errors import local_space
 from hf_interop.families import Imported, imported_config
 from hf_interop.folder import Folder, read_folder
@@ -96,6 +107,10 @@ def _convert(folder: Folder, imported: Imported, eod: str, staging: Path) -> int
         (staging / TOKENIZER).write_text(tokenizer_json, encoding="utf-8")
         originals = {n: p.read_text(encoding="utf-8") for n, p in folder.tokenizer_files.items() if n != "tokenizer.json"}
         export_hf(model, imported.model, tokenizer_json, imported.max_positions, staging / HF_EXPORT, eod, originals)
+        # Where a trained entry keeps its export's digests (its evaluation's record): a continued run's lm-eval
+        # scores this export as its gate's baseline only after checking them. Nothing was evaluated.
+        record = {"imported": True, "export_digests": folder_digests(staging / HF_EXPORT)}
+        (staging / ENTRY_EVALUATION).write_text(json.dumps(record, indent=2, sort_keys=True))
         return sum(p.numel() for p in model.parameters())
     finally:
         shutdown_distributed()

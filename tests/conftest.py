@@ -56,14 +56,28 @@ def tiny_dataset(tmp_path_factory):
     return prepare_dataset(tiny_data(), tiny_tokenizer(), store)
 
 
-@pytest.fixture(scope="session")
-def tiny_hf_models(tmp_path_factory) -> dict:
-    """A tiny random Hugging Face checkpoint of every family we import (``hf_interop.tiny``: built here, no
-    download), by family; read-only: a test that edits one copies it first. The Llama one is sharded."""
-    from hf_interop.tiny import FAMILIES, build_tiny, sample_texts
+class TinyModels(dict):
+    """Tiny random Hugging Face checkpoints by family, each built the first time it is asked for."""
 
-    root, texts = tmp_path_factory.mktemp("tiny-hf"), sample_texts()
-    return {f: build_tiny(f, root / f, texts, max_shard_size="200KB" if f == "llama" else None) for f in FAMILIES}
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, family: str) -> Path:
+        from hf_interop.tiny import build_tiny, sample_texts
+
+        self[family] = build_tiny(
+            family, self.root / family, sample_texts(), max_shard_size="200KB" if family == "llama" else None
+        )
+        return self[family]
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_models(tmp_path_factory) -> TinyModels:
+    """A tiny random Hugging Face checkpoint of every family we import (``hf_interop.tiny``: built here, no
+    download), by family, built when first asked for (a worker that needs only the Llama builds only it);
+    read-only: a test that edits one copies it first. The Llama one is sharded."""
+    return TinyModels(tmp_path_factory.mktemp("tiny-hf"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -16,9 +16,9 @@ from common.digests import file_sha256
 from hf_interop.convert import hf_logits, our_logits
 from hf_interop.families import UnsupportedCheckpoint
 from hf_interop.folder import CheckpointFolderError
-from registry.hf_import import import_checkpoint
 from hf_interop.tiny import FAMILIES, sample_texts
 from registry.card import read_card
+from registry.hf_import import import_checkpoint
 from registry.names import RegistryError
 from storage import open_store
 from tests.helpers import BIN, ROOT

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from hf_interop.convert import hf_logits
-from registry.hf_import import import_checkpoint
 from hf_interop.tiny import FAMILIES, sample_texts
+from registry.hf_import import import_checkpoint
 from storage import open_store
 from training.launch import launch
 
