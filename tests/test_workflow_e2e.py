@@ -372,6 +372,9 @@ def test_continued_pretraining_of_an_imported_model_starts_from_its_weights_and_
     store = open_store(pipeline.store_uri)
     base = store.get_json("models/tiny-llama/1/card.json")
     card = store.get_json("models/tiny-llama/2/card.json")
+    shown = run([str(BIN / "pretrain"), "registry", "show", "tiny-llama:1", "--store", pipeline.store_uri], pipeline.env)
+    assert re.search(r"imported_from +LlamaForCausalLM \(llama\) from tiny-random/llama\n", shown.stdout), shown.stdout
+    assert re.search(r" +tokenizer.json  sha256 " + file_sha256(original / "tokenizer.json"), shown.stdout)
     assert card["lineage"]["base_model"] == "models/tiny-llama/1"
     assert card["config"]["model"] == {**base["config"]["model"], "kernels": card["config"]["model"]["kernels"]}
     # The model's own tokenizer encoded the corpus, its end-of-text token ending each document.
