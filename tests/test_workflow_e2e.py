@@ -347,7 +347,7 @@ def test_rejected_credentials_fail_in_one_line(s3_server, flyte_env, tmp_path):
     assert open_store(store_uri).list("") == []
 
 
-@pytest.mark.long("a pipeline continuing an imported Llama 3, lm-eval on it and its base: about 60-90 s under make test")
+@pytest.mark.long("a pipeline continuing an imported Llama 3, lm-eval on it and its base: 50 s alone, about 95 s under make test")
 def test_continued_pretraining_of_an_imported_model_starts_from_its_weights_and_is_gated_against_it(pipeline, tiny_hf_models):
     """Continued pretraining, of an open model: imported (``pretrain registry import``), promoted to the gate's
     alias, continued on the corpus under its own name. One run checks the continuation (the base's tokenizer and
