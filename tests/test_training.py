@@ -45,7 +45,9 @@ from training.launch import launch
 from training.model.gpt import build_gpt
 from training.train import train
 
-MODEL = tiny_model()
+# Qwen3-shaped: a norm on every query and key head (a replicated weight each TP rank holds part of the gradient
+# of, summed over TP) and a head size of its own, so every layout checks them too.
+MODEL = tiny_model(qk_norm=True, head_dim=32)
 # val_every=4: the held-out loss at steps 4 and 8 (training.validator), compared across layouts too.
 STEPS = TrainConfig(steps=8, micro_batch_size=4, global_batch_size=8, warmup_steps=2, lr=3e-3, checkpoint_every=4, val_every=4)
 
