@@ -42,6 +42,12 @@ def _validation_line(store: Store, version: str) -> str:
     return f"  validation  {verdict}: {len(outcomes) - len(failed)} of {len(outcomes)} expectations met"
 
 
+def _entry_name(prefix: str) -> str:
+    """``models/<name>/<version>`` as ``<name>:<version>``."""
+    _, name, version = prefix.rsplit("/", 2)
+    return f"{name}:{version}"
+
+
 def run_summary(store: Store, model: ModelRef, mlflow_run: str = "") -> list[str]:
     """The end-of-run summary of the execution that registered ``model`` (``mlflow_run``: its MLflow run id,
     '' when it has none)."""
@@ -65,6 +71,9 @@ def run_summary(store: Store, model: ModelRef, mlflow_run: str = "") -> list[str
         lines.append(f"  cooldown    from {card.lineage.cooldown_from}")
     figures = [f"{k} {metric_text(k, m[k])}" for k in ("val_loss", "perplexity", "bits_per_byte") if k in m]
     lines.append(f"  evaluation  {', '.join(figures)}")
+    base = [f"{k} {metric_text(k, m['base.' + k])}" for k in ("val_loss", "perplexity", "bits_per_byte") if "base." + k in m]
+    if card.lineage.base_model:  # what continuing changed: the base's figures on the same rows
+        lines.append(f"  base        {_entry_name(card.lineage.base_model)}: {', '.join(base) or 'not comparable'}")
     lm_eval = [f"{k.removeprefix('lm_eval.')} {metric_text(k, v)}" for k, v in sorted(m.items()) if k.startswith("lm_eval.")]
     if lm_eval:
         lines.append(f"  lm-eval     {', '.join(lm_eval)}")

@@ -368,6 +368,8 @@ def test_continued_pretraining_of_an_imported_model_starts_from_its_weights_and_
     del settings["model"]  # the model section comes from the imported model
     config.write_text(yaml.safe_dump(settings))
     assert pipeline(config) == ["miss"] * 5  # another tokenizer: another dataset, and everything after it
+    base_line = re.search(r"\n  base        tiny-llama:1: val_loss (\S+), perplexity \S+, bits_per_byte (\S+)\n", pipeline.output)
+    assert base_line, pipeline.output[-3000:]
 
     store = open_store(pipeline.store_uri)
     base = store.get_json("models/tiny-llama/1/card.json")
@@ -390,6 +392,10 @@ def test_continued_pretraining_of_an_imported_model_starts_from_its_weights_and_
     assert [m["step"] for m in steps] == list(range(1, 13)) and steps[0]["loss"] == metrics["first_train_loss"]
     assert abs(metrics["first_train_loss"] - metrics["base.val_loss"]) < 0.5 and metrics["base.val_loss"] > 7
     assert metrics["val_loss"] < metrics["base.val_loss"]
+    assert base_line.groups() == (
+        f"{metrics['base.val_loss']:.4f}",
+        f"{metrics['base.bits_per_byte']:.4f}",
+    )  # as the summary said
 
     # The gate compared with the holder of production, the base itself, on the very same rows: its figure is the
     # card's base.bits_per_byte, measured twice; lm-eval scored the base's export on the same examples too.
