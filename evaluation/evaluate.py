@@ -152,7 +152,7 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
                 model,
                 model_cfg,
                 tokenizer_json,
-                manifest["seq_len"],
+                max_positions(store, ckpt.base_model, manifest["seq_len"]),
                 staging / HF_EXPORT,
                 eod_token=manifest.get("eod_token", EOD_TOKEN),
                 original_files=base_tokenizer_files(store, ckpt.base_model),
@@ -233,6 +233,15 @@ def baseline_export(store, entry: str, into: Path) -> Path | None:
     store.download_dir(where, into)
     require_digests(into, recorded, f"the Hugging Face export {store.url(where)}", f"export_digests of {ENTRY_EVALUATION}")
     return into
+
+
+def max_positions(store, base_model: str, seq_len: int) -> int:
+    """The context the export declares (``max_position_embeddings``): the rows trained here, or a base's own
+    when longer (an imported Llama 3 keeps its 131,072: continuing it on shorter rows shortens nothing)."""
+    if not base_model:
+        return seq_len
+    base = ModelCard.from_dict(store.get_json(card_key(base_model))).config.get("data", {}).get("seq_len", 0)
+    return max(seq_len, int(base or 0))
 
 
 def base_tokenizer_files(store, base_model: str) -> dict[str, str] | None:

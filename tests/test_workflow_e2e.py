@@ -413,7 +413,11 @@ def test_continued_pretraining_of_an_imported_model_starts_from_its_weights_and_
     store.download_dir(f"models/tiny-llama/2/{card['hf_export']}", export)
     exported = json.loads((export / "config.json").read_text())
     assert exported["architectures"] == ["LlamaForCausalLM"] and exported["rope_parameters"]["rope_type"] == "llama3"
-    assert exported["vocab_size"] == json.loads((original / "config.json").read_text())["vocab_size"]
+    source = json.loads((original / "config.json").read_text())
+    assert (exported["vocab_size"], exported["max_position_embeddings"]) == (
+        source["vocab_size"],
+        source["max_position_embeddings"],
+    )
     assert (export / "tokenizer_config.json").read_bytes() == (original / "tokenizer_config.json").read_bytes()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
