@@ -54,14 +54,12 @@ class Folder:
             return eos
         ids = self.config.get("eos_token_id")
         ids = ids[0] if isinstance(ids, list) and ids else ids
-        vocab = {
-            i: t
-            for t, i in json.loads(self.tokenizer_files["tokenizer.json"].read_text(encoding="utf-8"))["model"]["vocab"].items()
-        }
-        for added in json.loads(self.tokenizer_files["tokenizer.json"].read_text(encoding="utf-8")).get("added_tokens", []):
-            vocab[added["id"]] = added["content"]
-        if isinstance(ids, int) and ids in vocab:
-            return vocab[ids]
+        if isinstance(ids, int):
+            from tokenizers import Tokenizer
+
+            token = Tokenizer.from_file(str(self.tokenizer_files["tokenizer.json"])).id_to_token(ids)
+            if token:
+                return token
         raise CheckpointFolderError(
             f"{self.path}: neither tokenizer_config.json's eos_token nor config.json's eos_token_id names the token that "
             "ends a document; set eos_token in tokenizer_config.json"

@@ -157,6 +157,20 @@ def test_what_is_not_our_gpt_is_refused_in_one_line_before_anything_is_written(t
     assert store.list("") == []
 
 
+def test_the_end_of_text_token_comes_from_the_tokenizer_config_else_the_config_id(tiny_hf_models, tmp_path):
+    from hf_interop.folder import read_folder
+
+    folder = shutil.copytree(tiny_hf_models["mistral"], tmp_path / "mistral")
+    assert read_folder(folder).eod_token() == "</s>"
+    spec = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in spec.items() if k != "eos_token"}))
+    assert read_folder(folder).eod_token() == "</s>"  # config.json's eos_token_id, through the tokenizer
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": None}))
+    with pytest.raises(CheckpointFolderError, match="names the token that ends a document; set eos_token"):
+        read_folder(folder).eod_token()
+
+
 def test_a_folder_without_safetensors_or_tokenizer_says_what_to_save(tiny_hf_models, tmp_path):
     store = open_store(str(tmp_path / "store"))
     pickled = shutil.copytree(tiny_hf_models["qwen2"], tmp_path / "pickled")
