@@ -471,12 +471,17 @@ class ModelCard:
         """The ``model`` section of the config it was trained with."""
         return self.config.get("model", {})
 
+    def shape_differences(self, model: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[str]:
+        """The keys of the model section ``model`` whose value is not this model's (``kernels``, how it is
+        computed, aside). ``defaults``: the model section's defaults, which a card written before a key existed had."""
+        trained = {**(defaults or {}), **self.model_config()}
+        return [k for k in sorted(model) if k != "kernels" and trained.get(k) != model.get(k)]
+
     def continuation_problem(self, model: dict[str, Any], defaults: dict[str, Any] | None = None) -> str:
         """Why a run with ``model`` (a model section) cannot continue this model, or '' if it can:
-        continued pretraining keeps the shape (``kernels``, how it is computed, may change). ``defaults``:
-        the model section's defaults, which a card written before a key existed had."""
+        continued pretraining keeps the shape (``shape_differences``)."""
         trained = {**(defaults or {}), **self.model_config()}
-        differ = [k for k in sorted(model) if k != "kernels" and trained.get(k) != model.get(k)]
+        differ = self.shape_differences(model, defaults)
         if not differ:
             return ""
         details = ", ".join(f"model.{k}: {trained.get(k)!r} there, {model.get(k)!r} here" for k in differ)

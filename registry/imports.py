@@ -6,6 +6,7 @@ again (or twice at once) gives the same version."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from registry.registry import (
     _versions,
 )
 from storage import AlreadyCommitted, Store
+from training.config import ModelConfig
 
 
 def import_identity(store: Store, name: str, files: dict[str, str]) -> str:
@@ -47,10 +49,12 @@ def check_same_shape(store: Store, name: str, model: dict) -> None:
     versions = _versions(store, name)
     if not versions:
         return
-    held = read_card(store, model_prefix(name, versions[-1])).model_config()
-    differ = sorted(k for k in model if k != "kernels" and k in held and held[k] != model[k])
+    card = read_card(store, model_prefix(name, versions[-1]))
+    defaults = dataclasses.asdict(ModelConfig())
+    differ = card.shape_differences(model, defaults)
     if differ:
-        details = ", ".join(f"{k}: {held[k]!r} there, {model[k]!r} here" for k in differ)
+        held = {**defaults, **card.model_config()}
+        details = ", ".join(f"{k}: {held.get(k)!r} there, {model[k]!r} here" for k in differ)
         raise RegistryError(
             f"{name} holds models of another shape (its version {versions[-1]}: {details}): import it under another --name"
         )
