@@ -122,6 +122,9 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     tokenizer_json = store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode()
     tokenizer = Tokenizer.from_str(tokenizer_json)
     shape = (manifest["seq_len"], manifest["vocab_size"])
+    # The gate's baseline and the base continued from, each scored once on these rows (often the same entry).
+    entries = {baseline, ckpt.base_model} - {""}
+    figures = {entry: _entry_figures(store, entry, model_cfg, manifest, rows, cfg) for entry in entries}
     report = EvalReport(
         checkpoint=ckpt,
         val_loss=val_loss,
@@ -131,10 +134,8 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
         sample=generate(model, tokenizer, cfg.prompt, cfg.sample_tokens, *shape),
         sampled=generate(model, tokenizer, cfg.prompt, cfg.sample_tokens, *shape, cfg.temperature, cfg.seed),
         baseline=baseline,
-        baseline_bits_per_byte=_entry_figures(store, baseline, model_cfg, manifest, rows, cfg).get("bits_per_byte", -1.0)
-        if baseline
-        else -1.0,
-        base=_entry_figures(store, ckpt.base_model, model_cfg, manifest, rows, cfg) if ckpt.base_model else {},
+        baseline_bits_per_byte=figures.get(baseline, {}).get("bits_per_byte", -1.0),
+        base=figures.get(ckpt.base_model, {}),
     )
     key = config_hash(ckpt.prefix, cfg, baseline)
     outputs = eval_prefix(ckpt.run, key)
