@@ -21,7 +21,7 @@ def tokenizer_size(folder: Folder) -> int:
     return Tokenizer.from_file(str(folder.tokenizer_files["tokenizer.json"])).get_vocab_size()
 
 
-def load_model(folder: Folder, seq_len: int | None = None) -> tuple[torch.nn.Module, Imported]:
+def load_model(folder: Folder) -> tuple[torch.nn.Module, Imported]:
     """Our model (TP=1) holding the checkpoint's weights, in eval mode, and what its config said."""
     imported = imported_config(folder.config, str(folder.path / "config.json"))
     tokens = tokenizer_size(folder)
@@ -37,7 +37,7 @@ def load_model(folder: Folder, seq_len: int | None = None) -> tuple[torch.nn.Mod
             f"{folder.path}: tensors our {imported.family} model has no place for ({', '.join(left[:4])}"
             f"{', …' if len(left) > 4 else ''}); nothing was written"
         )
-    model = build_gpt(imported.model, tokens, seq_len or imported.max_positions, tensor_parallel=1)
+    model = build_gpt(imported.model, tokens, imported.max_positions, tensor_parallel=1)
     padded = model.embedding.word_embeddings.weight.shape[0]
     try:
         state = to_megatron(hf, imported.model, padded)
