@@ -49,6 +49,9 @@ class FirstFailureElastic(Elastic):
     failed first (see the module). ``start_method`` may also be the plugin's ``spawn`` or ``fork``."""
 
     start_method: str = "forkserver"
+    monitor_interval: float = 0.5
+    """Seconds between the agent's looks at its ranks (the plugin's 5): a job that ended waited up to this
+    long to be seen ended, and a failed rank to be seen failed. torchrun's own default is 0.1."""
 
 
 class FirstFailureElasticTask(PytorchElasticFunctionTask):
