@@ -28,6 +28,7 @@ import hashlib
 import importlib.metadata
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -139,7 +140,7 @@ def _imports(source: bytes, module: str, is_package: bool) -> tuple[str, ...]:
     """
     package = module if is_package else module.rpartition(".")[0]
     names: list[str] = []
-    for node in ast.walk(ast.parse(source, filename=module)):
+    for node in _statements(ast.parse(source, filename=module).body):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -153,6 +154,22 @@ def _imports(source: bytes, module: str, is_package: bool) -> tuple[str, ...]:
             names.append(base)
             names.extend(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
     return tuple(dict.fromkeys(names))
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of ``body``, nested ones included (in functions, classes, ``if``, ``try``,
+    ``with``, loops, ``match`` cases), without visiting expressions: an import is a statement, and a
+    module's expressions are most of its nodes (``ast.walk`` over them was most of a walk's time)."""
+    for node in body:
+        yield node
+        for value in ast.iter_fields(node):
+            if not isinstance(value[1], list):
+                continue
+            for item in value[1]:
+                if isinstance(item, ast.stmt):
+                    yield from _statements([item])
+                elif isinstance(item, (ast.excepthandler, ast.match_case)):
+                    yield from _statements(item.body)
 
 
 def _normalize(dist: str) -> str:
@@ -200,7 +217,10 @@ def data_files(path: Path) -> list[Path]:
 
 @cache
 def _data_folders(source: bytes) -> tuple[str, ...]:
-    """The folders a module's ``__data__`` names. Cached on the source bytes, as ``_imports``."""
+    """The folders a module's ``__data__`` names. Cached on the source bytes, as ``_imports``; a source
+    without the name is not parsed again."""
+    if b"__data__" not in source:
+        return ()
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__data__" for t in node.targets):
             return tuple(ast.literal_eval(node.value))
