@@ -9,7 +9,6 @@ from flytekit import Cache, Deck, task
 from common.contracts import CheckpointRef, EvalReport
 from common.stages import mark_stage
 from evaluation.config import EvalConfig
-from evaluation.evaluate import evaluate
 from reports.deck_html import table
 from storage import open_store
 from tasks import decks
@@ -35,6 +34,8 @@ def evaluate_model(checkpoint: CheckpointRef, model: ModelConfig, eval_cfg: Eval
     trained checkpoint, and the ``baseline`` registry entry's bits per byte on the same rows and
     lm-eval figures on the same examples (for the quality gate)."""
     mark_stage("evaluate")
+    from evaluation.evaluate import evaluate  # here, not at the top: torch and megatron-core load when a model is scored
+
     report = evaluate(checkpoint, model, eval_cfg, baseline)
     store = open_store(checkpoint.store)
     summary = {"val_loss": report.val_loss, "perplexity": report.perplexity, "bits_per_byte": report.bits_per_byte}

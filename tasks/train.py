@@ -24,7 +24,6 @@ from tracking.config import TrackingConfig
 from tracking.sender import LiveSender
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.cooldown import plan_steps
-from training.train import train
 
 VERSION = cache_version(__name__)
 
@@ -66,6 +65,8 @@ def train_model(
     sender = None
     if tracking.run_id and os.environ.get("RANK", "0") == "0":
         sender = LiveSender(tracking.uri, tracking.run_id, tracking_cfg.request_timeout_s, tracking_cfg.flush_s)
+    from training.train import train  # here, not at the top: only ranks train (megatron-core is 3 s of imports)
+
     try:
         ref = train(dataset, model, parallel, train_cfg, base_model, on_record=sender.send if sender else None)
     finally:
