@@ -193,6 +193,7 @@ def run_stalled(tmp_path, dataset, parallel: ParallelConfig, stall: Stall) -> tu
 
 
 @pytest.mark.slow
+@pytest.mark.long("a two-rank run that waits out a 10 s collective timeout: 20 s alone, 54-68 s under make test")
 def test_a_stopped_rank_is_named_and_the_others_store_their_stacks_and_collective_records(tiny_dataset, tmp_path):
     dataset = fresh_copy(tiny_dataset, tmp_path / "store")
     # Rank 0 waits one collective timeout for the stopped rank 1; no watchdog (stall_timeout_s=0).
