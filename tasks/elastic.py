@@ -22,6 +22,8 @@ error. Where that rank's error was a ``UserError`` (a full store, a bad loss), t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,9 @@ class FirstFailureElastic(Elastic):
     monitor_interval: float = 0.5
     """Seconds between the agent's looks at its ranks (the plugin's 5): a job that ended waited up to this
     long to be seen ended, and a failed rank to be seen failed. torchrun's own default is 0.1."""
+    around_launch: Callable[[dict[str, Any]], AbstractContextManager[Any]] | None = None
+    """Called with the task's inputs, the launcher process runs the ranks inside what it returns (with the
+    fork server; the environment it sets there is the ranks'): the train task's live MLflow feed."""
 
 
 class FirstFailureElasticTask(PytorchElasticFunctionTask):
@@ -96,8 +101,10 @@ class FirstFailureElasticTask(PytorchElasticFunctionTask):
         except NotImplementedError:  # no Flyte checkpoint in this execution
             checkpoint_dest = checkpoint_src = None
         helper_args = (cloudpickle.dumps(self._task_function), ctx.raw_output_prefix, checkpoint_dest, checkpoint_src, kwargs)
+        around = self.task_config.around_launch
         try:
-            out = elastic_launch(config, from_fork_server)(*fork_server_args(spawn_helper, *helper_args))
+            with around(kwargs) if around is not None else nullcontext():
+                out = elastic_launch(config, from_fork_server)(*fork_server_args(spawn_helper, *helper_args))
         except SignalException as e:
             logger.exception(f"Elastic launch agent process terminating: {e}")
             raise IgnoreOutputs() from None

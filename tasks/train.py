@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from flytekit import Cache, Deck, task
 
@@ -21,6 +24,7 @@ from tasks.elastic import FirstFailureElastic
 from tasks.placement import CLUSTER, plan_task, train_task
 from tasks.user_errors import as_messages
 from tracking.config import TrackingConfig
+from tracking.feed import FEED_ENV, FeedWriter, relay
 from tracking.sender import LiveSender
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.cooldown import plan_steps
@@ -39,8 +43,26 @@ def plan_training(store: str, train_cfg: TrainConfig, seq_len: int) -> TrainConf
     return plan_steps(open_store(store), train_cfg, seq_len)
 
 
+@contextmanager
+def live_feed(inputs: dict[str, Any]) -> Iterator[None]:
+    """The launcher's side of rank 0's step records to the execution's MLflow run (``tracking.feed``)."""
+    tracking: TrackingRef = inputs["tracking"]
+    if not tracking.run_id:
+        yield
+        return
+    settings: TrackingConfig = inputs["tracking_cfg"]
+    with relay(tracking.uri, tracking.run_id, settings.request_timeout_s, settings.flush_s) as path:
+        os.environ[FEED_ENV] = path
+        try:
+            yield
+        finally:
+            del os.environ[FEED_ENV]
+
+
 @task(
-    task_config=FirstFailureElastic(nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False),
+    task_config=FirstFailureElastic(
+        nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False, around_launch=live_feed
+    ),
     # The MLflow run is this execution's view, not an input of training: a rerun hits the cache.
     cache=Cache(version=VERSION, serialize=True, ignored_inputs=("tracking", "tracking_cfg")),
     enable_deck=True,
@@ -58,13 +80,16 @@ def train_model(
     tracking_cfg: TrackingConfig,
 ) -> CheckpointRef:
     """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint.
-    Rank 0 streams each step's record to the execution's MLflow run, if it has one (never waiting on it)."""
+    Rank 0 streams each step's record to the execution's MLflow run, if it has one (never waiting on it):
+    through the launcher's feed (``live_feed``), or itself where no launcher relays."""
     if os.environ.get("RANK", "0") == "0":  # one line per event: rank 0's (the steps' own markers are training's)
         mark_stage("train")
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
-    sender = None
+    sender: FeedWriter | LiveSender | None = None
     if tracking.run_id and os.environ.get("RANK", "0") == "0":
-        sender = LiveSender(tracking.uri, tracking.run_id, tracking_cfg.request_timeout_s, tracking_cfg.flush_s)
+        feed = os.environ.get(FEED_ENV)
+        timeouts = (tracking_cfg.request_timeout_s, tracking_cfg.flush_s)
+        sender = FeedWriter(feed) if feed else LiveSender(tracking.uri, tracking.run_id, *timeouts)
     from training.train import train  # here, not at the top: only ranks train (megatron-core is 3 s of imports)
 
     try:

@@ -41,6 +41,7 @@ from tracking.client import (
     step_metrics,
     ui_path,
 )
+from tracking.feed import FeedWriter, relay
 from tracking.mirror import mirror_promotion, record_execution
 from tracking.params import MAX_PARAM_VALUE, MAX_RUN_NAME, batches, flatten, run_name
 from tracking.sender import LiveSender
@@ -108,6 +109,27 @@ def test_live_points_and_replays_give_one_point_per_step(mlflow_tracking_uri):
     assert len(mlflow.get_metric_history(run_id, "time_forward_backward_s")) == 7
     assert mlflow.get_run(run_id).data.params == {"train.lr": "0.002"}
     assert "mfu" not in mlflow.get_run(run_id).data.metrics  # unknown (None): not a point
+
+
+def test_rank_zeros_records_reach_mlflow_through_the_launchers_feed(mlflow_tracking_uri):
+    """Rank 0 (a forked process here, as from the fork server) writes the feed; the launcher's relay sends
+    every record, the last one written just before the ranks end included, then removes the feed file."""
+    mlflow, run_id = fresh_run(mlflow_tracking_uri)
+    steps = records(6)
+    with relay(mlflow_tracking_uri, run_id, timeout_s=5, flush_s=60) as path:
+        assert os.stat(path).st_mode & 0o077 == 0  # the feed file is this user's alone
+        pid = os.fork()
+        if pid == 0:  # rank 0: a record per step, the last with no pause before the end
+            writer = FeedWriter(path)
+            for record in steps:
+                writer.send(record)
+                time.sleep(0.05 if record["step"] < 6 else 0)
+            writer.close()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+    assert not os.path.exists(path)
+    history = mlflow.get_metric_history(run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(r["step"], r["loss"]) for r in steps]
 
 
 def test_live_sender_never_blocks_and_warns_once_with_the_count_when_down():
