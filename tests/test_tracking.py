@@ -132,6 +132,20 @@ def test_rank_zeros_records_reach_mlflow_through_the_launchers_feed(mlflow_track
     assert sorted((m.step, m.value) for m in history) == [(r["step"], r["loss"]) for r in steps]
 
 
+def test_a_feed_that_cannot_be_written_warns_once_and_never_fails_training(tmp_path):
+    lines: list[str] = []
+    gone = FeedWriter(str(tmp_path / "no-such-folder" / "feed.jsonl"), log=lines.append)
+    gone.send(records(1)[0])  # nothing raised: training goes on
+    assert gone.close() == 0 and len(lines) == 1 and "stopped at the start (FileNotFoundError" in lines[0], lines
+    writer = FeedWriter(str(tmp_path / "feed.jsonl"), log=lines.append)
+    writer.send(records(1)[0])
+    writer.send({"step": 2, "loss": object()})  # a record that is not JSON: the feed ends there
+    writer.send(records(3)[2])
+    writer.close()
+    assert len(lines) == 2 and "stopped at step 2 (TypeError" in lines[1] and "track_run" in lines[1], lines
+    assert [json.loads(line)["step"] for line in (tmp_path / "feed.jsonl").read_text().splitlines()] == [1]
+
+
 def test_live_sender_never_blocks_and_warns_once_with_the_count_when_down():
     lines: list[str] = []
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens there

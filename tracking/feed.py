@@ -10,13 +10,15 @@ training run on the 2-core machine. Where no launcher relays (``FEED_ENV`` unset
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from tracking.sender import LiveSender
 
@@ -28,18 +30,41 @@ POLL_S = 0.2
 
 
 class FeedWriter:
-    """Rank 0's end: each final step record as a JSON line, written through at once."""
+    """Rank 0's end: each final step record as a JSON line, written through at once. It never fails
+    training: a feed it cannot write (its file gone, a full disk) ends with one warning, and the pipeline's
+    last task sends the records from the store, as after any outage."""
 
-    def __init__(self, path: str) -> None:
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close(), at the end of training
+    def __init__(self, path: str, log: Callable[[str], None] | None = None) -> None:
+        self.path = path
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._file: TextIO | None = None
+        try:
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close(), at the end of training
+        except OSError as e:
+            self._stop(e, "at the start")
 
     def send(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        if self._file is None:
+            return
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except (OSError, TypeError, ValueError) as e:
+            self._stop(e, f"at step {record.get('step')}")
 
     def close(self) -> int:
-        self._file.close()
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
         return 0
+
+    def _stop(self, error: Exception, when: str) -> None:
+        self.close()
+        self.log(
+            f"WARNING: tracking: the live feed to MLflow stopped {when} ({type(error).__name__}: {error}; feed {self.path}); "
+            "the pipeline's last step (track_run) sends the step records from the store"
+        )
 
 
 @contextmanager
@@ -60,7 +85,7 @@ def relay(uri: str, run_id: str, timeout_s: float, flush_s: float) -> Iterator[s
                 chunk = feed.read()
                 *lines, partial = (partial + chunk).split("\n")
                 for line in lines:
-                    if line:
+                    with contextlib.suppress(ValueError):  # not a record (never written so): the replay has it
                         sender.send(json.loads(line))
                 if not chunk:
                     if ended:
