@@ -467,20 +467,21 @@ class ModelCard:
     """Folder of the Hugging Face export inside the entry ('' = none)."""
     format: int = CARD_FORMAT
 
-    def model_config(self) -> dict[str, Any]:
-        """The ``model`` section of the config it was trained with."""
-        return self.config.get("model", {})
+    def model_config(self, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``model`` section of the config it was trained with; ``defaults``: the model section's defaults,
+        which fill the keys of a card written before they existed."""
+        return {**(defaults or {}), **self.config.get("model", {})}
 
     def shape_differences(self, model: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[str]:
         """The keys of the model section ``model`` whose value is not this model's (``kernels``, how it is
-        computed, aside). ``defaults``: the model section's defaults, which a card written before a key existed had."""
-        trained = {**(defaults or {}), **self.model_config()}
+        computed, aside), with ``defaults`` as ``model_config``'s."""
+        trained = self.model_config(defaults)
         return [k for k in sorted(model) if k != "kernels" and trained.get(k) != model.get(k)]
 
     def continuation_problem(self, model: dict[str, Any], defaults: dict[str, Any] | None = None) -> str:
         """Why a run with ``model`` (a model section) cannot continue this model, or '' if it can:
         continued pretraining keeps the shape (``shape_differences``)."""
-        trained = {**(defaults or {}), **self.model_config()}
+        trained = self.model_config(defaults)
         differ = self.shape_differences(model, defaults)
         if not differ:
             return ""

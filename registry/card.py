@@ -113,7 +113,7 @@ def continued_model(store: Store, entry: str, asked: dict[str, Any], defaults: d
     Hugging Face config's), with the run's ``kernels``. A setting the run changed from its default (``defaults``)
     must be the base's: one that is not is refused, naming each, before any work."""
     card = read_card(store, entry)
-    base = {**defaults, **card.model_config()}
+    base = card.model_config(defaults)
     conflicts = [k for k in sorted(asked) if k != "kernels" and asked[k] != defaults.get(k) and asked[k] != base.get(k)]
     if conflicts:
         details = ", ".join(f"model.{k}: {asked[k]!r} here, {base.get(k)!r} there" for k in conflicts)

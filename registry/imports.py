@@ -53,7 +53,7 @@ def check_same_shape(store: Store, name: str, model: dict) -> None:
     defaults = dataclasses.asdict(ModelConfig())
     differ = card.shape_differences(model, defaults)
     if differ:
-        held = {**defaults, **card.model_config()}
+        held = card.model_config(defaults)
         details = ", ".join(f"{k}: {held.get(k)!r} there, {model[k]!r} here" for k in differ)
         raise RegistryError(
             f"{name} holds models of another shape (its version {versions[-1]}: {details}): import it under another --name"
