@@ -162,10 +162,10 @@ def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     module's expressions are most of its nodes (``ast.walk`` over them was most of a walk's time)."""
     for node in body:
         yield node
-        for value in ast.iter_fields(node):
-            if not isinstance(value[1], list):
+        for _, value in ast.iter_fields(node):
+            if not isinstance(value, list):
                 continue
-            for item in value[1]:
+            for item in value:
                 if isinstance(item, ast.stmt):
                     yield from _statements([item])
                 elif isinstance(item, (ast.excepthandler, ast.match_case)):

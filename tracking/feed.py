@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from tracking.sender import LiveSender
+from tracking.sender import LiveSender, to_stderr
 
 FEED_ENV = "PRETRAIN_LIVE_FEED"
 """Where rank 0 appends its step records: set by the launcher's ``relay`` for the ranks it starts."""
@@ -36,7 +35,7 @@ class FeedWriter:
 
     def __init__(self, path: str, log: Callable[[str], None] | None = None) -> None:
         self.path = path
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.log = log or to_stderr
         self._file: TextIO | None = None
         try:
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close(), at the end of training

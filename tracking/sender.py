@@ -19,6 +19,12 @@ from typing import Any
 
 from tracking.client import client, describe, log_points, step_metrics, where
 
+
+def to_stderr(line: str) -> None:
+    """Where the feed's warnings go unless a caller says otherwise."""
+    print(line, file=sys.stderr, flush=True)
+
+
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 """Pauses between attempts after consecutive failures (the last one repeats)."""
 
@@ -30,7 +36,7 @@ class LiveSender:
         self, uri: str, run_id: str, timeout_s: float = 5.0, flush_s: float = 5.0, log: Callable[[str], None] | None = None
     ) -> None:
         self.uri, self.run_id, self.timeout_s, self.flush_s = uri, run_id, timeout_s, flush_s
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.log = log or to_stderr
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
         self._pending: list[dict[str, Any]] = []  # taken off the queue, not yet acknowledged by MLflow
         self._stop = threading.Event()
