@@ -77,6 +77,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"global batch {train.global_batch_size} = micro-batch {train.micro_batch_size} × DP {dp} × {accumulation} "
         f"accumulation; {budget_text(train, config.data.seq_len)}"
     )
+    if config.data.mixture:  # lists the components' local files: only for a mixture
+        from data_prep.mixture import epoch_warnings
+
+        tokens = train.steps_for(config.data.seq_len) * train.global_batch_size * config.data.seq_len
+        for warning in epoch_warnings(config.data, tokens):
+            print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -156,6 +162,9 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
             for name, digest in sorted(value.files.items()):
                 print(f"  {'':<{width}}    {name}  sha256 {digest}")
             continue
+        if key == "mixture":
+            _print_mixture(value, width)
+            continue
         print(f"  {key:<{width}}  {value if value not in ('', None) else '-'}")
     for label, text in (("greedy", card.sample), ("sampled", card.sampled)):
         if text:
@@ -167,6 +176,17 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
     for uri in entry.files:
         print(f"  {uri}")
     return 0
+
+
+def _print_mixture(shares: list, width: int) -> None:
+    """The card's components: name, weight, tokens trained, passes over it, dataset."""
+    if not shares:
+        print(f"  {'mixture':<{width}}  -")
+        return
+    print(f"  {'mixture':<{width}}  " + ("1 dataset" if len(shares) == 1 else f"{len(shares)} components"))
+    rows = [[s.name, f"{s.weight:.4f}", f"{s.tokens_trained:,}", f"{s.epochs:.3f}", s.dataset_version] for s in shares]
+    for line in _table(["component", "weight", "tokens trained", "epochs", "dataset"], rows):
+        print(f"  {'':<{width}}    {line}")
 
 
 def cmd_registry_promote(args: argparse.Namespace) -> int:

@@ -321,6 +321,9 @@ class EvalReport:
     base: dict[str, float] = field(default_factory=dict)
     """The base model's figures on the very same validation rows (``val_loss``, ``perplexity``,
     ``bits_per_byte``) when the checkpoint continued one ({}: trained from scratch): what continuing changed."""
+    components: dict[str, dict[str, float]] = field(default_factory=dict)
+    """A mixture's figures per component (``val_loss``, ``bits_per_byte``), each on its own validation rows
+    ({}: one dataset). The overall figures above are over all of them; the gate compares those."""
 
 
 @dataclass
@@ -389,6 +392,20 @@ class ImportedFrom:
 
 
 @dataclass
+class MixtureShare:
+    """One component of the data a model trained on: its dataset, its share and what the run took of it."""
+
+    name: str
+    dataset_version: str
+    weight: float
+    """Its share of the training samples (the weights normalised)."""
+    tokens_trained: int
+    """Tokens of it the run trained on."""
+    epochs: float
+    """Passes over its training split (tokens trained ÷ its training tokens)."""
+
+
+@dataclass
 class Lineage:
     """Where the model came from: every input, as a key of the registry's store or a content hash. Places
     are keys, so that a copied or moved store still reads (``registry.card.location_url`` makes their URLs);
@@ -416,6 +433,9 @@ class Lineage:
     """The token that ends a document in the model's tokenizer ('' = ``<|endoftext|>``, this pipeline's)."""
     imported_from: ImportedFrom | None = None
     """The Hugging Face checkpoint of an imported model (None: trained here)."""
+    mixture: list[MixtureShare] = field(default_factory=list)
+    """What the model trained on, one entry per component of the mixture (one for a plain dataset; none
+    on cards of before and on imported models)."""
 
 
 @dataclass
@@ -528,7 +548,12 @@ def _lineage(d: dict[str, Any]) -> Lineage:
     imported = d.get("imported_from")
     if imported is not None:
         _known_keys(ImportedFrom, imported)
-    return Lineage(**{**d, "imported_from": ImportedFrom(**imported) if imported else None})
+    mixture = d.get("mixture") or []
+    for share in mixture:
+        _known_keys(MixtureShare, share)
+    return Lineage(
+        **{**d, "imported_from": ImportedFrom(**imported) if imported else None, "mixture": [MixtureShare(**m) for m in mixture]}
+    )
 
 
 def _known_keys(cls: type, d: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -112,16 +113,54 @@ def _build(cls: type, values: Any, where: str, problems: list[str]) -> Any:
     for name, value in values.items():
         if name not in known:
             continue
-        hint = hints[name]
+        hint, optional = _optional(hints[name])
         path = prefix + name
         before = len(problems)
+        if optional and value is None:
+            kwargs[name] = None  # ``X | None`` written as null: not set
+            continue
+        nested = dataclasses.is_dataclass(hint) or _dataclass_items(hint) is not None
         if dataclasses.is_dataclass(hint):
             read = _build(hint, value or {}, path, problems)
+        elif (item := _dataclass_items(hint)) is not None:
+            read = _build_items(item, value, path, problems)
         else:
             read = _check_scalar(hint, value, path, problems)
-        if read is not None and (dataclasses.is_dataclass(hint) or len(problems) == before):
+        if read is not None and (nested or len(problems) == before):
             kwargs[name] = read  # a value that could not be read keeps the default
     return cls(**kwargs)
+
+
+def _optional(hint: Any) -> tuple[Any, bool]:
+    """``(X, True)`` for ``X | None`` (``Optional[X]``), else ``(hint, False)``."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
+def _dataclass_items(hint: Any) -> Any:
+    """The item class of ``list[SomeDataclass]``, else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is list and len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
+def _build_items(cls: type, values: Any, path: str, problems: list[str]) -> list[Any] | None:
+    """A list of ``cls`` from a list of mappings; each item's path is ``path[NAME]`` when it has a
+    ``name`` string, else ``path[INDEX]``."""
+    if not isinstance(values, list):
+        problems.append(f"{path} must be a list, got {values!r}: write one '- key: value' mapping per item")
+        return None
+    out = []
+    for i, value in enumerate(values):
+        name = value.get("name") if isinstance(value, dict) else None
+        label = name if isinstance(name, str) and name else i
+        item = _build(cls, value, f"{path}[{label}]", problems)
+        if item is not None:
+            out.append(item)
+    return out
 
 
 def _check_scalar(hint: Any, value: Any, path: str, problems: list[str]) -> Any:

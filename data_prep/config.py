@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import glob
+import math
 import os
-from dataclasses import dataclass, field
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from common.contracts import EOD_TOKEN
 from common.docfields import documented
@@ -227,6 +231,94 @@ class QualityConfig:
         return out
 
 
+# The DataConfig keys a mixture component may set for itself (reading and filtering); packing stays global.
+COMPONENT_OVERRIDES = (
+    "text_field",
+    "normalization",
+    "min_chars",
+    "max_chars",
+    "quality",
+    "languages",
+    "language_confidence",
+    "pii",
+    "near_dedup",
+    "shingle_words",
+    "minhash_bands",
+    "minhash_rows",
+    "near_dup_threshold",
+    "sniff_unlisted",
+    "follow_symlinks",
+    "max_documents",
+)
+COMPONENT_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@documented
+@dataclass
+class MixtureComponent:
+    """One part of a data mixture: its sources, its share of the training tokens, and the data keys
+    it reads and filters with when they differ from the ``data`` section's (unset: the section's)."""
+
+    name: str = ""
+    """The component's name (letters, digits, ``_``, ``.``, ``-``): it suffixes its metrics."""
+    sources: list[str] = field(default_factory=list)
+    """Its corpus, as ``data.sources`` (files, folders, globs, ``s3://`` URIs, ``python-stdlib``)."""
+    weight: float = 1.0
+    """Its share of the training tokens, relative to the other components' (weights are normalised to sum 1)."""
+    max_epochs: float = 4.0
+    """Most passes over its data the run should make; ``pretrain check`` warns when the weight asks for more."""
+    text_field: str | None = None
+    """``data.text_field`` for this component (unset: the section's)."""
+    normalization: Normalization | None = None
+    """``data.normalization`` for this component (unset: the section's)."""
+    min_chars: int | None = None
+    """``data.min_chars`` for this component (unset: the section's)."""
+    max_chars: int | None = None
+    """``data.max_chars`` for this component (unset: the section's)."""
+    quality: QualityConfig | None = None
+    """``data.quality`` for this component, whole: families it does not write take their defaults, not the
+    section's (unset: the section's)."""
+    languages: list[str] | None = None
+    """``data.languages`` for this component (unset: the section's)."""
+    language_confidence: float | None = None
+    """``data.language_confidence`` for this component (unset: the section's)."""
+    pii: PiiConfig | None = None
+    """``data.pii`` for this component, whole (unset: the section's)."""
+    near_dedup: bool | None = None
+    """``data.near_dedup`` for this component (unset: the section's)."""
+    shingle_words: int | None = None
+    """``data.shingle_words`` for this component (unset: the section's)."""
+    minhash_bands: int | None = None
+    """``data.minhash_bands`` for this component (unset: the section's)."""
+    minhash_rows: int | None = None
+    """``data.minhash_rows`` for this component (unset: the section's)."""
+    near_dup_threshold: float | None = None
+    """``data.near_dup_threshold`` for this component (unset: the section's)."""
+    sniff_unlisted: bool | None = None
+    """``data.sniff_unlisted`` for this component (unset: the section's)."""
+    follow_symlinks: bool | None = None
+    """``data.follow_symlinks`` for this component (unset: the section's)."""
+    max_documents: int | None = None
+    """``data.max_documents`` for this component (unset: the section's)."""
+
+    def __post_init__(self) -> None:
+        if self.normalization is not None:
+            self.normalization = as_choice(Normalization, self.normalization)
+
+    def overrides(self) -> dict[str, Any]:
+        """The data keys this component sets for itself."""
+        return {k: getattr(self, k) for k in COMPONENT_OVERRIDES if getattr(self, k) is not None}
+
+
+def positive_number(value: Any) -> bool:
+    """A finite number above 0 (a bool is no number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
 @documented
 @dataclass
 class DataConfig:
@@ -234,7 +326,15 @@ class DataConfig:
 
     sources: list[str] = field(default_factory=lambda: [STDLIB_SOURCE])
     """Corpus: local files, folders or globs, ``s3://bucket/prefix`` URIs, or ``python-stdlib``
-    (the running interpreter's standard-library source, tests excluded)."""
+    (the running interpreter's standard-library source, tests excluded). A ``mixture`` replaces it
+    (leave it [] or at its default, python-stdlib)."""
+
+    mixture: list[MixtureComponent] = field(default_factory=list)
+    """A data mixture instead of ``sources``: components, each with its sources, its weight (share of
+    the training tokens), ``max_epochs`` and the reading/filtering keys it sets for itself, e.g.
+    ``[{name: code, sources: [python-stdlib], weight: 3}, {name: docs, sources: [docs/], weight: 1}]``.
+    Packing (``seq_len``, ``sequences_per_sample``, ``samples_per_shard``, ``val_fraction``) stays global;
+    [] = one corpus, ``sources``."""
 
     text_field: str = "text"
     """Field (JSONL) or column (Parquet) holding the document text."""
@@ -318,10 +418,18 @@ class DataConfig:
 
     def problems(self) -> list[str]:
         """Every setting of this section that cannot work, one line each (see common.settings)."""
-        out = choice_problem("data.normalization", self.normalization, Normalization)
+        out = self._setting_problems()
+        return out + (self.mixture_problems(out) if self.mixture else self._source_problems())
+
+    def _source_problems(self) -> list[str]:
+        out = []
         if not self.sources:
             out.append("data.sources is []: name at least one file, folder, glob, s3:// URI or python-stdlib")
         out += [f"data.sources[{i}] is {s!r}: give a path, glob or s3:// URI" for i, s in enumerate(self.sources) if not s]
+        return out
+
+    def _setting_problems(self) -> list[str]:
+        out = choice_problem("data.normalization", self.normalization, Normalization)
         if not self.text_field:
             out.append("data.text_field is '': name the JSONL field or Parquet column holding the text (e.g. text)")
         for name in ("seq_len", "sequences_per_sample", "samples_per_shard", "shingle_words", "minhash_bands", "minhash_rows"):
@@ -350,12 +458,54 @@ class DataConfig:
         return out
 
     def path_problems(self) -> list[str]:
-        """Local sources that name nothing on this machine (s3:// sources are the prepare step's)."""
+        """Local sources that name nothing on this machine (s3:// sources are the prepare step's); with a
+        mixture, each component's."""
+        named = [(f"data.mixture[{c.name}].sources", c.sources) for c in self.mixture] or [("data.sources", self.sources)]
         out = []
-        for i, source in enumerate(self.sources):
-            problem = local_source_problem(source) if source else ""
-            if problem:
-                out.append(f"data.sources[{i}] is {source!r}: {problem}")
+        for key, sources in named:
+            for i, source in enumerate(sources):
+                problem = local_source_problem(source) if isinstance(source, str) and source else ""
+                if problem:
+                    out.append(f"{key}[{i}] is {source!r}: {problem}")
+        return out
+
+    def component_data(self, component: MixtureComponent) -> DataConfig:
+        """This section as one component of its mixture reads it: the component's sources and the keys
+        it sets, no mixture (so no weights: they shape no dataset)."""
+        return replace(self, sources=list(component.sources), mixture=[], **component.overrides())
+
+    def mixture_problems(self, inherited: Iterable[str] = ()) -> list[str]:
+        """The mixture's problems, one line each, by component (``data.mixture[NAME]``); a component's
+        keys are checked as the section's are, less the ``inherited`` lines (the section's own)."""
+        inherited, out = set(inherited), []
+        if self.sources and self.sources != [STDLIB_SOURCE]:
+            out.append(
+                f"data.sources is {self.sources} and data.mixture is given: give one of them (a mixture names "
+                "its sources per component: move these into a component's sources, or remove data.mixture)"
+            )
+        seen: dict[str, int] = {}
+        for i, comp in enumerate(self.mixture):
+            named = isinstance(comp.name, str) and comp.name != "" and comp.name not in seen
+            key = f"data.mixture[{comp.name if named else i}]"  # as the YAML reader names it, but unique
+            if not (isinstance(comp.name, str) and COMPONENT_NAME.fullmatch(comp.name)):
+                out.append(
+                    f"{key}.name is {comp.name!r}: give each component a name of letters, digits, '_', '.' or '-' "
+                    "(it suffixes the component's metrics)"
+                )
+            elif comp.name in seen:
+                out.append(f"{key}.name is {comp.name!r}, as data.mixture[{seen[comp.name]}]'s: give each component its own name")
+            else:
+                seen[comp.name] = i
+            if not positive_number(comp.weight):
+                out.append(f"{key}.weight is {_shown(comp.weight)}: give a positive number (weights are normalised to shares)")
+            if not positive_number(comp.max_epochs):
+                out.append(
+                    f"{key}.max_epochs is {_shown(comp.max_epochs)}: give a positive number of passes over the "
+                    "component's data (default 4)"
+                )
+            resolved = self.component_data(comp)
+            own = resolved._setting_problems() + resolved._source_problems()
+            out += [key + line.removeprefix("data") for line in own if line not in inherited]
         return out
 
 

@@ -21,6 +21,9 @@ RUNTIME_ONLY = {"workers", "partitions"}
 # Where the corpus and a given tokenizer live. What they hold is recorded (the listing inside each
 # source, every shard's and the tokenizer's sha256): the same corpus elsewhere is the same dataset.
 LOCATIONS = {"sources", "file"}
+MIXTURE = {"mixture"}
+"""A component's data section holds no mixture (``data_prep.mixture.components``): the key is left out, so
+that a dataset's version is what it was before mixtures existed, and no weight is ever part of one."""
 
 
 def build(
@@ -52,7 +55,7 @@ def build(
         "sources": sources,
         "config": {
             # Everything that shapes the content; the worker count and locations do not.
-            "data": {k: v for k, v in dataclasses.asdict(data).items() if k not in RUNTIME_ONLY | LOCATIONS},
+            "data": {k: v for k, v in dataclasses.asdict(data).items() if k not in RUNTIME_ONLY | LOCATIONS | MIXTURE},
             "tokenizer": {k: v for k, v in dataclasses.asdict(tokenizer_config).items() if k not in LOCATIONS},
             "tokenizer_from": tokenizer_from,
         },
@@ -94,8 +97,12 @@ def load_manifest(store: Store, ref: DatasetRef) -> dict:
 
 
 def stored_shards(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[StoredShard]:
-    """The split's shards, each with the sha256 the manifest records: readers check it (``read_shard``)."""
-    return [StoredShard(store.url(f"{ref.prefix}/{s['name']}"), s["sha256"]) for s in manifest["splits"][split]["shards"]]
+    """The split's shards, each with the sha256 the manifest records: readers check it (``read_shard``). A blend's
+    shard names the prefix of the component dataset that holds its file (``prefix``)."""
+    return [
+        StoredShard(store.url(f"{s.get('prefix', ref.prefix)}/{s['name']}"), s["sha256"])
+        for s in manifest["splits"][split]["shards"]
+    ]
 
 
 def shard_urls(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[str]:

@@ -89,7 +89,11 @@ def list_corpus(data: DataConfig, quiet: bool = False) -> Listing:
 
 def work_for(data: DataConfig, tokenizer_config: TokenizerConfig, tokenizer_from: str, listing: Listing, nonce: str) -> str:
     """The run's work prefix: named by what shapes its files, and ``nonce`` (two runs never share one)."""
-    shaping = {k: v for k, v in dataclasses.asdict(data).items() if k not in manifests.RUNTIME_ONLY | manifests.LOCATIONS}
+    shaping = {
+        k: v
+        for k, v in dataclasses.asdict(data).items()
+        if k not in manifests.RUNTIME_ONLY | manifests.LOCATIONS | manifests.MIXTURE
+    }
     return work_prefix(run_key(listing_hash(listing.files), shaping, dataclasses.asdict(tokenizer_config), tokenizer_from, nonce))
 
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -37,6 +38,7 @@ from common.digests import file_sha256, folder_digests, require_digests
 from common.errors import local_space
 from common.hashing import config_hash
 from evaluation import lm_eval_suite
+from evaluation.components import component_figures, component_rows
 from evaluation.config import EvalConfig
 from evaluation.tensorboard_log import log_evaluation
 from hf_interop.export import export_hf
@@ -118,13 +120,22 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     baseline = baseline_for(store, ckpt, baseline)
     rows, manifest = load_split(ckpt.dataset, "val")
     model = _load_tp1(store, ckpt.prefix, model_cfg, manifest)
-    val_loss, count = _mean_loss(model, rows, cfg)
+    parts = component_rows(manifest, rows, cfg)
+    if parts:  # a mixture: each component scored on its own rows; the overall figure is over all of them
+        scored = {name: _mean_loss(model, part, cfg) for name, part in parts.items()}
+        count = sum(n for _, n in scored.values())
+        val_loss = sum(loss * n for loss, n in scored.values()) / count
+        rows, cfg_all = np.concatenate(list(parts.values())), dataclasses.replace(cfg, max_batches=0)
+        components = component_figures(manifest, {name: loss for name, (loss, _) in scored.items()})
+    else:
+        val_loss, count = _mean_loss(model, rows, cfg)
+        cfg_all, components = cfg, {}
     tokenizer_json = store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode()
     tokenizer = Tokenizer.from_str(tokenizer_json)
     shape = (manifest["seq_len"], manifest["vocab_size"])
     # The gate's baseline and the base continued from, each scored once on these rows (often the same entry).
     entries = {baseline, ckpt.base_model} - {""}
-    figures = {entry: _entry_figures(store, entry, model_cfg, manifest, rows, cfg) for entry in entries}
+    figures = {entry: _entry_figures(store, entry, model_cfg, manifest, rows, cfg_all) for entry in entries}
     report = EvalReport(
         checkpoint=ckpt,
         val_loss=val_loss,
@@ -136,6 +147,7 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
         baseline=baseline,
         baseline_bits_per_byte=figures.get(baseline, {}).get("bits_per_byte", -1.0),
         base=figures.get(ckpt.base_model, {}),
+        components=components,
     )
     key = config_hash(ckpt.prefix, cfg, baseline)
     outputs = eval_prefix(ckpt.run, key)

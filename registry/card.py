@@ -136,7 +136,7 @@ def metric_text(key: str, value: object) -> str:
         return str(value)
     if not isinstance(value, float):
         return str(value)
-    if key in COUNTS and value.is_integer():
+    if (key in COUNTS or key.startswith("tokens_trained.")) and value.is_integer():  # a component's tokens too
         return str(int(value))
     chance = chance_level(key)
     if chance is None:

@@ -56,10 +56,12 @@ from common.contracts import (
     MANIFEST,
     MODELS,
     TOKENIZER,
+    CheckpointRef,
     DatasetRef,
     EvalReport,
     GateDecision,
     Lineage,
+    MixtureShare,
     ModelCard,
     ModelRef,
     card_key,
@@ -73,6 +75,7 @@ from common.errors import did_you_mean, local_space
 from common.hashing import config_hash
 from common.names import VERSION, name_problem
 from common.redact import redacted
+from data_prep.blend_dataset import mixture_of
 from registry.aliases import aliases_of, move_alias, read_alias, set_alias
 from registry.card import card_markdown, code_revision, lineage_urls, read_card, store_key, utc_now
 from registry.config import DEFAULT_GATE_METRIC, LATEST
@@ -418,6 +421,8 @@ def _entry_card(
             **report.lm_eval,
             # The base's figures on the same rows, beside the candidate's: what continuing it changed.
             **{f"base.{k}": v for k, v in report.base.items()},
+            # A mixture's figures per component, each on its own validation rows.
+            **{f"{k}.{name}": v for name, figures in report.components.items() for k, v in figures.items()},
         },
         sample=report.sample,
         sampled=report.sampled,
@@ -435,6 +440,7 @@ def _entry_card(
             evaluation=report.outputs,
             flyte_execution_id=execution_id,
             eod_token=manifest.get("eod_token", EOD_TOKEN) if manifest.get("eod_token", EOD_TOKEN) != EOD_TOKEN else "",
+            mixture=_mixture(manifest, ckpt),
         ),
         layouts=list(ckpt.layouts),
         config=redacted(config or {}),  # a card is read by everyone who can list the registry
@@ -442,6 +448,20 @@ def _entry_card(
         gate=decision,
         hf_export=hf_export,
     )
+
+
+def _mixture(manifest: dict, ckpt: CheckpointRef) -> list[MixtureShare]:
+    """Each component's share and what the run took of it (``tokens_trained.<name>`` in the training summary;
+    a plain dataset's is the run's ``tokens_trained``)."""
+    parts = mixture_of(manifest, ckpt.dataset)
+    seq_len = int(manifest["seq_len"])
+    shares = []
+    for part in parts:
+        key = f"tokens_trained.{part['name']}" if len(parts) > 1 else "tokens_trained"
+        tokens = int(ckpt.summary.get(key, 0))
+        epochs = tokens / max(1, part["train_sequences"] * seq_len)
+        shares.append(MixtureShare(part["name"], part["dataset"], float(part["weight"]), tokens, round(epochs, 4)))
+    return shares
 
 
 def _dataset_location(store: Store, dataset: DatasetRef) -> str:

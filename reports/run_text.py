@@ -39,12 +39,27 @@ def list_line(view: RunView) -> str:
     )
 
 
+def _mixture_lines(meta: dict[str, Any]) -> list[str]:
+    """A mixture's components: weight and the tokens trained on each through the latest checkpoint."""
+    weights = meta.get("mixture") or {}
+    if not weights:
+        return []
+    samples = (meta.get("loader") or {}).get("component_samples") or {}
+    seq_len = (meta.get("seq_len") or 0)
+    parts = [
+        f"{name} {weight:.3f}" + (f" ({samples[name] * seq_len:,} tokens)" if name in samples and seq_len else "")
+        for name, weight in weights.items()
+    ]
+    return ["mixture (weight, tokens trained through the latest checkpoint):", *_wrapped(", ".join(parts))]
+
+
 def run_lines(run: RunView) -> list[str]:
     """``pretrain runs show`` in words, section by section."""
     planned = run.steps_planned if run.steps_planned is not None else "?"
     checkpoints = ", ".join(str(c["step"]) for c in run.checkpoints) or "none committed"
     out = [f"run {run.id}  {run.uri}" + (f"  updated {_when(run.modified)}" if run.modified is not None else "")]
     out.append(f"  steps {run.steps_done}/{planned}, checkpoints at {checkpoints}; dataset {run.dataset or '?'}")
+    out += _mixture_lines(run.meta)
     out.append("layout:")
     out += [f"  {span_text(span)}" for span in run.layout_history] or ["  not recorded (no committed checkpoint)"]
     for section, values in run.config.items():

@@ -70,11 +70,13 @@ def load_runs(store: Store, texts: list[str]) -> list[RunView]:
 
 def flat_config(meta: dict) -> dict[str, Any]:
     """The settings a run was trained with, flattened to ``section.key`` (``train.lr``, ``model.num_layers``),
-    plus ``dataset`` (its version) and ``layouts`` (which layout trained which steps), from its latest
-    checkpoint's meta.json; {} for a run with no committed checkpoint."""
+    plus ``dataset`` (its version), a mixture's ``mixture.<component>.weight`` and ``layouts`` (which layout
+    trained which steps), from its latest checkpoint's meta.json; {} for a run with no committed checkpoint."""
     flat: dict[str, Any] = {}
     if meta.get("dataset") is not None:
         flat["dataset"] = meta["dataset"]
+    for name, weight in (meta.get("mixture") or {}).items():  # a mixture's weights: what research changes most
+        flat[f"mixture.{name}.weight"] = weight
     for section in ("model", "train"):
         flat.update(flat_settings(meta.get(section) or {}, f"{section}."))
     layouts = layouts_of(meta)

@@ -5,15 +5,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from flytekit import Cache, Deck, HashMethod, dynamic, map_task, task
 
 from common.contracts import TOKENIZER, DatasetRef
 from common.hashing import config_hash
 from common.stages import mark_stage
+from data_prep import manifest as manifest_keys
+from data_prep import mixture_tokenizer
 from data_prep import prepare as stages
+from data_prep.blend_dataset import Part, commit_blend
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
+from data_prep.mixture import components
 from data_prep.shards import ShardInfo
 from data_prep.sources import content_fingerprint, list_files
 from data_prep.validation import Validation, ValidationFailed, check_dataset, report_html
@@ -32,9 +36,13 @@ def corpus_hash(data: DataConfig) -> str:
     """The data section with its sources replaced by the content of what they name, so that
     identical data hits prepare's cache from any path, and changed data misses it. Files are
     streamed: a corpus bigger than memory is fine."""
-    return config_hash(
-        dataclasses.replace(data, sources=[]), content_fingerprint(data.sources, data.sniff_unlisted, data.follow_symlinks)
-    )
+    if data.mixture:  # every component's content and settings, not the weights (nor the names)
+        return config_hash([corpus_hash(part.data) for part in components(data)])
+    # The section without its sources and mixture: the bytes this hash had before mixtures existed.
+    section = {
+        k: v for k, v in dataclasses.asdict(dataclasses.replace(data, sources=[])).items() if k not in manifest_keys.MIXTURE
+    }
+    return config_hash(section, content_fingerprint(data.sources, data.sniff_unlisted, data.follow_symlinks))
 
 
 @task(**data_task())
@@ -47,9 +55,52 @@ def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(cor
     return data
 
 
+@dynamic(**data_task())
+@as_messages
+def prepare_mixture(
+    store: str, data: DataConfig, tokenizer: TokenizerConfig, validation: ValidationConfig, base_model: str
+) -> list[DatasetRef]:
+    """Prepare and validate each component of the mixture on its own (a plain ``data.sources`` is one).
+
+    Each component is keyed by its own files and settings, never by the weights: editing one component
+    prepares that one again, changing only the weights prepares nothing. A mixture of several trains one
+    tokenizer for all of them first, on an equal share of each (unless ``tokenizer.file`` or a base model
+    gives it); every component is encoded with it.
+    """
+    parts = components(data)
+    corpora = [fingerprint_corpus(data=part.data) for part in parts]
+    key: Any = ""
+    if len(parts) > 1 and not base_model and not tokenizer.file:
+        key = train_mixture_tokenizer(store=store, components=corpora, tokenizer=tokenizer)
+    prepared = [
+        prepare_data(store=store, data=corpus, tokenizer=tokenizer, base_model=base_model, tokenizer_key=key)
+        for corpus in corpora
+    ]
+    return [validate_data(dataset=dataset, validation=validation) for dataset in prepared]
+
+
+@task(cache=Cache(version=VERSION, serialize=True), **data_task())
+@as_messages
+def train_mixture_tokenizer(store: str, components: list[DataConfig], tokenizer: TokenizerConfig) -> str:
+    """The mixture's one tokenizer, trained on an equal share of each component: its store key."""
+    _log_progress()
+    return mixture_tokenizer.train_mixture_tokenizer(open_store(store), components, tokenizer)
+
+
+@task(**data_task())
+@as_messages
+def blend_datasets(store: str, datasets: list[DatasetRef], data: DataConfig) -> DatasetRef:
+    """The components' datasets as one, each with its weight (a plain dataset stays as it is).
+
+    Not cached: it writes one manifest (the same weights, the same version), and the weights, which
+    no component's cache key holds, are read here."""
+    parts = [Part(p.name, dataset, p.weight, p.max_epochs) for p, dataset in zip(components(data), datasets, strict=True)]
+    return commit_blend(open_store(store), parts)
+
+
 @dynamic(cache=Cache(version=VERSION, serialize=True), **data_task())
 @as_messages
-def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_model: str) -> DatasetRef:
+def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_model: str, tokenizer_key: str) -> DatasetRef:
     """Read, clean, de-duplicate, tokenize and shard the corpus into the store.
 
     Lists the corpus and cuts it into ``data.partitions``, then fans out: a scan task per
@@ -58,11 +109,13 @@ def prepare_data(store: str, data: DataConfig, tokenizer: TokenizerConfig, base_
     fails is retried alone (``retries``); the others keep their results.
 
     A ``base_model`` (registry entry) lends its tokenizer and the token ending its documents: continued
-    pretraining keeps the vocabulary (an imported model's tokenizer encodes the corpus).
+    pretraining keeps the vocabulary (an imported model's tokenizer encodes the corpus). Else
+    ``tokenizer_key``, a tokenizer.json in the store (a mixture's), or ``""``: one is trained here.
     """
     mark_stage("prepare")
     _log_progress()
-    tokenizer_key = f"{base_model}/{TOKENIZER}" if base_model else ""
+    if base_model:
+        tokenizer_key = f"{base_model}/{TOKENIZER}"
     if base_model:  # its tokenizer's own end-of-text token ends the documents
         tokenizer = dataclasses.replace(tokenizer, eod_token=base_eod_token(open_store(store), base_model))
     prep = stages.plan(open_store(store), data, tokenizer, tokenizer_key)

@@ -127,7 +127,7 @@ def test_the_flyte_fan_out_makes_the_same_dataset(tmp_path, monkeypatch):
     corpus, _ = mixed_corpus(tmp_path / "corpus")
     store = open_store(str(tmp_path / "flyte"))
     data = tiny_data(sources=[str(corpus)], max_documents=0, partitions=3)
-    ref = prepare_data(store=store.uri, data=data, tokenizer=tiny_tokenizer(), base_model="")
+    ref = prepare_data(store=store.uri, data=data, tokenizer=tiny_tokenizer(), base_model="", tokenizer_key="")
     local = prepare_dataset(
         tiny_data(sources=[str(corpus)], max_documents=0), tiny_tokenizer(), open_store(str(tmp_path / "one"))
     )

@@ -20,6 +20,7 @@ pipeline stage of each data-parallel replica; it broadcasts each batch to the re
 model-parallel group, which read nothing. The reading ranks of a node fetch each window once for
 the node (``training.shard_cache``: the first one fetches, checks and writes it, the others map it).
 The loader counts the bytes it fetched from the store and read from the node's cache, per epoch.
+A blend of datasets (one loader per component, interleaved by weight) is ``training.blend``'s.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +48,7 @@ from data_prep import shards as shard_files
 from data_prep.errors import DataError
 from data_prep.manifest import load_manifest, stored_shards
 from data_prep.shards import read_rows
-from storage import open_store
+from storage import Store, open_store
 from training.shard_cache import NodeCache, WindowKey
 
 LOADER_FORMAT = "shard-window-v1"
@@ -128,6 +130,54 @@ class Reading:
             peers, source = group, sources[0]
         local = sum(1 for r in everyone if r["reads"] and r["node"] == node)
         return cls(rank, reads, peers, source, everyone[0]["job"], os.environ.get("GROUP_RANK", "0"), local)
+
+
+def split_shards(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[Shard]:
+    """The split's shards with their row counts and digests, in the manifest's order."""
+    counts = [int(s["sequences"]) for s in manifest["splits"][split]["shards"]]
+    stored = stored_shards(store, ref, manifest, split)
+    return [Shard(s.url, n, s.sha256) for s, n in zip(stored, counts, strict=True)]
+
+
+def step_positions(global_batch_size: int, step: int, dp_rank: int = 0, dp_size: int = 1) -> np.ndarray:
+    """Global positions of a data-parallel rank's contiguous slice of step ``step``: ``[s·G, (s+1)·G)`` cut in ``dp_size``."""
+    if global_batch_size % dp_size:
+        raise ValueError(f"global batch {global_batch_size} does not split over {dp_size} data-parallel ranks")
+    per_rank = global_batch_size // dp_size
+    first = step * global_batch_size + dp_rank * per_rank
+    return np.arange(first, first + per_rank, dtype=np.int64)
+
+
+def shared_batch(reading: Reading, rows: int, row_len: int, read: Callable[[], Batch]) -> Batch:
+    """A batch of ``rows`` rows on every rank of ``reading``'s model-parallel group: ``read()`` by its reader,
+    broadcast to the others (a collective of the group; any loader's). A status goes first, so that a reader's
+    error (a shard refused, say) fails its peers at once, named."""
+    import torch.distributed as dist
+
+    group, source = reading.peers, reading.source
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    status = torch.zeros(1, dtype=torch.int64, device=device)
+    if reading.reads:
+        try:
+            batch = read()
+        except Exception as e:
+            status += 2 if isinstance(e, UserError) else 1
+            dist.broadcast(status, source, group)
+            dist.broadcast_object_list([f"{type(e).__name__}: {e}"], source, group)
+            raise
+        dist.broadcast(status, source, group)
+        dist.broadcast(batch.tokens.to(device), source, group)
+        return batch
+    t0 = time.perf_counter()
+    dist.broadcast(status, source, group)
+    if failed := int(status.item()):
+        message: list[Any] = [None]
+        dist.broadcast_object_list(message, source, group)
+        text = f"rank {source}, which reads this rank's batches, failed: {message[0]}"
+        raise DataError(text) if failed == 2 else RuntimeError(text)
+    tokens = torch.empty((rows, row_len), dtype=torch.int64, device=device)
+    dist.broadcast(tokens, source, group)
+    return Batch(tokens=tokens.cpu(), wait_s=time.perf_counter() - t0)
 
 
 class ShardOrder:
@@ -233,20 +283,20 @@ class StreamingLoader:
         """The loader of a split and the dataset manifest (``kwargs``: the constructor's, ``reading`` among them)."""
         store = open_store(ref.store)
         manifest = load_manifest(store, ref)
-        counts = [int(s["sequences"]) for s in manifest["splits"][split]["shards"]]
-        stored = stored_shards(store, ref, manifest, split)
-        shards = [Shard(s.url, n, s.sha256) for s, n in zip(stored, counts, strict=True)]
+        return cls.of_manifest(store, ref, manifest, split, global_batch_size, seed, **kwargs), manifest
+
+    @classmethod
+    def of_manifest(
+        cls, store: Store, ref: DatasetRef, manifest: dict, split: str, global_batch_size: int, seed: int, **kwargs
+    ) -> StreamingLoader:
+        """``for_split`` with the manifest already loaded (and checked) from ``store``."""
         kwargs = {"row_len": int(manifest["seq_len"]) + 1, "split": split, **kwargs}
-        return cls(shards, global_batch_size, seed, ref.version, **kwargs), manifest
+        return cls(split_shards(store, ref, manifest, split), global_batch_size, seed, ref.version, **kwargs)
 
     # -- order ------------------------------------------------------------------------
     def positions(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> np.ndarray:
         """Global positions of this rank's slice of step ``step``."""
-        if self.global_batch_size % dp_size:
-            raise ValueError(f"global batch {self.global_batch_size} does not split over {dp_size} data-parallel ranks")
-        per_rank = self.global_batch_size // dp_size
-        first = step * self.global_batch_size + dp_rank * per_rank
-        return np.arange(first, first + per_rank, dtype=np.int64)
+        return step_positions(self.global_batch_size, step, dp_rank, dp_size)
 
     def batch(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> Batch:
         """This data-parallel rank's contiguous slice of step ``step``'s global batch. With model-parallel
@@ -254,7 +304,7 @@ class StreamingLoader:
         positions = self.positions(step, dp_rank, dp_size)
         if self.reading.peers is None:
             return self.rows_at(positions)
-        return self._shared(positions)
+        return shared_batch(self.reading, len(positions), self.row_len, lambda: self.rows_at(positions))
 
     def rows_at(self, positions: np.ndarray) -> Batch:
         """The rows at increasing global ``positions``; reads ahead of the last one."""
@@ -281,47 +331,18 @@ class StreamingLoader:
     def origin(self, step: int) -> dict:
         """Where step ``step``'s global batch came from: each shard's URL and the rows read from it
         (indices inside the shard), so a bad batch can be inspected."""
+        return {"step": step + 1, "shards": self.shards_at(self.positions(step))}
+
+    def shards_at(self, positions: np.ndarray) -> list[dict]:
+        """The shards and rows (indices inside each shard) that hold the rows at increasing ``positions``."""
         shards: dict[int, list[int]] = {}
-        for key, rows in self.order.locate(self.positions(step)):
+        for key, rows in self.order.locate(positions):
             members = self.order.shards_of(key)
             starts = np.cumsum([0, *self.order.counts[members]])
             for index in self.order.row_permutation(key)[rows].tolist():
                 at = int(np.searchsorted(starts, index, side="right") - 1)
                 shards.setdefault(int(members[at]), []).append(index - int(starts[at]))
-        return {
-            "step": step + 1,
-            "shards": [{"shard": self.shards[i].url, "rows": sorted(rows)} for i, rows in shards.items()],
-        }
-
-    def _shared(self, positions: np.ndarray) -> Batch:
-        """The batch at ``positions`` on every rank of the model-parallel group: read by its reader, broadcast.
-        A status goes first, so that a reader's error (a shard refused, say) fails its peers at once, named."""
-        import torch.distributed as dist
-
-        group, source = self.reading.peers, self.reading.source
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
-        status = torch.zeros(1, dtype=torch.int64, device=device)
-        if self.reading.reads:
-            try:
-                batch = self.rows_at(positions)
-            except Exception as e:
-                status += 2 if isinstance(e, UserError) else 1
-                dist.broadcast(status, source, group)
-                dist.broadcast_object_list([f"{type(e).__name__}: {e}"], source, group)
-                raise
-            dist.broadcast(status, source, group)
-            dist.broadcast(batch.tokens.to(device), source, group)
-            return batch
-        t0 = time.perf_counter()
-        dist.broadcast(status, source, group)
-        if failed := int(status.item()):
-            message: list[Any] = [None]
-            dist.broadcast_object_list(message, source, group)
-            text = f"rank {source}, which reads this rank's batches, failed: {message[0]}"
-            raise DataError(text) if failed == 2 else RuntimeError(text)
-        tokens = torch.empty((len(positions), self.row_len), dtype=torch.int64, device=device)
-        dist.broadcast(tokens, source, group)
-        return Batch(tokens=tokens.cpu(), wait_s=time.perf_counter() - t0)
+        return [{"shard": self.shards[i].url, "rows": sorted(rows)} for i, rows in shards.items()]
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self, step: int) -> dict:

@@ -36,7 +36,9 @@ from common.codeversion import code_version
 from common.contracts import CheckpointRef, DatasetRef, run_prefix
 from common.hashing import config_hash
 from common.stages import mark_stage
+from data_prep.blend_dataset import overread_components
 from storage import open_store
+from training.blend import BlendedLoader, open_loader
 from training.callbacks import Callbacks, OnRecord
 from training.checkpointing.manager import CheckpointManager
 from training.config import ModelConfig, ParallelConfig, TrainConfig
@@ -123,7 +125,7 @@ class Trainer:
         self.dp_size, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         micro_batches(cfg, self.dp_size)  # fail on an impossible batch split before loading anything
         reading = Reading.of_job()  # collective: one rank per model-parallel group reads, once per node
-        self.loader, manifest = StreamingLoader.for_split(
+        self.loader, manifest = open_loader(  # a mixture's blends its components' loaders
             dataset, "train", cfg.global_batch_size, cfg.seed, window_shards=cfg.shuffle_window_shards, reading=reading
         )
         self.seq_len = manifest["seq_len"]
@@ -143,6 +145,11 @@ class Trainer:
         progress.diagnose = functools.partial(write_diagnostics, self.store, self.run_prefix, dist.get_rank())
         self.log = RunLog(self.store, self.run_prefix, self.rank0)
         meta = {"model": asdict(model_cfg), "train": asdict(cfg), "dataset": dataset.version}
+        if isinstance(self.loader, BlendedLoader):  # what `runs show` and `runs compare` say of a mixture
+            meta |= {"mixture": {m["name"]: m["weight"] for m in manifest["mixture"]}, "seq_len": self.seq_len}
+            if self.rank0:
+                for line in overread_components(manifest["mixture"], self.loader.samples_per_component(cfg.steps)):
+                    print(f"WARNING: {line}", file=sys.stderr, flush=True)
         self.checkpoints = CheckpointManager(self.store, self.run_prefix, self.step, self.loader, meta, parallel, cfg, progress)
         self.goodput = GoodputCallback.for_rank(self.store, self.run_prefix, self.rank0)  # this attempt's goodput ledger
 
@@ -214,6 +221,13 @@ class Trainer:
         ]
         self.callbacks = Callbacks(callbacks)
 
+    def _component_tokens(self) -> dict[str, float]:
+        """A mixture's tokens trained on each component (``tokens_trained.<name>``); {} for one dataset."""
+        if not isinstance(self.loader, BlendedLoader):
+            return {}
+        samples = self.loader.samples_per_component(self.cfg.steps)
+        return {f"tokens_trained.{name}": float(n * self.seq_len) for name, n in samples.items()}
+
     def _finish(self) -> CheckpointRef:
         """After the last step: the traces and event files, the run's files, and what the run made."""
         self.callbacks.close()
@@ -224,6 +238,7 @@ class Trainer:
             "parameters": float(self.step.num_parameters()),
             "steps_trained": float(self.cfg.steps),
             "tokens_trained": float(self.cfg.steps * self.tokens_per_step),
+            **self._component_tokens(),
             "world_size": float(layouts[-1].layout.world_size),
             # Apart from the step times: the first step of a compiled process includes it.
             "compile_s": compile_seconds(),

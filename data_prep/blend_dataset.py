@@ -1,0 +1,151 @@
+"""A blend: several prepared datasets, each with its weight, committed as one dataset that training reads.
+
+A blend copies no shard. Its manifest has the keys of a dataset's (``seq_len``, ``vocab_size``, the
+tokenizer, ``splits``, ``stats``), every shard entry naming the component dataset that holds it
+(``prefix``) and its index in ``mixture`` (``component``), and a ``mixture`` list: each component's
+name, normalised weight, ``max_epochs``, dataset version and the figures a reader needs per component
+(rows, validation bytes and tokens). Training draws each component's share of every global batch
+(``data_prep.blend.BlendOrder``); evaluation scores each component's validation rows on their own.
+
+The weights are in the blend's manifest and so in its version, and in no component's: changing only the
+weights commits another blend of the same component datasets, and prepares nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+from common.contracts import MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
+from data_prep import manifest as manifests
+from data_prep.errors import DataError
+from data_prep.manifest import load_manifest
+from storage import AlreadyCommitted, Store
+
+log = logging.getLogger(__name__)
+
+FORMAT = "pretrain-mixture-v1"
+SHARED = ("seq_len", "token_dtype", "vocab_size", "eod_id", "eod_token", "pad_id", "tokenizer")
+"""What every component must agree on: one tokenizer and one row width for the whole mixture."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One component of a blend: its prepared dataset and its share."""
+
+    name: str
+    dataset: DatasetRef
+    weight: float
+    max_epochs: float
+
+
+def blend_manifest(parts: list[Part], manifests_: list[dict]) -> dict:
+    """The blend's manifest from its components' (checked to share a tokenizer and a row width)."""
+    first = manifests_[0]
+    for part, manifest in zip(parts[1:], manifests_[1:], strict=True):
+        differ = [k for k in SHARED if manifest.get(k) != first.get(k)]
+        if differ:
+            raise DataError(
+                f"data.mixture[{part.name}]: its dataset {part.dataset.version} differs from "
+                f"data.mixture[{parts[0].name}]'s in {', '.join(differ)}: a mixture trains one tokenizer and "
+                "one seq_len; prepare every component with the same tokenizer and data.seq_len"
+            )
+    versions = [p.dataset.version for p in parts]
+    for i, part in enumerate(parts):
+        if versions.index(part.dataset.version) != i:
+            first = parts[versions.index(part.dataset.version)].name
+            raise DataError(
+                f"data.mixture[{part.name}] prepares the same dataset as data.mixture[{first}] "
+                f"({part.dataset.version}): merge the two components, or give them different sources or settings"
+            )
+    total = sum(p.weight for p in parts)
+    splits = {}
+    for split in ("train", "val"):
+        entries = [
+            {**shard, "prefix": part.dataset.prefix, "component": i}
+            for i, (part, manifest) in enumerate(zip(parts, manifests_, strict=True))
+            for shard in manifest["splits"][split]["shards"]
+        ]
+        splits[split] = {
+            key: sum(int(m["splits"][split][key]) for m in manifests_) for key in ("documents", "sequences", "tokens")
+        } | {"shards": entries}
+    stats: Counter[str] = Counter()
+    for manifest in manifests_:
+        stats.update({k: int(v) for k, v in manifest["stats"].items()})
+    mixture = [
+        {
+            "name": part.name,
+            "weight": part.weight / total,
+            "max_epochs": part.max_epochs,
+            "dataset": part.dataset.version,
+            "prefix": part.dataset.prefix,
+            "train_sequences": int(manifest["splits"]["train"]["sequences"]),
+            "val_sequences": int(manifest["splits"]["val"]["sequences"]),
+            "stats": {k: int(manifest["stats"][k]) for k in ("train_tokens", "val_bytes", "val_doc_tokens", "documents_kept")},
+        }
+        for part, manifest in zip(parts, manifests_, strict=True)
+    ]
+    stats_dict = dict(sorted(stats.items()))
+    return {
+        "format": FORMAT,
+        **{k: first[k] for k in SHARED},
+        "splits": splits,
+        "stats": stats_dict,
+        "summary": manifests.summary(stats_dict),
+        "mixture": mixture,
+    }
+
+
+def commit_blend(store: Store, parts: list[Part]) -> DatasetRef:
+    """Commit the blend of ``parts`` (idempotent: the same parts and weights are the same version) and
+    return it; a single part is its own dataset, unchanged (a plain run is a mixture of one)."""
+    if len(parts) == 1:
+        return parts[0].dataset
+    manifest = blend_manifest(parts, [load_manifest(store, p.dataset) for p in parts])
+    version, data = manifests.version_of(manifest)
+    prefix = dataset_prefix(version)
+    if not store.is_committed(prefix):
+        store.copy(f"{parts[0].dataset.prefix}/{TOKENIZER}", f"{prefix}/{TOKENIZER}")
+        store.put_bytes(f"{prefix}/{MANIFEST}", data)
+        try:
+            store.commit(prefix, {"version": version})
+        except AlreadyCommitted:
+            pass  # a concurrent run committed the same blend
+    shares = ", ".join(f"{m['name']} {m['weight']:.3f}" for m in manifest["mixture"])
+    log.info("blend %s of %s datasets: %s", version, len(parts), shares)
+    return DatasetRef(store=store.uri, version=version, prefix=prefix, stats=manifest["stats"])
+
+
+def mixture_of(manifest: dict, ref: DatasetRef) -> list[dict]:
+    """A dataset's components as its manifest lists them; a plain dataset is one component, ``data``."""
+    if "mixture" in manifest:
+        return manifest["mixture"]
+    stats = manifest["stats"]
+    return [
+        {
+            "name": "data",
+            "weight": 1.0,
+            "max_epochs": 0.0,
+            "dataset": ref.version,
+            "prefix": ref.prefix,
+            "train_sequences": int(manifest["splits"]["train"]["sequences"]),
+            "val_sequences": int(manifest["splits"]["val"]["sequences"]),
+            "stats": {k: int(stats.get(k, 0)) for k in ("train_tokens", "val_bytes", "val_doc_tokens", "documents_kept")},
+        }
+    ]
+
+
+def overread_components(mixture: list[dict], samples: dict[str, int]) -> list[str]:
+    """One line per component the run reads more times than its ``max_epochs`` (exact: ``samples`` are the
+    run's samples of each component, its training split's sequences are in ``mixture``)."""
+    out = []
+    for part in mixture:
+        epochs = samples.get(part["name"], 0) / max(1, part["train_sequences"])
+        if part["max_epochs"] and epochs > part["max_epochs"]:
+            out.append(
+                f"data.mixture[{part['name']}]: the run reads it {epochs:.2f} times ({samples[part['name']]:,} samples of "
+                f"{part['train_sequences']:,}), more than its max_epochs {part['max_epochs']:g}: lower its weight or the "
+                "train budget, add data to it, or raise its max_epochs"
+            )
+    return out
