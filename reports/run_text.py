@@ -45,7 +45,7 @@ def _mixture_lines(meta: dict[str, Any]) -> list[str]:
     if not weights:
         return []
     samples = (meta.get("loader") or {}).get("component_samples") or {}
-    seq_len = (meta.get("seq_len") or 0)
+    seq_len = meta.get("seq_len") or 0
     parts = [
         f"{name} {weight:.3f}" + (f" ({samples[name] * seq_len:,} tokens)" if name in samples and seq_len else "")
         for name, weight in weights.items()
