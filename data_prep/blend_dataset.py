@@ -17,8 +17,11 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from common.contracts import MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
 from data_prep import manifest as manifests
+from data_prep.dedup_across import REASON
 from data_prep.errors import DataError
 from data_prep.manifest import load_manifest
 from storage import AlreadyCommitted, Store
@@ -40,8 +43,23 @@ class Part:
     max_epochs: float
 
 
-def blend_manifest(parts: list[Part], manifests_: list[dict]) -> dict:
-    """The blend's manifest from its components' (checked to share a tokenizer and a row width)."""
+def _shard_entries(part: Part, index: int, manifest: dict, split: str, excluded: list[int]) -> list[dict]:
+    """A component's shard entries for the blend: where each is, and the rows of it the blend leaves out."""
+    entries, start, left_out = [], 0, np.asarray(excluded, dtype=np.int64)
+    for shard in manifest["splits"][split]["shards"]:
+        n = int(shard["sequences"])
+        inside = left_out[(left_out >= start) & (left_out < start + n)] - start
+        entry = {**shard, "prefix": part.dataset.prefix, "component": index}
+        if inside.size:
+            entry["excluded"] = inside.tolist()
+        entries.append(entry)
+        start += n
+    return entries
+
+
+def blend_manifest(parts: list[Part], manifests_: list[dict], exclusions: dict | None = None) -> dict:
+    """The blend's manifest from its components' (checked to share a tokenizer and a row width), without
+    the rows of ``exclusions`` (``data_prep.dedup_across``: duplicates of an earlier component's documents)."""
     first = manifests_[0]
     for part, manifest in zip(parts[1:], manifests_[1:], strict=True):
         differ = [k for k in SHARED if manifest.get(k) != first.get(k)]
@@ -60,19 +78,24 @@ def blend_manifest(parts: list[Part], manifests_: list[dict]) -> dict:
                 f"({part.dataset.version}): merge the two components, or give them different sources or settings"
             )
     total = sum(p.weight for p in parts)
+    found = (exclusions or {}).get("components") or [{"exact": 0, "near": 0, "rows": {"train": [], "val": []}}] * len(parts)
+    if [f.get("dataset", p.dataset.version) for f, p in zip(found, parts, strict=True)] != [p.dataset.version for p in parts]:
+        raise DataError("the exclusion list was made for other datasets than the blend's: run the pipeline again")
     splits = {}
     for split in ("train", "val"):
         entries = [
-            {**shard, "prefix": part.dataset.prefix, "component": i}
+            entry
             for i, (part, manifest) in enumerate(zip(parts, manifests_, strict=True))
-            for shard in manifest["splits"][split]["shards"]
+            for entry in _shard_entries(part, i, manifest, split, found[i]["rows"][split])
         ]
         splits[split] = {
             key: sum(int(m["splits"][split][key]) for m in manifests_) for key in ("documents", "sequences", "tokens")
         } | {"shards": entries}
+        splits[split]["sequences"] -= sum(len(f["rows"][split]) for f in found)
     stats: Counter[str] = Counter()
     for manifest in manifests_:
         stats.update({k: int(v) for k, v in manifest["stats"].items()})
+    stats[REASON] = sum(f["exact"] + f["near"] for f in found)
     mixture = [
         {
             "name": part.name,
@@ -80,12 +103,19 @@ def blend_manifest(parts: list[Part], manifests_: list[dict]) -> dict:
             "max_epochs": part.max_epochs,
             "dataset": part.dataset.version,
             "prefix": part.dataset.prefix,
-            "train_sequences": int(manifest["splits"]["train"]["sequences"]),
-            "val_sequences": int(manifest["splits"]["val"]["sequences"]),
+            "train_sequences": int(manifest["splits"]["train"]["sequences"]) - len(f["rows"]["train"]),
+            "val_sequences": int(manifest["splits"]["val"]["sequences"]) - len(f["rows"]["val"]),
+            REASON: f["exact"] + f["near"],
             "stats": {k: int(manifest["stats"][k]) for k in ("train_tokens", "val_bytes", "val_doc_tokens", "documents_kept")},
         }
-        for part, manifest in zip(parts, manifests_, strict=True)
+        for part, manifest, f in zip(parts, manifests_, found, strict=True)
     ]
+    for part, entry in zip(parts, mixture, strict=True):
+        if entry["train_sequences"] <= 0 or entry["val_sequences"] <= 0:
+            raise DataError(
+                f"data.mixture[{part.name}]: every row of its {'train' if entry['train_sequences'] <= 0 else 'val'} split "
+                "duplicates an earlier component's documents: drop the component, or set data.dedup_across: false"
+            )
     stats_dict = dict(sorted(stats.items()))
     return {
         "format": FORMAT,
@@ -97,12 +127,13 @@ def blend_manifest(parts: list[Part], manifests_: list[dict]) -> dict:
     }
 
 
-def commit_blend(store: Store, parts: list[Part]) -> DatasetRef:
-    """Commit the blend of ``parts`` (idempotent: the same parts and weights are the same version) and
-    return it; a single part is its own dataset, unchanged (a plain run is a mixture of one)."""
+def commit_blend(store: Store, parts: list[Part], exclusions: dict | None = None) -> DatasetRef:
+    """Commit the blend of ``parts`` without the rows of ``exclusions`` (idempotent: the same parts, weights and
+    exclusions are the same version) and return it; a single part is its own dataset, unchanged (a plain run
+    is a mixture of one)."""
     if len(parts) == 1:
         return parts[0].dataset
-    manifest = blend_manifest(parts, [load_manifest(store, p.dataset) for p in parts])
+    manifest = blend_manifest(parts, [load_manifest(store, p.dataset) for p in parts], exclusions)
     version, data = manifests.version_of(manifest)
     prefix = dataset_prefix(version)
     if not store.is_committed(prefix):

@@ -335,6 +335,10 @@ class DataConfig:
     ``[{name: code, sources: [python-stdlib], weight: 3}, {name: docs, sources: [docs/], weight: 1}]``.
     Packing (``seq_len``, ``sequences_per_sample``, ``samples_per_shard``, ``val_fraction``) stays global;
     [] = one corpus, ``sources``."""
+    dedup_across: bool = True
+    """With a mixture: leave out of the blend each later component's exact and near duplicates of an earlier
+    component's documents (``cross_component_duplicate``; the near ones with this section's ``near_dedup``
+    settings), found by a stage of its own after the components' prepares."""
 
     text_field: str = "text"
     """Field (JSONL) or column (Parquet) holding the document text."""

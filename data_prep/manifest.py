@@ -21,8 +21,8 @@ RUNTIME_ONLY = {"workers", "partitions"}
 # Where the corpus and a given tokenizer live. What they hold is recorded (the listing inside each
 # source, every shard's and the tokenizer's sha256): the same corpus elsewhere is the same dataset.
 LOCATIONS = {"sources", "file"}
-MIXTURE = {"mixture"}
-"""A component's data section holds no mixture (``data_prep.mixture.components``): the key is left out, so
+MIXTURE = {"mixture", "dedup_across"}
+"""A component's data section holds no mixture (``data_prep.mixture.components``): the keys are left out, so
 that a dataset's version is what it was before mixtures existed, and no weight is ever part of one."""
 
 

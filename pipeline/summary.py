@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from common.contracts import MANIFEST, VALIDATION_RESULT, ModelRef, dataset_prefix, validation_prefix
+from common.contracts import MANIFEST, VALIDATION_RESULT, ModelCard, ModelRef, dataset_prefix, validation_prefix
 from registry.card import metric_text
 from registry.registry import show
 from reports.dataset_html import skipped_by_reason
@@ -31,15 +31,22 @@ def _data_line(store: Store, version: str) -> str:
     )
 
 
-def _validation_line(store: Store, version: str) -> str:
-    key = f"{validation_prefix(dataset_prefix(version))}/{VALIDATION_RESULT}"
-    if not store.exists(key):
-        return "  validation  not recorded"
-    result = store.get_json(key)
-    outcomes = result.get("outcomes", [])
-    failed = [o for o in outcomes if not o.get("success", True)]
-    verdict = "PASS" if result.get("success") else "FAIL"
-    return f"  validation  {verdict}: {len(outcomes) - len(failed)} of {len(outcomes)} expectations met"
+def _validation_line(store: Store, card: ModelCard) -> str:
+    """The validation of the dataset, or of each component of a mixture (each was validated on its own)."""
+    shares = card.lineage.mixture if len(card.lineage.mixture) > 1 else []
+    parts = [(s.name, s.dataset_version) for s in shares] or [("", card.lineage.dataset_version)]
+    verdicts = []
+    for name, version in parts:
+        key = f"{validation_prefix(dataset_prefix(version))}/{VALIDATION_RESULT}"
+        if not store.exists(key):
+            verdicts.append(f"{name}: not recorded" if name else "not recorded")
+            continue
+        result = store.get_json(key)
+        outcomes = result.get("outcomes", [])
+        met = sum(1 for o in outcomes if o.get("success", True))
+        verdict = f"{'PASS' if result.get('success') else 'FAIL'}: {met} of {len(outcomes)} expectations met"
+        verdicts.append(f"{name} {verdict}" if name else verdict)
+    return "  validation  " + "; ".join(verdicts)
 
 
 def _entry_name(prefix: str) -> str:
@@ -56,7 +63,7 @@ def run_summary(store: Store, model: ModelRef, mlflow_run: str = "") -> list[str
     aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
     lines = [f"pretrain: registered {card.name}:{card.version}{aliases}"]
     lines.append(_data_line(store, card.lineage.dataset_version))
-    lines.append(_validation_line(store, card.lineage.dataset_version))
+    lines.append(_validation_line(store, card))
     train = f"  training    {card.lineage.training_steps} steps"
     if "tokens_trained" in m:  # the budget both ways (train.steps or train.tokens)
         train += f" ({_count(m['tokens_trained'])} tokens)"

@@ -17,6 +17,7 @@ from data_prep import mixture_tokenizer
 from data_prep import prepare as stages
 from data_prep.blend_dataset import Part, commit_blend
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
+from data_prep.dedup_across import NearSettings, commit_exclusions, cross_component_duplicates, load_exclusions
 from data_prep.mixture import components
 from data_prep.shards import ShardInfo
 from data_prep.sources import content_fingerprint, list_files
@@ -59,13 +60,15 @@ def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(cor
 @as_messages
 def prepare_mixture(
     store: str, data: DataConfig, tokenizer: TokenizerConfig, validation: ValidationConfig, base_model: str
-) -> list[DatasetRef]:
-    """Prepare and validate each component of the mixture on its own (a plain ``data.sources`` is one).
+) -> DatasetRef:
+    """Prepare and validate each component of the mixture on its own, then blend them (a plain ``data.sources``
+    is one component, and its dataset is the blend).
 
     Each component is keyed by its own files and settings, never by the weights: editing one component
     prepares that one again, changing only the weights prepares nothing. A mixture of several trains one
     tokenizer for all of them first, on an equal share of each (unless ``tokenizer.file`` or a base model
-    gives it); every component is encoded with it.
+    gives it), and, with ``data.dedup_across``, finds each later component's duplicates of an earlier one's
+    documents after the prepares: the blend leaves their rows out.
     """
     parts = components(data)
     corpora = [fingerprint_corpus(data=part.data) for part in parts]
@@ -76,7 +79,15 @@ def prepare_mixture(
         prepare_data(store=store, data=corpus, tokenizer=tokenizer, base_model=base_model, tokenizer_key=key)
         for corpus in corpora
     ]
-    return [validate_data(dataset=dataset, validation=validation) for dataset in prepared]
+    checked = [validate_data(dataset=dataset, validation=validation) for dataset in prepared]
+    exclusions: Any = ""
+    if len(parts) > 1 and data.dedup_across:
+        near = [data.shingle_words, data.minhash_bands, data.minhash_rows] if data.near_dedup else []
+        exclusions = dedup_across_components(store=store, datasets=checked, near=near, threshold=data.near_dup_threshold)
+    names, weights, max_epochs = [p.name for p in parts], [p.weight for p in parts], [p.max_epochs for p in parts]
+    return blend_datasets(
+        store=store, datasets=checked, names=names, weights=weights, max_epochs=max_epochs, exclusions=exclusions
+    )
 
 
 @task(cache=Cache(version=VERSION, serialize=True), **data_task())
@@ -87,15 +98,30 @@ def train_mixture_tokenizer(store: str, components: list[DataConfig], tokenizer:
     return mixture_tokenizer.train_mixture_tokenizer(open_store(store), components, tokenizer)
 
 
+@task(cache=Cache(version=VERSION, serialize=True), **data_task())
+@as_messages
+def dedup_across_components(store: str, datasets: list[DatasetRef], near: list[int], threshold: float) -> str:
+    """Each later component's exact and near duplicates of an earlier component's documents (``near``: shingle
+    words, bands and rows; [] for exact ones only): the exclusion list's store key. Keyed by the components'
+    datasets: editing one component reruns its prepare and this stage, and nothing else."""
+    _log_progress()
+    settings = NearSettings(*near, threshold) if near else None
+    return commit_exclusions(open_store(store), cross_component_duplicates(open_store(store), datasets, settings))
+
+
 @task(**data_task())
 @as_messages
-def blend_datasets(store: str, datasets: list[DatasetRef], data: DataConfig) -> DatasetRef:
-    """The components' datasets as one, each with its weight (a plain dataset stays as it is).
+def blend_datasets(
+    store: str, datasets: list[DatasetRef], names: list[str], weights: list[float], max_epochs: list[float], exclusions: str
+) -> DatasetRef:
+    """The components' datasets as one, each with its weight, without the rows ``exclusions`` names (a plain
+    dataset stays as it is).
 
-    Not cached: it writes one manifest (the same weights, the same version), and the weights, which
-    no component's cache key holds, are read here."""
-    parts = [Part(p.name, dataset, p.weight, p.max_epochs) for p, dataset in zip(components(data), datasets, strict=True)]
-    return commit_blend(open_store(store), parts)
+    Not cached: it writes one manifest (the same inputs, the same version), and the weights, which no
+    component's cache key holds, are read here."""
+    opened = open_store(store)
+    parts = [Part(*part) for part in zip(names, datasets, weights, max_epochs, strict=True)]
+    return commit_blend(opened, parts, load_exclusions(opened, exclusions) if exclusions else None)
 
 
 @dynamic(cache=Cache(version=VERSION, serialize=True), **data_task())

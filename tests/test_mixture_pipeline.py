@@ -16,17 +16,18 @@ _STAGES = """
 import json, sys
 from pathlib import Path
 from pipeline.config import load_config
-from tasks.data import blend_datasets, prepare_mixture
+from tasks.data import prepare_mixture
 from tests.helpers import BIN, ROOT, TINY_DATA, local_cache_entries
 out = []
 for step in json.loads(sys.argv[1]):
     if step.get("write"):
         Path(step["write"][0]).write_text(step["write"][1])
     cfg = load_config(step["config"])
-    ds = prepare_mixture(store=cfg.store, data=cfg.data, tokenizer=cfg.tokenizer, validation=cfg.validation, base_model="")
-    blend = blend_datasets(store=cfg.store, datasets=ds, data=cfg.data)
+    blend = prepare_mixture(store=cfg.store, data=cfg.data, tokenizer=cfg.tokenizer, validation=cfg.validation, base_model="")
+    manifest = json.loads((Path(cfg.store) / blend.prefix / "manifest.json").read_text())
     keys = {task: sorted(k) for task, k in local_cache_entries(Path.home()).items()}
-    out.append({"datasets": [d.version for d in ds], "blend": blend.version, "keys": keys})
+    versions = [m["dataset"] for m in manifest["mixture"]]
+    out.append({"datasets": versions, "blend": blend.version, "keys": keys, "manifest": manifest})
 print("RESULT " + json.dumps(out))
 """
 
@@ -37,7 +38,13 @@ def corpora(root: Path) -> tuple[Path, Path]:
     docs = distinct_docs(40, seed=7, words_per_doc=120)
     prose = write_corpus(root / "prose", {f"p{i:02d}.txt": text for i, text in enumerate(docs[:24])})
     notes = write_corpus(root / "notes", {f"n{i:02d}.txt": text for i, text in enumerate(docs[24:])})
-    (notes / "n99.txt").write_text(docs[0][:150])  # short, last: a min_chars of 300 drops it, past the sample
+    near = docs[2].split(" ")
+    near[7] = "changed"
+    # Late in notes, past the tokenizer's sample: an exact and a near duplicate of prose's documents, and a
+    # short one that a min_chars of 300 drops.
+    (notes / "n97.txt").write_text(docs[1])
+    (notes / "n98.txt").write_text(" ".join(near))
+    (notes / "n99.txt").write_text(docs[0][:150])
     return prose, notes
 
 
@@ -72,14 +79,21 @@ def test_each_component_is_prepared_once_and_only_its_own_edits_prepare_it_again
     result = run([sys.executable, str(script), json.dumps(steps, default=str)], env)
     assert result.returncode == 0, result.stderr[-3000:]
     cold, weights, added, changed = json.loads(result.stdout.split("RESULT ", 1)[1])
-    every = {"train_mixture_tokenizer": 1, "prepare_data": 2, "validate_data": 2}
+    every = {"train_mixture_tokenizer": 1, "prepare_data": 2, "validate_data": 2, "dedup_across_components": 1}
     assert {task: len(keys) for task, keys in cold["keys"].items()} == every
+    # Across components: notes' copy of a prose document and its near copy are counted and leave the blend.
+    notes_share = cold["manifest"]["mixture"][1]
+    assert notes_share["cross_component_duplicate"] == 2 and cold["manifest"]["stats"]["cross_component_duplicate"] == 2
+    left_out = [
+        e for e in cold["manifest"]["splits"]["train"]["shards"] + cold["manifest"]["splits"]["val"]["shards"] if "excluded" in e
+    ]
+    assert left_out and all(e["component"] == 1 for e in left_out)
     # Only the weights: the same component datasets, another blend, nothing prepared.
     assert weights["datasets"] == cold["datasets"] and weights["blend"] != cold["blend"]
     assert new_keys(cold["keys"], weights["keys"]) == dict.fromkeys(every, 0)
     # A file added to notes, past the tokenizer's sample: the tokenizer trained again to the same bytes, so
     # prose is served from the cache; notes is prepared again.
-    one = {"train_mixture_tokenizer": 1, "prepare_data": 1, "validate_data": 1}
+    one = {"train_mixture_tokenizer": 1, "prepare_data": 1, "validate_data": 1, "dedup_across_components": 1}
     assert added["datasets"][0] == cold["datasets"][0] and added["datasets"][1] != cold["datasets"][1]
     assert new_keys(weights["keys"], added["keys"]) == one
     # A filter of notes changed (its short last document dropped): notes again, prose from the cache.
@@ -96,6 +110,8 @@ def test_a_mixture_run_registers_a_card_with_every_components_weight_tokens_and_
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     result = run([str(BIN / "pretrain"), "run", "--config", str(config)], env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = result.stdout + result.stderr  # the end-of-run summary: each component's own validation
+    assert "validation  prose PASS" in summary and "; notes PASS" in summary, summary[-1500:]
     shown = run([str(BIN / "pretrain"), "registry", "show", "gpt-mix:1", "--json", "--store", str(store)], env)
     card = json.loads(shown.stdout)
     shares = card["lineage"]["mixture"]

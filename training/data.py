@@ -63,7 +63,12 @@ def load_split(ref: DatasetRef, split: str) -> tuple[np.ndarray, dict]:
     Each shard's sha256 is checked against the manifest before its rows are used."""
     store = open_store(ref.store)
     manifest = load_manifest(store, ref)
-    return read_rows(stored_shards(store, ref, manifest, split)), manifest
+    rows = read_rows(stored_shards(store, ref, manifest, split))
+    entries = manifest["splits"][split]["shards"]
+    if any("excluded" in e for e in entries):  # a blend's: the rows it leaves out, shard by shard
+        starts = np.cumsum([0, *(int(e["sequences"]) for e in entries)])
+        rows = np.delete(rows, [int(starts[i]) + r for i, e in enumerate(entries) for r in e.get("excluded", ())], axis=0)
+    return rows, manifest
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,17 @@ class Shard:
     sequences: int
     sha256: str | None = None
     """The manifest's digest, checked before the shard's rows are used (``for_split`` always sets it)."""
+    excluded: tuple[int, ...] = ()
+    """Rows a blend leaves out (duplicates of an earlier component's documents: ``data_prep.dedup_across``)."""
+
+    @property
+    def kept(self) -> int:
+        """The rows read from it."""
+        return self.sequences - len(self.excluded)
+
+    def row_in_shard(self, kept_index: int) -> int:
+        """The shard's own index of its ``kept_index``-th kept row."""
+        return int(np.delete(np.arange(self.sequences), self.excluded)[kept_index]) if self.excluded else kept_index
 
 
 @dataclass
@@ -134,9 +150,12 @@ class Reading:
 
 def split_shards(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[Shard]:
     """The split's shards with their row counts and digests, in the manifest's order."""
-    counts = [int(s["sequences"]) for s in manifest["splits"][split]["shards"]]
+    entries = manifest["splits"][split]["shards"]
     stored = stored_shards(store, ref, manifest, split)
-    return [Shard(s.url, n, s.sha256) for s, n in zip(stored, counts, strict=True)]
+    shards = [
+        Shard(s.url, int(e["sequences"]), s.sha256, tuple(e.get("excluded", ()))) for s, e in zip(stored, entries, strict=True)
+    ]
+    return [shard for shard in shards if shard.kept > 0]  # a shard a blend leaves out whole is not read
 
 
 def step_positions(global_batch_size: int, step: int, dp_rank: int = 0, dp_size: int = 1) -> np.ndarray:
@@ -264,7 +283,7 @@ class StreamingLoader:
         self.row_len = row_len
         if self.reading.peers is not None and row_len <= 0:
             raise ValueError("a loader whose batches are broadcast to model-parallel peers needs row_len (seq_len + 1)")
-        self.order = ShardOrder([s.sequences for s in shards], seed, version, window_shards)
+        self.order = ShardOrder([s.kept for s in shards], seed, version, window_shards)
         self.store_bytes: Counter[int] = Counter()
         """Bytes this rank fetched from the store, per epoch (the prefetch of the next epoch counts in that epoch)."""
         self.cache_bytes: Counter[int] = Counter()
@@ -341,7 +360,8 @@ class StreamingLoader:
             starts = np.cumsum([0, *self.order.counts[members]])
             for index in self.order.row_permutation(key)[rows].tolist():
                 at = int(np.searchsorted(starts, index, side="right") - 1)
-                shards.setdefault(int(members[at]), []).append(index - int(starts[at]))
+                shard = int(members[at])
+                shards.setdefault(shard, []).append(self.shards[shard].row_in_shard(index - int(starts[at])))
         return [{"shard": self.shards[i].url, "rows": sorted(rows)} for i, rows in shards.items()]
 
     # -- state ------------------------------------------------------------------------
@@ -417,7 +437,7 @@ class StreamingLoader:
         rows = shard_files.parse_shard(data, shard.url)
         if len(rows) != shard.sequences:
             raise ValueError(f"shard {shard.url} holds {len(rows)} sequences, the manifest says {shard.sequences}")
-        return rows
+        return np.delete(rows, shard.excluded, axis=0) if shard.excluded else rows
 
     def wait_idle(self) -> None:
         """Let in-flight reads finish (before something forks, e.g. a checkpoint's writer processes)."""

@@ -20,7 +20,7 @@ from flytekit.models.common import Labels
 from common.contracts import ModelRef
 from pipeline.cluster import kueue_labels
 from pipeline.config import PipelineConfig, load_config
-from tasks.data import blend_datasets, prepare_mixture
+from tasks.data import prepare_mixture
 from tasks.evaluate import evaluate_model
 from tasks.placement import CLUSTER
 from tasks.register import find_base_model, find_gate_holder, register_model
@@ -48,15 +48,14 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
     # The run opens before the corpus is listed: a corpus that stops there ends a FAILED run, not none.
     tracking = start_tracking(config=config)
     # Each component of the mixture prepared and validated on its own (a plain data.sources is one), then blended.
-    datasets = prepare_mixture(
+    dataset = prepare_mixture(
         store=config.store, data=config.data, tokenizer=config.tokenizer, validation=config.validation, base_model=base.entry
     )
     settings >> tracking
     settings >> base.entry
     settings >> train_cfg
-    train_cfg >> datasets  # a budget or cooldown that cannot run stops the run before the corpus is read
-    settings >> datasets
-    dataset = blend_datasets(store=config.store, datasets=datasets, data=config.data)
+    train_cfg >> dataset  # a budget or cooldown that cannot run stops the run before the corpus is read
+    settings >> dataset
     checkpoint = train_model(
         dataset=dataset,
         model=base.model,
