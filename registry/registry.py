@@ -454,7 +454,7 @@ def _mixture(manifest: dict, ckpt: CheckpointRef) -> list[MixtureShare]:
     """Each component's share and what the run took of it (``tokens_trained.<name>`` in the training summary;
     a plain dataset's is the run's ``tokens_trained``)."""
     parts = mixture_of(manifest, ckpt.dataset)
-    seq_len = int(manifest["seq_len"])
+    seq_len = int(manifest.get("seq_len", 0))
     shares = []
     for part in parts:
         key = f"tokens_trained.{part['name']}" if len(parts) > 1 else "tokens_trained"

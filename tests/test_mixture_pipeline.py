@@ -23,6 +23,12 @@ for step in json.loads(sys.argv[1]):
     if step.get("write"):
         Path(step["write"][0]).write_text(step["write"][1])
     cfg = load_config(step["config"])
+    if step.get("fails"):
+        try:
+            prepare_mixture(store=cfg.store, data=cfg.data, tokenizer=cfg.tokenizer, validation=cfg.validation, base_model="")
+        except Exception as e:
+            out.append({"error": str(e)})
+        continue
     blend = prepare_mixture(store=cfg.store, data=cfg.data, tokenizer=cfg.tokenizer, validation=cfg.validation, base_model="")
     manifest = json.loads((Path(cfg.store) / blend.prefix / "manifest.json").read_text())
     keys = {task: sorted(k) for task, k in local_cache_entries(Path.home()).items()}
@@ -73,16 +79,21 @@ def test_each_component_is_prepared_once_and_only_its_own_edits_prepare_it_again
         {"config": mixture_config(tmp_path / "added.yaml", store, prose, notes), "write": added},
         {"config": mixture_config(tmp_path / "filter.yaml", store, prose, notes, notes_keys={"min_chars": 300})},
     ]
+    short = write_corpus(tmp_path / "corpus" / "short", {"s.txt": "too short"})  # a component that yields no document
+    steps.append({"config": mixture_config(tmp_path / "short.yaml", store, prose, short), "fails": True})
     script = tmp_path / "stages.py"
     script.write_text(_STAGES)
     env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     result = run([sys.executable, str(script), json.dumps(steps, default=str)], env)
     assert result.returncode == 0, result.stderr[-3000:]
-    cold, weights, added, changed = json.loads(result.stdout.split("RESULT ", 1)[1])
+    cold, weights, added, changed, empty = json.loads(result.stdout.split("RESULT ", 1)[1])
+    # A component whose files yield no document stops the run before training, its file and the reason named.
+    assert "too_short" in empty["error"] and str(short) in empty["error"], empty
     every = {"train_mixture_tokenizer": 1, "prepare_data": 2, "validate_data": 2, "dedup_across_components": 1}
     assert {task: len(keys) for task, keys in cold["keys"].items()} == every
     # Across components: notes' copy of a prose document and its near copy are counted and leave the blend.
     notes_share = cold["manifest"]["mixture"][1]
+    assert notes_share["cross_component_duplicate_by_kind"] == {"exact": 1, "near": 1}
     assert notes_share["cross_component_duplicate"] == 2 and cold["manifest"]["stats"]["cross_component_duplicate"] == 2
     left_out = [
         e for e in cold["manifest"]["splits"]["train"]["shards"] + cold["manifest"]["splits"]["val"]["shards"] if "excluded" in e

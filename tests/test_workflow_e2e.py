@@ -333,7 +333,9 @@ def test_an_empty_corpus_stops_at_listing_and_writes_nothing(s3_server, flyte_en
     # The execution's MLflow run opened before the listing and ends FAILED, naming the task (not RUNNING).
     run_id = re.search(r"is MLflow run (\w+)", result.stdout).group(1)
     failed = client(flyte_env["MLFLOW_TRACKING_URI"]).get_run(run_id)
-    assert failed.info.status == "FAILED" and failed.data.tags["pretrain.failed_task"] == "fingerprint_corpus", failed.data.tags
+    # The workflow's node that failed is the data stage; its error line names the task inside it (listing).
+    assert failed.info.status == "FAILED" and failed.data.tags["pretrain.failed_task"] == "prepare_mixture", failed.data.tags
+    assert failed.data.tags["pretrain.error"].startswith("fingerprint_corpus: the corpus sources ["), failed.data.tags
 
 
 def test_rejected_credentials_fail_in_one_line(s3_server, flyte_env, tmp_path):
