@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from common.contracts import DatasetRef
+
 DEFAULT_PERIOD = 2**20
 """Positions in one repetition of the order: weights are exact to 1/period, and the tables take 5 bytes each."""
 
@@ -106,3 +108,38 @@ class BlendOrder:
             tied = a % b == 0 and (a // b) % 2 == 1  # (2j + 1)·b == a: before offset m only for a lower index
             out[d] = r if d == c else ((a - 1) // b + 1) // 2 + (tied and d < c)
         return out
+
+
+def mixture_of(manifest: dict, ref: DatasetRef) -> list[dict]:
+    """A dataset's components as its manifest lists them; a plain dataset is one component, ``data`` (its
+    figures 0 where a manifest lacks them: registry tests register from a bare one)."""
+    if "mixture" in manifest:
+        return manifest["mixture"]
+    stats, splits = manifest.get("stats", {}), manifest.get("splits", {})
+    return [
+        {
+            "name": "data",
+            "weight": 1.0,
+            "max_epochs": 0.0,
+            "dataset": ref.version,
+            "prefix": ref.prefix,
+            "train_sequences": int(splits.get("train", {}).get("sequences", 0)),
+            "val_sequences": int(splits.get("val", {}).get("sequences", 0)),
+            "stats": {k: int(stats.get(k, 0)) for k in ("train_tokens", "val_bytes", "val_doc_tokens", "documents_kept")},
+        }
+    ]
+
+
+def overread_components(mixture: list[dict], samples: dict[str, int]) -> list[str]:
+    """One line per component the run reads more times than its ``max_epochs`` (exact: ``samples`` are the
+    run's samples of each component, its training split's sequences are in ``mixture``)."""
+    out = []
+    for part in mixture:
+        epochs = samples.get(part["name"], 0) / max(1, part["train_sequences"])
+        if part["max_epochs"] and epochs > part["max_epochs"]:
+            out.append(
+                f"data.mixture[{part['name']}]: the run reads it {epochs:.2f} times ({samples[part['name']]:,} samples of "
+                f"{part['train_sequences']:,}), more than its max_epochs {part['max_epochs']:g}: lower its weight or the "
+                "train budget, add data to it, or raise its max_epochs"
+            )
+    return out

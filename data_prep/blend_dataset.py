@@ -21,7 +21,6 @@ import numpy as np
 
 from common.contracts import MANIFEST, TOKENIZER, DatasetRef, dataset_prefix
 from data_prep import manifest as manifests
-from data_prep.dedup_across import REASON
 from data_prep.errors import DataError
 from data_prep.manifest import load_manifest
 from storage import AlreadyCommitted, Store
@@ -29,6 +28,8 @@ from storage import AlreadyCommitted, Store
 log = logging.getLogger(__name__)
 
 FORMAT = "pretrain-mixture-v1"
+REASON = "cross_component_duplicate"
+"""What a later component's duplicate of an earlier one's document is counted as (``data_prep.dedup_across``)."""
 SHARED = ("seq_len", "token_dtype", "vocab_size", "eod_id", "eod_token", "pad_id", "tokenizer")
 """What every component must agree on: one tokenizer and one row width for the whole mixture."""
 
@@ -147,38 +148,3 @@ def commit_blend(store: Store, parts: list[Part], exclusions: dict | None = None
     shares = ", ".join(f"{m['name']} {m['weight']:.3f}" for m in manifest["mixture"])
     log.info("blend %s of %s datasets: %s", version, len(parts), shares)
     return DatasetRef(store=store.uri, version=version, prefix=prefix, stats=manifest["stats"])
-
-
-def mixture_of(manifest: dict, ref: DatasetRef) -> list[dict]:
-    """A dataset's components as its manifest lists them; a plain dataset is one component, ``data`` (its
-    figures 0 where a manifest lacks them: registry tests register from a bare one)."""
-    if "mixture" in manifest:
-        return manifest["mixture"]
-    stats, splits = manifest.get("stats", {}), manifest.get("splits", {})
-    return [
-        {
-            "name": "data",
-            "weight": 1.0,
-            "max_epochs": 0.0,
-            "dataset": ref.version,
-            "prefix": ref.prefix,
-            "train_sequences": int(splits.get("train", {}).get("sequences", 0)),
-            "val_sequences": int(splits.get("val", {}).get("sequences", 0)),
-            "stats": {k: int(stats.get(k, 0)) for k in ("train_tokens", "val_bytes", "val_doc_tokens", "documents_kept")},
-        }
-    ]
-
-
-def overread_components(mixture: list[dict], samples: dict[str, int]) -> list[str]:
-    """One line per component the run reads more times than its ``max_epochs`` (exact: ``samples`` are the
-    run's samples of each component, its training split's sequences are in ``mixture``)."""
-    out = []
-    for part in mixture:
-        epochs = samples.get(part["name"], 0) / max(1, part["train_sequences"])
-        if part["max_epochs"] and epochs > part["max_epochs"]:
-            out.append(
-                f"data.mixture[{part['name']}]: the run reads it {epochs:.2f} times ({samples[part['name']]:,} samples of "
-                f"{part['train_sequences']:,}), more than its max_epochs {part['max_epochs']:g}: lower its weight or the "
-                "train budget, add data to it, or raise its max_epochs"
-            )
-    return out

@@ -29,6 +29,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from common.contracts import DOC_STATS, TOKENIZER, DatasetRef
+from data_prep.blend_dataset import REASON
 from data_prep.dedup import band_pairs, near_drops, near_row, similar
 from data_prep.errors import DataError
 from data_prep.manifest import load_manifest, stored_shards
@@ -38,7 +39,6 @@ from storage import Store
 log = logging.getLogger(__name__)
 
 EXCLUSIONS = "mixtures/exclusions"
-REASON = "cross_component_duplicate"
 _COMPONENT_BITS = 40  # a document's id: its component in the high bits, its index in the low ones
 
 

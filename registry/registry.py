@@ -75,7 +75,7 @@ from common.errors import did_you_mean, local_space
 from common.hashing import config_hash
 from common.names import VERSION, name_problem
 from common.redact import redacted
-from data_prep.blend_dataset import mixture_of
+from data_prep.blend import mixture_of
 from registry.aliases import aliases_of, move_alias, read_alias, set_alias
 from registry.card import card_markdown, code_revision, lineage_urls, read_card, store_key, utc_now
 from registry.config import DEFAULT_GATE_METRIC, LATEST

@@ -110,7 +110,8 @@ def test_closures_keep_their_layers():
     # Training, evaluation and registration read a dataset (its manifest, shards and tokenizer), never
     # the code that made it: an edit to a filter, dedup, the encoder, validation or the corpus listing
     # (data_prep.sources: DataError has a module of its own) reruns no training.
-    reader = {"data_prep", "data_prep.config", "data_prep.errors", "data_prep.manifest", "data_prep.shards"}
+    # data_prep.blend: a mixture's order and its manifest's components, read (data_prep.blend_dataset writes it).
+    reader = {"data_prep", "data_prep.blend", "data_prep.config", "data_prep.errors", "data_prep.manifest", "data_prep.shards"}
     for module in ("tasks.train", "tasks.evaluate", "tasks.register"):
         assert {m for m in closures[module].modules if m.startswith("data_prep")} <= reader, module
     # And the data tasks reach no training code, nor the charts of a run.

@@ -36,7 +36,7 @@ from common.codeversion import code_version
 from common.contracts import CheckpointRef, DatasetRef, run_prefix
 from common.hashing import config_hash
 from common.stages import mark_stage
-from data_prep.blend_dataset import overread_components
+from data_prep.blend import overread_components
 from storage import open_store
 from training.blend import BlendedLoader, open_loader
 from training.callbacks import Callbacks, OnRecord
