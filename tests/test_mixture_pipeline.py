@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sqlite3
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import BIN, ROOT, TINY_DATA, distinct_docs, run, write_config, write_corpus
 
@@ -113,7 +117,9 @@ def test_each_component_is_prepared_once_and_only_its_own_edits_prepare_it_again
     assert new_keys(added["keys"], changed["keys"]) == one
 
 
-def test_a_mixture_run_registers_a_card_with_every_components_weight_tokens_and_figures(tmp_path: Path) -> None:
+def test_a_mixture_run_registers_a_card_with_every_components_weight_tokens_and_figures(
+    tmp_path: Path, mlflow_tracking_uri: str
+) -> None:
     prose, notes = corpora(tmp_path / "corpus")
     store = tmp_path / "store"
     train = {"steps": 8, "micro_batch_size": 4, "global_batch_size": 8, "warmup_steps": 2, "checkpoint_every": 8}
@@ -139,6 +145,16 @@ def test_a_mixture_run_registers_a_card_with_every_components_weight_tokens_and_
     assert all(card["metrics"][f"bits_per_byte.{name}"] > 0 for name in ("prose", "notes"))
     text = run([str(BIN / "pretrain"), "registry", "show", "gpt-mix:1", "--store", str(store)], env).stdout
     assert "mixture" in text and "2 components" in text and f"{shares[0]['tokens_trained']:,}" in text
+    # MLflow (its SQLite store, read as it is): the components' figures under their own names, the weights as params.
+    mlflow_run = re.search(r"recorded as MLflow run ([0-9a-f]{32})", summary)[1]
+    with sqlite3.connect(mlflow_tracking_uri.removeprefix("sqlite:///")) as db:
+        metrics = dict(db.execute("select key, value from latest_metrics where run_uuid = ?", (mlflow_run,)))
+        params = dict(db.execute("select key, value from params where run_uuid = ?", (mlflow_run,)))
+    for name in ("prose", "notes"):
+        assert metrics[f"val_loss.{name}"] == pytest.approx(card["metrics"][f"val_loss.{name}"])
+        assert metrics[f"bits_per_byte.{name}"] == pytest.approx(card["metrics"][f"bits_per_byte.{name}"])
+        assert metrics[f"summary.tokens_trained.{name}"] == card["metrics"][f"tokens_trained.{name}"]
+    assert params["data.mixture.prose.weight"] == "3.0" and params["data.mixture.notes.weight"] == "1.0"
     run_id = card["lineage"]["training_run"].removeprefix("runs/")
     runs = run([str(BIN / "pretrain"), "runs", "show", run_id, "--store", str(store)], env).stdout
     for share in shares:  # weight and tokens through the latest checkpoint (the last, here)

@@ -17,12 +17,12 @@ def test_every_task_of_the_data_stage_waits_for_the_settings_check() -> None:
     names = {n.id: n.flyte_entity.name for n in pretrain.nodes}
     (first,) = [i for i, name in names.items() if name == "tasks.settings.check_settings"]
     assert nodes[first].upstream_nodes == []
-    for name in ("tasks.register.find_base_model", "tasks.data.fingerprint_corpus", "tasks.train.plan_training"):
+    for name in ("tasks.register.find_base_model", "tasks.data.prepare_mixture", "tasks.train.plan_training"):
         (node,) = [nodes[i] for i, n in names.items() if n == name]
         assert first in [u.id for u in node.upstream_nodes], name
     # The training's plan (a cooldown's checkpoint, a token budget) is checked before the corpus is read.
     (plan,) = [i for i, name in names.items() if name == "tasks.train.plan_training"]
-    (listing,) = [nodes[i] for i, n in names.items() if n == "tasks.data.fingerprint_corpus"]
+    (listing,) = [nodes[i] for i, n in names.items() if n == "tasks.data.prepare_mixture"]  # the data stage, listing first
     assert plan in [u.id for u in listing.upstream_nodes]
 
 

@@ -210,10 +210,11 @@ def step_metrics(record: Mapping[str, Any]) -> list[tuple[str, float, int, int]]
 
 
 def figure_name(key: str) -> str:
-    """The metric name of a card figure: an evaluation figure's own (``val_loss``, ``lm_eval.<task>.<metric>``),
+    """The metric name of a card figure: an evaluation figure's own (``val_loss``, a mixture component's
+    ``val_loss.<component>``, ``lm_eval.<task>.<metric>``),
     a training summary figure's under ``summary.`` (``summary.mfu``): logged at the last step, under the
     per-step name it would replace that step's point in MLflow's latest value and chart."""
-    if key in EVALUATION_FIGURES or key.startswith("lm_eval."):
+    if key in EVALUATION_FIGURES or key.partition(".")[0] in EVALUATION_FIGURES or key.startswith("lm_eval."):
         return metric_name(key)
     return metric_name(SUMMARY_PREFIX + SUMMARY_NAMES.get(key, key))
 

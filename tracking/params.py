@@ -22,7 +22,7 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     (``common.redact``); a value longer than MLflow
     takes is cut to fit and says so. Keys come out sorted, so equal configs give equal params."""
     out: dict[str, str] = {}
-    for name, value in sorted(flat_settings(config, prefix).items()):
+    for name, value in sorted(_by_name(flat_settings(config, prefix)).items()):
         text = redact(value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
         if len(text) > MAX_PARAM_VALUE:
             text = text[: MAX_PARAM_VALUE - len(TRUNCATED)] + TRUNCATED
@@ -80,3 +80,16 @@ def run_name(config: Mapping[str, Any], defaults: Mapping[str, Any], model: str 
             return f"{name} +{len(changes) - shown}"
         name = f"{name} {change}"
     return name
+
+
+def _by_name(flat: dict[str, Any]) -> dict[str, Any]:
+    """A list of named sections (``data.mixture``) as one param per set key of each: ``data.mixture.code.weight``,
+    so that MLflow compares two runs' weights key by key (one JSON value would also outgrow a param)."""
+    out: dict[str, Any] = {}
+    for name, value in flat.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) and isinstance(v.get("name"), str) for v in value):
+            for item in value:
+                out |= {f"{name}.{item['name']}.{k}": v for k, v in item.items() if k != "name" and v is not None}
+        else:
+            out[name] = value
+    return out
