@@ -31,6 +31,25 @@ from storage.store import (
     store_full,
 )
 
+_HELD_LOCKS: set[int] = set()
+"""The lock files' descriptors this process holds a compare-and-swap ``flock`` on, now."""
+
+
+def _close_held_locks() -> None:
+    """In a forked child: close the parent's held lock descriptors. An ``flock`` belongs to the open file,
+    which a fork shares: a child that outlives the write (megatron's async checkpoint forks a manager server
+    that lives the whole run) would hold the folder's lock after the parent let go, and the next write to
+    the folder (the run's lease refresh) would wait for it forever."""
+    for fd in list(_HELD_LOCKS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_locks)
+
 
 def _fsync_dir(path: str | Path) -> None:
     _fsync_path(path)
@@ -191,6 +210,7 @@ class LocalStore(Store):
             lock = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except FileNotFoundError as e:
             raise PreconditionFailed(f"{self.url(key)} does not exist: nothing to replace") from e
+        _HELD_LOCKS.add(lock)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -202,7 +222,8 @@ class LocalStore(Store):
             _replace(self._write_temp(folder, data, sync=True), path)
             _fsync_dir(folder)
         finally:
-            os.close(lock)  # releases the lock
+            _HELD_LOCKS.discard(lock)
+            os.close(lock)  # releases the lock (unless a forked child holds a copy: _close_held_locks)
 
     def put_file(self, key: str, path: str | Path, *, if_absent: bool = False) -> None:
         dest = self._path(key)

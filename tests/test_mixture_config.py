@@ -161,3 +161,19 @@ def test_epoch_warnings(tmp_path):
     assert "≈ 2,000 tokens, the component holds ≈ 250 tokens" in warning and "more than its max_epochs 4" in warning
     assert epoch_warnings(data, 800) == []  # 400 tokens of 250: 1.6 passes
     assert epoch_warnings(DataConfig(), 10**12) == []  # no mixture: nothing listed, no warning
+
+
+def test_runs_compare_lists_a_mixtures_weight_changes_and_training_warns_of_an_over_read_component():
+    from data_prep.blend import overread_components
+    from runs.catalog import differences, flat_config
+
+    meta = {"dataset": "blend-a", "mixture": {"code": 0.75, "docs": 0.25}}
+    other = {"dataset": "blend-b", "mixture": {"code": 0.5, "docs": 0.5}}
+    changed = {d["key"]: d["values"] for d in differences([flat_config(meta), flat_config(other)])}
+    assert changed == {"dataset": ["blend-a", "blend-b"], "mixture.code.weight": [0.75, 0.5], "mixture.docs.weight": [0.25, 0.5]}
+    mixture = [
+        {"name": "code", "train_sequences": 100, "max_epochs": 4.0},
+        {"name": "docs", "train_sequences": 10, "max_epochs": 4.0},
+    ]
+    (line,) = overread_components(mixture, {"code": 300, "docs": 50})  # docs: 5 passes of its 10 rows
+    assert line.startswith("data.mixture[docs]: the run reads it 5.00 times (50 samples of 10), more than its max_epochs 4")

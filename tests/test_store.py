@@ -269,3 +269,43 @@ def test_files_are_created_only_if_absent(store, tmp_path):
     assert store.get_bytes("v/1/small.bin") == b"small"
     if isinstance(store, S3Store):  # no multipart upload left behind by the refused one
         assert not store.client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix).get("Uploads")
+
+
+def test_a_child_forked_while_a_swap_holds_the_folder_lock_never_keeps_it(tmp_path, monkeypatch):
+    """A fork during a compare-and-swap (the lease thread's, while megatron's async save forks a manager
+    server that lives the whole run) must not leave the child holding the folder's flock: the next swap
+    in the folder (the lease's refresh) would wait for it forever. Hung a demo run in CI once."""
+    import fcntl
+    import time
+
+    from storage import local
+
+    store = open_store(str(tmp_path))
+    store.put_json("runs/r/lease.json", {"n": 0})
+    children: list[int] = []
+    real_flock = fcntl.flock
+
+    def flock_then_fork(fd: int, operation: int) -> None:
+        real_flock(fd, operation)
+        if not children:
+            pid = os.fork()
+            if pid == 0:  # the long-lived child: it never writes, and holds whatever it inherited
+                time.sleep(30)
+                os._exit(0)
+            children.append(pid)
+
+    monkeypatch.setattr(local.fcntl, "flock", flock_then_fork)
+    try:
+        _, etag = store.get_json_with_etag("runs/r/lease.json")
+        store.put_json("runs/r/lease.json", {"n": 1}, if_match=etag)  # the child forks while the lock is held
+        monkeypatch.setattr(local.fcntl, "flock", real_flock)
+        _, etag = store.get_json_with_etag("runs/r/lease.json")
+        second = threading.Thread(target=store.put_json, args=("runs/r/lease.json", {"n": 2}), kwargs={"if_match": etag})
+        second.start()
+        second.join(timeout=10)
+        assert not second.is_alive(), "the second swap waits for the lock a forked child kept"
+        assert store.get_json("runs/r/lease.json") == {"n": 2}
+    finally:
+        for pid in children:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
