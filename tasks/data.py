@@ -80,8 +80,10 @@ def prepare_mixture(
         for corpus in corpora
     ]
     checked = [validate_data(dataset=dataset, validation=validation) for dataset in prepared]
+    if len(parts) == 1:
+        return checked[0]  # one component is its own dataset: no blend, no task more than before mixtures
     exclusions: Any = ""
-    if len(parts) > 1 and data.dedup_across:
+    if data.dedup_across:
         near = [data.shingle_words, data.minhash_bands, data.minhash_rows] if data.near_dedup else []
         exclusions = dedup_across_components(store=store, datasets=checked, near=near, threshold=data.near_dup_threshold)
     names, weights, max_epochs = [p.name for p in parts], [p.weight for p in parts], [p.max_epochs for p in parts]
