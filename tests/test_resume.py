@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -89,3 +90,44 @@ def test_tensor_parallel_checkpoint_resumes_resharded(reference, tmp_path, nproc
     # Steps 4-8 continue the TP=2 curve: same weights, moments, step count and data order.
     assert losses(resumed)[3:] == pytest.approx(losses(reference)[3:], abs=1e-5)
     assert open_store(dataset.store).get_json(f"{resumed.prefix}/meta.json")["layout"]["world_size"] == nproc
+
+
+@pytest.fixture(scope="module")
+def blend(tiny_dataset, tmp_path_factory):
+    """A mixture of two tiny datasets (3 : 1) sharing one tokenizer, blended in a store of its own."""
+    from data_prep.blend_dataset import Part, commit_blend
+    from data_prep.prepare import prepare_dataset
+    from tests.helpers import tiny_data, tiny_tokenizer
+
+    first = fresh_copy(tiny_dataset, tmp_path_factory.mktemp("blend"))
+    store = open_store(first.store)
+    second = prepare_dataset(tiny_data(max_documents=24), tiny_tokenizer(), store, tokenizer_key=f"{first.prefix}/tokenizer.json")
+    return commit_blend(store, [Part("a", first, 3.0, 4.0), Part("b", second, 1.0, 4.0)])
+
+
+@pytest.mark.slow
+def test_a_mixture_killed_after_a_checkpoint_resumes_at_another_data_parallel_size_on_the_same_batches(blend, tmp_path):
+    """The blend's order is a function of the global position: a run stopped after step 3 (its store as a kill
+    leaves it) and resumed at DP=2 trains steps 4-8 on the TP=2 run's global batches, and records the same
+    samples of each component."""
+    reference = launch(train, 2, blend, MODEL, TP2, STEPS)
+    root = tmp_path / "store"
+    shutil.copytree(Path(blend.store) / "datasets", root / "datasets")
+    shutil.copytree(Path(blend.store) / reference.run, root / reference.run)
+    store = open_store(str(root))
+    for later in checkpoint.committed_steps(store, reference.run):
+        if later > 3:
+            store.delete_prefix(checkpoint.checkpoint_prefix(reference.run, later))
+    resumed = launch(train, 2, dataclasses.replace(blend, store=str(root)), MODEL, ParallelConfig(tensor_parallel=1), STEPS)
+    assert store.get_json(f"{resumed.prefix}/meta.json")["layout"]["world_size"] == 2  # data-parallel 2 now
+    assert losses(resumed)[3:] == pytest.approx(losses(reference)[3:], abs=1e-5)
+    theirs = open_store(reference.store).get_json(f"{reference.prefix}/meta.json")["loader"]
+    mine = store.get_json(f"{resumed.prefix}/meta.json")["loader"]
+    assert mine == theirs and theirs["format"] == "blend-v1"
+    samples = theirs["component_samples"]
+    assert sum(samples.values()) == STEPS.steps * STEPS.global_batch_size and samples == {"a": 48, "b": 16}
+    assert resumed.summary["tokens_trained.a"] == 48 * tiny_dataset_seq_len(blend)
+
+
+def tiny_dataset_seq_len(dataset) -> int:
+    return open_store(dataset.store).get_json(f"{dataset.prefix}/manifest.json")["seq_len"]
