@@ -102,10 +102,12 @@ def test_a_registration_killed_before_its_commit_is_completed_by_the_rerun(store
 # ----------------------------------------------------------------------------------------------
 # Three identical `pretrain run` at once
 
-STEPS = 100
+STEPS = 300
 """Long enough that the holder cannot finish training before the test stops it (the test looks for the lease
-every POLL_S; the holder then has 100 steps and 2 checkpoints to go, ~0.1 s a step) nor in the short spells it
-runs between pauses; cheap all the same (the waiter trains none: it resumes from the holder's final checkpoint)."""
+every POLL_S; the holder then has 300 steps and 2 checkpoints to go, ~0.1 s a step) nor in the short spells it
+runs between pauses: ~10 steps a spell, one spell per PAUSE_S, so ~600 s (OVERLAP_DEADLINE_S) for the others to
+reach the lease. At 100 steps a loaded CI machine once had the holder finish (~210 s) before they did. Cheap all
+the same (the waiter trains none: it resumes from the holder's final checkpoint)."""
 POLL_S = 0.05
 PAUSE_S = 20.0
 """Longest the holder stays stopped past its last heartbeat: well under lease.STALE_S (60 s: the waiter
