@@ -107,8 +107,8 @@ def dedup_across_components(store: str, datasets: list[DatasetRef], near: list[i
     words, bands and rows; [] for exact ones only): the exclusion list's store key. Keyed by the components'
     datasets: editing one component reruns its prepare and this stage, and nothing else."""
     _log_progress()
-    settings = NearSettings(*near, threshold) if near else None
-    return commit_exclusions(open_store(store), cross_component_duplicates(open_store(store), datasets, settings))
+    opened, settings = open_store(store), NearSettings(*near, threshold) if near else None
+    return commit_exclusions(opened, cross_component_duplicates(opened, datasets, settings))
 
 
 @task(**data_task())

@@ -25,12 +25,12 @@ from data_prep.blend import DEFAULT_PERIOD, BlendOrder
 from data_prep.errors import DataError
 from data_prep.manifest import load_manifest
 from storage import Store, open_store
-from training.data import Batch, LoaderStateError, StreamingLoader, shared_batch, split_shards, step_positions
+from training.data import Batch, LoaderStateError, StepBatches, StreamingLoader, split_shards
 
 BLEND_FORMAT = "blend-v1"
 
 
-class BlendedLoader:
+class BlendedLoader(StepBatches):
     """This rank's share of each step's global batch of a blend: the ``StreamingLoader`` interface."""
 
     def __init__(
@@ -84,19 +84,7 @@ class BlendedLoader:
             components.append((part["name"], StreamingLoader(mine, global_batch_size, seed, part["dataset"], **kwargs)))
         return cls(components, [float(part["weight"]) for part in mixture], global_batch_size, seed, ref.version)
 
-    # -- order ------------------------------------------------------------------------
-    def positions(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> np.ndarray:
-        """Global positions of this rank's slice of step ``step`` (as ``StreamingLoader.positions``)."""
-        return step_positions(self.global_batch_size, step, dp_rank, dp_size)
-
-    def batch(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> Batch:
-        """This data-parallel rank's contiguous slice of step ``step``'s global batch. With model-parallel
-        peers, a collective of the group: its reader reads and broadcasts, the others receive."""
-        positions = self.positions(step, dp_rank, dp_size)
-        if self.reading.peers is None:
-            return self.rows_at(positions)
-        return shared_batch(self.reading, len(positions), self.row_len, lambda: self.rows_at(positions))
-
+    # -- order: positions and batch are StepBatches'; rows_at reads them -----------------
     def rows_at(self, positions: np.ndarray) -> Batch:
         """The rows at increasing global ``positions``: each component's from its loader (its local positions
         increase too), put back in position order."""

@@ -256,7 +256,31 @@ class ShardOrder:
         return (epoch, w + 1) if w + 1 < self.windows(epoch) else (epoch + 1, 0)
 
 
-class StreamingLoader:
+class StepBatches:
+    """A step's global batch cut among data-parallel ranks and shared with model-parallel peers, for any loader
+    with ``global_batch_size``, ``reading``, ``row_len`` and ``rows_at`` (``StreamingLoader``, ``BlendedLoader``)."""
+
+    global_batch_size: int
+    reading: Reading
+    row_len: int
+
+    def rows_at(self, positions: np.ndarray) -> Batch:
+        raise NotImplementedError
+
+    def positions(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> np.ndarray:
+        """Global positions of this rank's slice of step ``step``."""
+        return step_positions(self.global_batch_size, step, dp_rank, dp_size)
+
+    def batch(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> Batch:
+        """This data-parallel rank's contiguous slice of step ``step``'s global batch. With model-parallel
+        peers, a collective of the group: its reader reads and broadcasts, the others receive."""
+        positions = self.positions(step, dp_rank, dp_size)
+        if self.reading.peers is None:
+            return self.rows_at(positions)
+        return shared_batch(self.reading, len(positions), self.row_len, lambda: self.rows_at(positions))
+
+
+class StreamingLoader(StepBatches):
     """This rank's share of each step's global batch, streamed window by window from the shards."""
 
     def __init__(
@@ -312,19 +336,7 @@ class StreamingLoader:
         kwargs = {"row_len": int(manifest["seq_len"]) + 1, "split": split, **kwargs}
         return cls(split_shards(store, ref, manifest, split), global_batch_size, seed, ref.version, **kwargs)
 
-    # -- order ------------------------------------------------------------------------
-    def positions(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> np.ndarray:
-        """Global positions of this rank's slice of step ``step``."""
-        return step_positions(self.global_batch_size, step, dp_rank, dp_size)
-
-    def batch(self, step: int, dp_rank: int = 0, dp_size: int = 1) -> Batch:
-        """This data-parallel rank's contiguous slice of step ``step``'s global batch. With model-parallel
-        peers, a collective of the group: its reader reads and broadcasts, the others receive."""
-        positions = self.positions(step, dp_rank, dp_size)
-        if self.reading.peers is None:
-            return self.rows_at(positions)
-        return shared_batch(self.reading, len(positions), self.row_len, lambda: self.rows_at(positions))
-
+    # -- order: positions and batch are StepBatches'; rows_at reads them -----------------
     def rows_at(self, positions: np.ndarray) -> Batch:
         """The rows at increasing global ``positions``; reads ahead of the last one."""
         if not self.reading.reads:
