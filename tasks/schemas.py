@@ -7,6 +7,14 @@ module loads, about half of its import time, paid again by every process that lo
 rank of the train task does). A dataclass does not change once defined, so its schema is built once
 per process and each caller gets its own copy. Calls with other arguments than the type go through
 unchanged.
+
+Building one is slow for a reason of its own: mashumaro encodes each field's default through a dataclass it
+defines and compiles for that one field (``mashumaro.jsonschema.schema._default``), about 1.5 ms a field and
+690 fields for the workflow's interfaces (1.0 of the 1.24 CPU-s the schemas cost a process that loads the
+workflow, and each rank of the train task). A default that is a plain JSON scalar (exactly bool, int, float,
+str or None) encodes to itself whatever the field's type, so it is returned as it is; any other default (an
+enum, a list, a dataclass) still goes through mashumaro. tests/test_task_schemas.py builds every config
+type's schema both ways and finds them equal.
 """
 
 from __future__ import annotations
@@ -16,8 +24,19 @@ import functools
 from typing import Any
 
 import mashumaro.jsonschema
+import mashumaro.jsonschema.schema
 
 _build = mashumaro.jsonschema.build_json_schema
+_library_default = mashumaro.jsonschema.schema._default
+_JSON_SCALARS = (bool, int, float, str, type(None))
+
+
+def _default(f_type: Any, f_value: Any, config_cls: type) -> Any:
+    """A field's default as the schema shows it: a JSON scalar as it is, anything else as mashumaro encodes it.
+    ``type(...) in`` and not ``isinstance``: an enum that subclasses str or int encodes to its value."""
+    if type(f_value) in _JSON_SCALARS:
+        return f_value
+    return _library_default(f_type, f_value, config_cls)
 
 
 class _Built:
@@ -47,5 +66,7 @@ def build_json_schema(instance_type: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def install() -> None:
-    """flytekit imports ``build_json_schema`` from the module at each call: replace it there."""
+    """flytekit imports ``build_json_schema`` from the module at each call: replace it there; the schema
+    builder looks ``_default`` up in its module at each field."""
     mashumaro.jsonschema.build_json_schema = build_json_schema
+    mashumaro.jsonschema.schema._default = _default
