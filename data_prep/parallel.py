@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 log = logging.getLogger(__name__)
 EXIT_GRACE_S = 60  # seconds workers have to exit after a graceful close
 TERMINATE_GRACE_S = 10  # … after SIGTERM
+POLL_S = 0.5  # how often a wait for a batch looks for a worker that exited
+RESTARTS = 1  # fresh pools a map may start after losing a worker, before it fails
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -62,17 +64,43 @@ class WorkerPool:
 
     Fork, not spawn: a spawned worker re-imports the parent's ``__main__`` (pyflyte, a test
     runner), which costs seconds; forked workers also inherit tables built before the fork.
+
+    A worker that exits while batches are pending (the kernel's OOM killer, a stray signal) takes
+    the batch it held with it, and ``multiprocessing.Pool`` replaces the worker but waits for that
+    batch for ever (a suite run hung so, 2026-12-06). ``map_ordered`` sees the exit, starts a fresh
+    pool and submits the pending batches again (each is a pure function of its input); a second
+    loss fails with ``WorkerLost``, naming how the worker ended.
     """
 
     def __init__(self, workers: int, initializer: Callable[..., None] | None = None, initargs: tuple = ()) -> None:
         self.workers = worker_count(workers)
         self._pool = None
+        self._started: list[Any] = []  # the processes the current pool started with
+        self._initializer, self._initargs = initializer, initargs
         if self.workers == 1:
             if initializer:
                 initializer(*initargs)
             return
+        self._start()
+
+    def _start(self) -> None:
         with single_threaded_env(), _default_sigterm():
-            self._pool = mp.get_context("fork").Pool(self.workers, initializer=_start_worker, initargs=(initializer, initargs))
+            self._pool = mp.get_context("fork").Pool(
+                self.workers, initializer=_start_worker, initargs=(self._initializer, self._initargs)
+            )
+        self._started = list(self._pool._pool)  # the Pool has no public handle on its processes
+
+    def _exited(self) -> list[Any]:
+        """The pool's first workers that have exited: none does before the pool is closed, unless killed."""
+        return [w for w in self._started if w.exitcode is not None]
+
+    def _result(self, pending: Any) -> Any:
+        while True:
+            try:
+                return pending.get(timeout=POLL_S)
+            except mp.TimeoutError:
+                if exited := self._exited():
+                    raise WorkerLost(exited) from None
 
     def map_ordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[T, R]]:
         """``(item, fn(item))`` in input order, at most ``2 × workers`` items in flight."""
@@ -81,14 +109,30 @@ class WorkerPool:
                 yield item, fn(item)
             return
         window: deque[tuple[T, Any]] = deque()
+        restarts = 0
+
+        def next_result() -> tuple[T, R]:
+            nonlocal restarts, window
+            while True:
+                try:
+                    return window[0][0], self._result(window[0][1])
+                except WorkerLost as lost:
+                    if restarts >= RESTARTS:
+                        raise
+                    restarts += 1
+                    log.warning("%s; sending the %d pending batches again to %d fresh workers", lost, len(window), self.workers)
+                    self.close(failed=True)
+                    self._start()
+                    window = deque((item, self._pool.apply_async(fn, (item,))) for item, _ in window)
+
         for item in items:
             window.append((item, self._pool.apply_async(fn, (item,))))
             if len(window) >= 2 * self.workers:
-                done, result = window.popleft()
-                yield done, result.get()
+                yield next_result()
+                window.popleft()
         while window:
-            done, result = window.popleft()
-            yield done, result.get()
+            yield next_result()
+            window.popleft()
 
     def close(self, failed: bool = False) -> None:
         """Let the workers finish and exit; after a failure, stop them at once. A worker still
@@ -124,6 +168,26 @@ class WorkerPool:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(failed=exc_type is not None)
+
+
+class WorkerLost(RuntimeError):
+    """A data-prep worker exited while batches were pending."""
+
+    def __init__(self, exited: list[Any]) -> None:
+        how = ", ".join(f"pid {w.pid} {_ending(w.exitcode)}" for w in exited)
+        super().__init__(
+            f"a data-prep worker exited while batches were pending ({how}): if the kernel killed it for memory, "
+            "lower data.workers or the batch size"
+        )
+
+
+def _ending(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 @contextmanager

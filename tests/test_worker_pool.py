@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from data_prep.parallel import WorkerPool
+from data_prep.parallel import WorkerLost, WorkerPool
 
 
 def _square(x: int) -> int:
@@ -63,3 +63,33 @@ def test_a_failure_stops_even_a_worker_that_ignores_sigterm():
     start = time.monotonic()
     pool.close(failed=True)  # Pool.terminate() alone would wait for them forever
     assert time.monotonic() - start < 30 and not any(p.ready() and p.successful() for p in pending)
+
+
+def _killed_at_three(item: tuple[int, str, bool]) -> int:
+    """SIGKILLs its own worker at 3: the first time only (a marker file says it happened), or every time."""
+    import os
+    from pathlib import Path
+
+    x, marker, always = item
+    if x == 3 and (always or not Path(marker).exists()):
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x
+
+
+def test_a_worker_killed_holding_a_batch_is_replaced_and_the_batch_sent_again(tmp_path, caplog):
+    # multiprocessing.Pool replaces a dead worker but waits for ever for the batch it held (a suite run hung
+    # in prepare so): the map sees the exit, and a fresh pool gets the pending batches again.
+    items = [(x, str(tmp_path / "killed"), False) for x in range(8)]
+    with caplog.at_level("WARNING", logger="data_prep.parallel"), WorkerPool(2) as pool:
+        assert [r for _, r in pool.map_ordered(_killed_at_three, items)] == [x * x for x in range(8)]
+    assert (tmp_path / "killed").exists()  # the kill did happen
+    (warning,) = [r.getMessage() for r in caplog.records if "data-prep worker exited" in r.getMessage()]
+    assert "killed by SIGKILL" in warning and "pending batches again to 2 fresh workers" in warning
+
+
+def test_a_worker_killed_again_fails_the_map_saying_how_it_ended(tmp_path):
+    items = [(x, str(tmp_path / "killed"), True) for x in range(8)]
+    with pytest.raises(WorkerLost, match=r"a data-prep worker exited .*pid \d+ killed by SIGKILL.*lower data.workers"):
+        with WorkerPool(2) as pool:
+            list(pool.map_ordered(_killed_at_three, items))
