@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from common.forking import inherited_objects_frozen
+
 log = logging.getLogger(__name__)
 EXIT_GRACE_S = 60  # seconds workers have to exit after a graceful close
 TERMINATE_GRACE_S = 10  # … after SIGTERM
@@ -84,7 +86,7 @@ class WorkerPool:
         self._start()
 
     def _start(self) -> None:
-        with single_threaded_env(), _default_sigterm():
+        with single_threaded_env(), _default_sigterm(), inherited_objects_frozen():
             self._pool = mp.get_context("fork").Pool(
                 self.workers, initializer=_start_worker, initargs=(self._initializer, self._initargs)
             )

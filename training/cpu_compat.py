@@ -47,6 +47,8 @@ from typing import Any
 
 import torch
 
+from common.forking import inherited_objects_frozen
+
 _applied = False
 
 
@@ -134,7 +136,8 @@ def _forked_results_queue():
     from multiprocessing.managers import SyncManager
 
     manager = SyncManager(address=_manager_address(), ctx=multiprocessing.get_context("fork"))
-    manager.start(initializer=_as_the_ranks_own, initargs=(os.getpid(),))
+    with inherited_objects_frozen():
+        manager.start(initializer=_as_the_ranks_own, initargs=(os.getpid(),))
     return manager.Queue()
 
 
