@@ -178,8 +178,8 @@ class WorkerLost(RuntimeError):
     def __init__(self, exited: list[Any]) -> None:
         how = ", ".join(f"pid {w.pid} {_ending(w.exitcode)}" for w in exited)
         super().__init__(
-            f"a data-prep worker exited while batches were pending ({how}): if the kernel killed it for memory, "
-            "lower data.workers or the batch size"
+            f"a data-prep worker exited while batches were pending ({how}): if the kernel killed it for memory, lower "
+            "data.workers (each worker holds its batches and a copy of the tables forked with it)"
         )
 
 
