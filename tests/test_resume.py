@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from data_prep.manifest import load_manifest
 from storage import open_store
 from tests.helpers import checkpoint_state, fresh_copy, kill_group, losses, start_training, tiny_model
 from training.checkpointing import checkpoint
@@ -126,8 +127,4 @@ def test_a_mixture_killed_after_a_checkpoint_resumes_at_another_data_parallel_si
     assert mine == theirs and theirs["format"] == "blend-v1"
     samples = theirs["component_samples"]
     assert sum(samples.values()) == STEPS.steps * STEPS.global_batch_size and samples == {"a": 48, "b": 16}
-    assert resumed.summary["tokens_trained.a"] == 48 * tiny_dataset_seq_len(blend)
-
-
-def tiny_dataset_seq_len(dataset) -> int:
-    return open_store(dataset.store).get_json(f"{dataset.prefix}/manifest.json")["seq_len"]
+    assert resumed.summary["tokens_trained.a"] == 48 * load_manifest(open_store(blend.store), blend)["seq_len"]
