@@ -135,11 +135,13 @@ def commit_blend(store: Store, parts: list[Part], exclusions: dict | None = None
     is a mixture of one)."""
     if len(parts) == 1:
         return parts[0].dataset
-    manifest = blend_manifest(parts, [load_manifest(store, p.dataset) for p in parts], exclusions)
+    components = [load_manifest(store, p.dataset) for p in parts]
+    manifest = blend_manifest(parts, components, exclusions)
     version, data = manifests.version_of(manifest)
     prefix = dataset_prefix(version)
     if not store.is_committed(prefix):
-        store.copy(f"{parts[0].dataset.prefix}/{TOKENIZER}", f"{prefix}/{TOKENIZER}")
+        tokenizer = manifests.read_recorded(store, parts[0].dataset, "tokenizer", components[0])
+        store.put_bytes(f"{prefix}/{TOKENIZER}", tokenizer)
         store.put_bytes(f"{prefix}/{MANIFEST}", data)
         try:
             store.commit(prefix, {"version": version})

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from common.contracts import DOC_STATS, TOKENIZER, DatasetRef
+from common.contracts import DatasetRef
 from data_prep.blend_dataset import REASON
 from data_prep.dedup import band_pairs, near_drops, near_row, similar
 from data_prep.errors import DataError
-from data_prep.manifest import load_manifest, stored_shards
+from data_prep.manifest import load_manifest, read_recorded, stored_shards
 from data_prep.shards import read_rows
 from storage import Store
 
@@ -63,9 +63,7 @@ class _Docs:
 
 
 def _doc_stats(store: Store, ref: DatasetRef, manifest: dict) -> _Docs:
-    data = store.get_bytes(f"{ref.prefix}/{DOC_STATS}")
-    if hashlib.sha256(data).hexdigest() != manifest["doc_stats"]["sha256"]:
-        raise DataError(f"{store.url(f'{ref.prefix}/{DOC_STATS}')} differs from its manifest's digest: prepare it again")
+    data = read_recorded(store, ref, "doc_stats", manifest)
     rows = list(csv.reader(io.StringIO(data.decode(), newline="")))[1:]
     return _Docs([r[1] for r in rows], [r[2] for r in rows], np.asarray([int(r[4]) + 1 for r in rows], dtype=np.int64))
 
@@ -110,7 +108,7 @@ def _near(
     near: NearSettings,
 ) -> list[set[int]]:
     """The documents of each component that are near duplicates of an earlier component's."""
-    tokenizer = Tokenizer.from_str(store.get_bytes(f"{datasets[0].prefix}/{TOKENIZER}").decode())
+    tokenizer = Tokenizer.from_str(read_recorded(store, datasets[0], "tokenizer", manifests[0]).decode())
     ids, rows = [], []
     for c, (ref, manifest, docs) in enumerate(zip(datasets, manifests, all_docs, strict=True)):
         for doc, text in _texts(store, ref, manifest, docs, tokenizer).items():

@@ -96,6 +96,26 @@ def load_manifest(store: Store, ref: DatasetRef) -> dict:
     return json.loads(data)
 
 
+RECORDED_FILES = {"tokenizer": TOKENIZER, "doc_stats": DOC_STATS}
+"""The dataset files besides its shards whose sha256 the manifest records, by manifest key."""
+
+
+def read_recorded(store: Store, ref: DatasetRef, entry: str, manifest: dict | None = None) -> bytes:
+    """The bytes of the dataset file the manifest records under ``entry`` (``tokenizer``, ``doc_stats``),
+    refused unless they hash to the recorded sha256: a writer to ``datasets/`` who overwrites the file after
+    the commit would otherwise pick the tokenizer of every model evaluated and registered from it."""
+    manifest = load_manifest(store, ref) if manifest is None else manifest
+    key = f"{ref.prefix}/{RECORDED_FILES[entry]}"
+    data = store.get_bytes(key)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != manifest[entry]["sha256"]:
+        raise DataError(
+            f"{store.url(key)} has sha256 {actual[:16]}…, not the {manifest[entry]['sha256'][:16]}… its manifest "
+            f"records: it was changed after dataset {ref.version} was committed; prepare the dataset again"
+        )
+    return data
+
+
 def stored_shards(store: Store, ref: DatasetRef, manifest: dict, split: str) -> list[StoredShard]:
     """The split's shards, each with the sha256 the manifest records: readers check it (``read_shard``). A blend's
     shard names the prefix of the component dataset that holds its file (``prefix``)."""

@@ -44,6 +44,12 @@ def component_sample(data: DataConfig, budget: int) -> Iterator[str]:
                 return
 
 
+def mixture_tokenizer_digest(key: str) -> str:
+    """The content hash a mixture tokenizer's key names (``tokenizers/<sha256[:16]>/tokenizer.json``), or ""."""
+    parts = key.split("/")
+    return parts[1] if len(parts) == 3 and parts[0] == TOKENIZERS and parts[2] == TOKENIZER else ""
+
+
 def train_mixture_tokenizer(store: Store, components: list[DataConfig], config: TokenizerConfig) -> str:
     """Train the mixture's tokenizer on an equal share of each component; its store key
     (``tokenizers/<sha256>/tokenizer.json``, written once: the same bytes are the same key)."""

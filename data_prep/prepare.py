@@ -47,6 +47,7 @@ from data_prep.console import log_skip_summary, skip_summary, sniffed_summary
 from data_prep.dedup_stages import Resolution, check_kept, exact_shard, near_shard, resolve
 from data_prep.encode import SPLITS, encode_partition, pack_shards, sample_texts, split_layout
 from data_prep.errors import DataError
+from data_prep.mixture_tokenizer import mixture_tokenizer_digest
 from data_prep.parallel import WorkerPool, trainer_threads, worker_count
 from data_prep.partitions import Partition, cut, run_key, work_prefix
 from data_prep.pii import KINDS as PII_KINDS
@@ -99,7 +100,14 @@ def work_for(data: DataConfig, tokenizer_config: TokenizerConfig, tokenizer_from
 
 # --- tokenizers -------------------------------------------------------------------------
 def _load_tokenizer(store: Store, tokenizer_key: str, eod_token: str) -> Tokenizer:
-    tokenizer = Tokenizer.from_str(store.get_bytes(tokenizer_key).decode())
+    data = store.get_bytes(tokenizer_key)
+    named = mixture_tokenizer_digest(tokenizer_key)
+    if named and hashlib.sha256(data).hexdigest()[:16] != named:  # a mixture's: named by its content
+        raise DataError(
+            f"tokenizer {store.url(tokenizer_key)} does not hash to the {named} its key names: it was changed "
+            "after the mixture trained it; delete it and run again to train it anew"
+        )
+    tokenizer = Tokenizer.from_str(data.decode())
     if tokenizer.token_to_id(eod_token) is None:
         raise DataError(
             f"tokenizer {store.url(tokenizer_key)} has no {eod_token} token to end documents with: set "

@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from common.contracts import (
-    DOC_STATS,
     VALIDATION_REPORT,
     VALIDATION_RESULT,
     VALIDATION_SUITES,
@@ -29,7 +28,7 @@ from common.contracts import (
 from common.errors import UserError
 from data_prep.config import ValidationConfig
 from data_prep.errors import DataError
-from data_prep.manifest import load_manifest
+from data_prep.manifest import load_manifest, read_recorded
 from data_prep.shards import check_digest, parse_shard
 from data_prep.validation_report import Outcome, report_html, report_section
 from storage import AlreadyCommitted, Store, StoreError
@@ -75,7 +74,7 @@ def _tables(store: Store, ref: DatasetRef) -> tuple[dict[str, pd.DataFrame], dic
     """The three tables the suites check, built from what is in the store now, and the shards
     whose digest differs from the manifest's."""
     manifest = load_manifest(store, ref)
-    docs = pd.read_csv(io.BytesIO(store.get_bytes(f"{ref.prefix}/{DOC_STATS}")))
+    docs = pd.read_csv(io.BytesIO(read_recorded(store, ref, "doc_stats", manifest)))
     rows, modified = [], []
     for split, info in manifest["splits"].items():
         for shard in info["shards"]:

@@ -27,7 +27,6 @@ from common.contracts import (
     EOD_TOKEN,
     EVAL_RESULTS,
     HF_EXPORT,
-    TOKENIZER,
     CheckpointRef,
     EvalReport,
     ModelCard,
@@ -37,6 +36,7 @@ from common.contracts import (
 from common.digests import file_sha256, folder_digests, require_digests
 from common.errors import local_space
 from common.hashing import config_hash
+from data_prep.manifest import read_recorded
 from evaluation import lm_eval_suite
 from evaluation.components import component_figures, component_rows
 from evaluation.config import EvalConfig
@@ -130,7 +130,7 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     else:
         val_loss, count = _mean_loss(model, rows, cfg)
         cfg_all, components = cfg, {}
-    tokenizer_json = store.get_bytes(f"{ckpt.dataset.prefix}/{TOKENIZER}").decode()
+    tokenizer_json = read_recorded(store, ckpt.dataset, "tokenizer", manifest).decode()
     tokenizer = Tokenizer.from_str(tokenizer_json)
     shape = (manifest["seq_len"], manifest["vocab_size"])
     # The gate's baseline and the base continued from, each scored once on these rows (often the same entry).

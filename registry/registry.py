@@ -76,6 +76,7 @@ from common.hashing import config_hash
 from common.names import VERSION, name_problem
 from common.redact import redacted
 from data_prep.blend import mixture_of
+from data_prep.manifest import load_manifest, read_recorded
 from registry.aliases import aliases_of, move_alias, read_alias, set_alias
 from registry.card import card_markdown, code_revision, lineage_urls, read_card, store_key, utc_now
 from registry.config import DEFAULT_GATE_METRIC, LATEST
@@ -376,7 +377,7 @@ def _copy_entry_files(store: Store, prefix: str, report: EvalReport) -> tuple[li
             if rel.startswith(f"{CHECKPOINT_MODEL}/") or rel == CHECKPOINT_META:
                 store.download(key, staging / ENTRY_CHECKPOINT / rel)
                 copied.append(rel)
-        store.download(f"{ckpt.dataset.prefix}/{TOKENIZER}", staging / TOKENIZER)
+        (staging / TOKENIZER).write_bytes(read_recorded(store, ckpt.dataset, "tokenizer"))
         if report.outputs:
             for key in store.list(f"{report.outputs}/"):
                 rel = store.relative(report.outputs, key)
@@ -407,7 +408,7 @@ def _entry_card(
     """The card of entry ``version``: the evaluation's and the training's figures, the lineage, the layouts,
     the (redacted) config, the code revision and the gate's decision."""
     ckpt = report.checkpoint
-    manifest = store.get_json(f"{ckpt.dataset.prefix}/{MANIFEST}")
+    manifest = load_manifest(store, ckpt.dataset)  # digest-checked: the card records its tokenizer's sha256
     return ModelCard(
         name=name,
         version=version,

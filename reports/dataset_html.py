@@ -11,7 +11,8 @@ from __future__ import annotations
 import csv
 import io
 
-from common.contracts import DOC_STATS, MANIFEST, dataset_prefix
+from common.contracts import DatasetRef, dataset_prefix
+from data_prep.manifest import load_manifest, read_recorded
 from reports import data_charts
 from reports.deck_html import chart, table
 from storage import Store
@@ -49,19 +50,17 @@ def dataset_section(version: str, uri: str, stats: dict, lengths: list[int] | No
     return "".join(parts)
 
 
-def doc_tokens(store: Store, prefix: str) -> list[int]:
-    """Tokens of each kept document, from the dataset's ``doc_stats.csv`` ([] if it has none). The whole
-    file is read, as the validation gate reads it: one short row per document."""
-    key = f"{prefix}/{DOC_STATS}"
-    if not store.exists(key):
+def doc_tokens(store: Store, ref: DatasetRef, manifest: dict) -> list[int]:
+    """Tokens of each kept document, from the dataset's ``doc_stats.csv`` (checked against the manifest; [] if it
+    records none). The whole file is read, as the validation gate reads it: one short row per document."""
+    if "doc_stats" not in manifest:
         return []
-    rows = csv.DictReader(io.StringIO(store.get_bytes(key).decode(), newline=""))
+    rows = csv.DictReader(io.StringIO(read_recorded(store, ref, "doc_stats", manifest).decode(), newline=""))
     return [int(row["tokens"]) for row in rows if (row.get("tokens") or "").isdigit()]
 
 
 def dataset_html(store: Store, version: str) -> str:
-    """``dataset_section`` of the committed dataset ``version`` in ``store``."""
-    prefix = dataset_prefix(version)
-    lengths = doc_tokens(store, prefix)
-    stats = store.get_json(f"{prefix}/{MANIFEST}")["stats"]
-    return dataset_section(version, store.url(prefix), stats, lengths)
+    """``dataset_section`` of the committed dataset ``version`` in ``store`` (its manifest checked to be that version)."""
+    ref = DatasetRef(store=store.uri, version=version, prefix=dataset_prefix(version))
+    manifest = load_manifest(store, ref)
+    return dataset_section(version, store.url(ref.prefix), manifest["stats"], doc_tokens(store, ref, manifest))

@@ -228,6 +228,10 @@ class Goodput:
         }
 
 
+SLACK_S = 60.0
+"""How far a record's parts may sum past its span (the measured data, checkpoint and evaluation seconds)."""
+
+
 def read_attempts(store: Store, run: str) -> list[dict[str, Any]]:
     """The run's attempt records in start order; a file that is not one (unreadable, planted) is left out."""
     attempts = []
@@ -249,7 +253,15 @@ def _attempt(record: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("not an attempt's times")
     parts = {part: float(record["parts"].get(part, 0.0)) for part in ATTEMPT_PARTS}
     steps = {int(step): float(s) for step, s in (record.get("productive_at_step") or {}).items()}
+    # The ledger attributes each interval once, measured parts of a step aside (they may pass the interval a
+    # little): parts past the attempt's own span by more than SLACK_S, or not finite, are not an attempt's.
+    if not all(math.isfinite(v) and v >= 0 for v in (*parts.values(), *steps.values())):
+        raise ValueError("an attempt's seconds are finite and not negative")
+    if sum(parts.values()) > updated - started + SLACK_S or any(v > parts["productive"] for v in steps.values()):
+        raise ValueError("an attempt's parts lie within its span")
     resumed, last = record.get("resumed_step"), record.get("last_step")
+    if any(step is not None and int(step) < 0 for step in (resumed, last, *steps)):
+        raise ValueError("an attempt's steps are not negative")
     return {
         "started_at": started,
         "updated_at": updated,

@@ -23,7 +23,7 @@ from data_prep.shards import ShardInfo
 from data_prep.sources import content_fingerprint, list_files
 from data_prep.validation import Validation, ValidationFailed, check_dataset, report_html
 from registry.card import base_eod_token
-from reports.dataset_html import dataset_section, doc_tokens
+from reports.dataset_html import dataset_html
 from storage import Store, open_store
 from tasks import decks
 from tasks.caching import cache_version
@@ -235,7 +235,7 @@ def commit_dataset(prep: stages.Preparation, packed: list[list[ShardInfo]]) -> D
     store = _store(prep)
     ref = stages.commit_stage(prep, store, packed)
     # Its figures, documents skipped by reason and document lengths (doc_stats.csv, from the store).
-    Deck("Dataset", dataset_section(ref.version, store.url(ref.prefix), ref.stats, doc_tokens(store, ref.prefix)))
+    Deck("Dataset", dataset_html(store, ref.version))
     return ref
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gzip
+import hashlib
 import importlib
 import json
 import math
@@ -263,15 +264,23 @@ def training_run_of(store: Store, card: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 # Registry entries made without training
 
-DATASET = "datasets/abc"
+TOKENIZER_JSON = b"{}"
+DATASET_MANIFEST = json.dumps(
+    {"tokenizer": {"file": "tokenizer.json", "sha256": hashlib.sha256(TOKENIZER_JSON).hexdigest()}, "stats": {}},
+    indent=2,
+    sort_keys=True,
+).encode()
+DATASET_VERSION = hashlib.sha256(DATASET_MANIFEST).hexdigest()[:16]  # as data_prep.manifest.version_of
+DATASET = f"datasets/{DATASET_VERSION}"
 CKPT = "runs/r1/checkpoints/step-0000010"
 
 
 def registry_inputs(store: Store, weights: bytes = b"weights") -> Store:
     """What registration copies from: a dataset's manifest and tokenizer, and a committed
     checkpoint (weights, optimizer state that stays with the run, meta)."""
-    store.put_json(f"{DATASET}/manifest.json", {"tokenizer": {"sha256": "t" * 64}})
-    store.put_bytes(f"{DATASET}/tokenizer.json", b"{}")
+    store.put_bytes(f"{DATASET}/manifest.json", DATASET_MANIFEST)
+    store.put_bytes(f"{DATASET}/tokenizer.json", TOKENIZER_JSON)
+    store.commit(DATASET)
     store.put_bytes(f"{CKPT}/model/.metadata", b"meta")
     store.put_bytes(f"{CKPT}/model/__0_0.distcp", weights)
     store.put_bytes(f"{CKPT}/optim/rank-00000.pt", b"optimizer")
@@ -282,7 +291,7 @@ def registry_inputs(store: Store, weights: bytes = b"weights") -> Store:
 
 def report(loss: float, outputs: str = "", checkpoint: str = CKPT) -> EvalReport:
     """What evaluation hands registration: a report on ``checkpoint``, trained by TP=2 on dataset abc."""
-    dataset = DatasetRef(store="", version="abc", prefix=DATASET)
+    dataset = DatasetRef(store="", version=DATASET_VERSION, prefix=DATASET)
     layouts = [LayoutSpan(1, 10, Layout(world_size=2, tensor_parallel=2))]
     ckpt = CheckpointRef(store="", run="runs/r1", prefix=checkpoint, step=10, dataset=dataset, layouts=layouts)
     return EvalReport(ckpt, loss, math.exp(loss), 100, loss / math.log(2), sample="def f():", outputs=outputs)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.contracts import CHECKPOINT_DIGESTS, ENTRY_CHECKPOINT, EvalReport, checkpoint_prefix
+from common.contracts import CHECKPOINT_DIGESTS, ENTRY_CHECKPOINT, TOKENIZER, EvalReport, checkpoint_prefix
 from data_prep.errors import DataError
 from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
@@ -222,3 +222,19 @@ def test_evaluation_refuses_a_tampered_validation_shard(ckpt):
     shard.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"val-000000\.tar: sha256 \w+, the manifest records \w+: the dataset was modified"):
         evaluate(ckpt, MODEL, EVAL)
+
+
+def test_a_tokenizer_changed_after_the_dataset_commit_is_neither_evaluated_nor_registered(ckpt):
+    """Issue 50 finding 3: evaluation, its Hugging Face export and registration read the dataset's
+    ``tokenizer.json`` without comparing it with the manifest's ``tokenizer.sha256``: a writer to ``datasets/``
+    who overwrote it chose the tokenizer of every model registered from that dataset afterwards."""
+    store = open_store(ckpt.store)
+    key = f"{ckpt.dataset.prefix}/{TOKENIZER}"
+    store.put_bytes(key, store.get_bytes(key) + b"\n")  # still a valid tokenizer: only the digest tells
+    changed = rf"{TOKENIZER} has sha256 \w+…, not the \w+… its manifest records: it was changed after dataset"
+    with pytest.raises(DataError, match=changed):
+        evaluate(ckpt, MODEL, EVAL)
+    report = EvalReport(ckpt, 3.0, math.exp(3.0), 100, 3.0 / math.log(2), sample="def f():")
+    with pytest.raises(DataError, match=changed):
+        register(store, "swapped", report)
+    assert not [k for k in store.list("models/") if k.endswith("_COMMITTED")]  # no entry visible

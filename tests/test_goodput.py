@@ -13,7 +13,7 @@ import pytest
 from cli.main import main as cli
 from common.contracts import metrics_key
 from registry.registry import register
-from runs.ledger import PARTS, AttemptLedger, Goodput, attempt_key, goodput_prefix, load_goodput
+from runs.ledger import PARTS, AttemptLedger, Goodput, _attempt, attempt_key, combine, goodput_prefix, load_goodput
 from runs.reading import load_run
 from storage import Store, open_store
 from tests.helpers import html_charts, registry_inputs, report, run_decks, svg_ids, svg_texts
@@ -232,3 +232,31 @@ def test_the_mlflow_run_gets_the_goodput_and_each_part(tmp_path, mlflow_tracking
     assert metrics["goodput"] == pytest.approx(0.4) and metrics["goodput_wall_s"] == 200.0
     assert {p: metrics[f"goodput_{p}_s"] for p in PARTS} == pytest.approx(expected.parts)
     assert [m.step for m in mlflow.get_metric_history(run_id, "goodput")] == [10]  # at the run's last step
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"parts": {**KILLED["parts"], "productive": float("inf")}},
+        {"parts": {**KILLED["parts"], "productive": float("nan")}},
+        {"parts": {**KILLED["parts"], "startup": -1e6}},
+        {"parts": {**KILLED["parts"], "shutdown": 1e12}},  # finite, far past its 100 s span
+        {"productive_at_step": {"4": float("inf")}},
+        {"resumed_step": -5},
+    ],
+    ids=["infinite", "nan", "negative", "past-its-span", "infinite-save", "negative-step"],
+)
+def test_an_attempt_file_with_impossible_seconds_is_left_out_and_every_reader_still_answers(tmp_path, capsys, change):
+    """Issue 50 finding 5: an attempt file with ``Infinity``, ``NaN`` or negative parts crashed ``runs list`` (every
+    run hidden), printed ``goodput inf%`` and failed ``runs report``."""
+    store = open_store(str(tmp_path / "store"))
+    plant(store, RESUMED, {**KILLED, **change})
+    assert load_goodput(store, RUN).to_dict() == combine([_attempt(RESUMED)]).to_dict()  # the planted one left out
+    capsys.readouterr()
+    assert cli(["runs", "list", "--store", store.uri]) == 0
+    listed = capsys.readouterr().out
+    assert "r1" in listed and "inf" not in listed and "nan" not in listed
+    assert cli(["runs", "show", "r1", "--store", store.uri]) == 0
+    shown = capsys.readouterr().out
+    assert "goodput: " in shown and "inf" not in shown and "nan" not in shown and "-" not in shown.split("goodput:")[1][:12]
+    assert cli(["runs", "report", "r1", "--store", store.uri, "--out", str(tmp_path / "report.html")]) == 0

@@ -13,7 +13,7 @@ from registry.gate import gate_decision
 from registry.names import RegistryError
 from registry.registry import list_models, register, resolve, show
 from storage import AlreadyCommitted, open_store
-from tests.helpers import CKPT, DATASET, registry_inputs, report
+from tests.helpers import CKPT, DATASET, DATASET_VERSION, TOKENIZER_JSON, registry_inputs, report
 
 
 @pytest.fixture
@@ -29,8 +29,8 @@ def test_register_creates_immutable_versions_with_lineage(populated):
     entry = show(store, "gpt:1")
     card = entry.card
     assert card.metrics["val_loss"] == 3.0 and card.metrics["val_tokens"] == 100
-    assert card.lineage.dataset_version == "abc"
-    assert card.lineage.tokenizer_sha256 == "t" * 64
+    assert card.lineage.dataset_version == DATASET_VERSION
+    assert card.lineage.tokenizer_sha256 == hashlib.sha256(TOKENIZER_JSON).hexdigest()
     assert card.lineage.checkpoint == CKPT and card.lineage.dataset == DATASET  # keys: a copied store still reads
     assert card.code.commit and card.layouts == report(3.0).checkpoint.layouts
     assert ModelCard.from_dict(store.get_json("models/gpt/1/card.json")) == card

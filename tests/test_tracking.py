@@ -29,7 +29,7 @@ from common.contracts import metrics_key
 from pipeline.config import PipelineConfig
 from registry.registry import promote, register
 from storage import open_store
-from tests.helpers import BIN, CKPT, free_port, kill_group, registry_inputs, report
+from tests.helpers import BIN, CKPT, DATASET, DATASET_VERSION, free_port, kill_group, registry_inputs, report
 from tracking.client import (
     CLASSIC_ML,
     EXPERIMENT_KIND_TAG,
@@ -175,7 +175,7 @@ def test_registry_mirror_follows_versions_and_aliases(tmp_path, mlflow_tracking_
     assert sorted(versions) == ["1", "2"]
     assert versions["2"].tags["pretrain.card"] == f"{second.prefix}/card.json"  # a key of pretrain.store
     assert versions["2"].tags["pretrain.store"] == store.uri and versions["2"].tags["pretrain.checkpoint"] == CKPT
-    assert versions["1"].tags["pretrain.dataset_version"] == "abc"
+    assert versions["1"].tags["pretrain.dataset_version"] == DATASET_VERSION
     mlflow_of = {ours: mv.version for ours, mv in versions.items()}
     # MLflow reserves 'latest' (its highest version): ours is 'latest-registered' there, and every tag says ours.
     assert mlflow.get_registered_model(name).aliases == {"latest-registered": mlflow_of["2"], "production": mlflow_of["1"]}
@@ -407,9 +407,9 @@ def test_a_run_holds_summaries_apart_its_charts_and_its_reports(tmp_path, mlflow
         "observed": "8",
         "expected": "≥ 1",
     }
-    store.put_json("datasets/abc/validation/result.json", {"success": True, "outcomes": [outcome], "modified": []})
-    store.put_bytes("datasets/abc/validation/report.html", b"<html>planted</html>")
-    store.commit("datasets/abc/validation")
+    store.put_json(f"{DATASET}/validation/result.json", {"success": True, "outcomes": [outcome], "modified": []})
+    store.put_bytes(f"{DATASET}/validation/report.html", b"<html>planted</html>")
+    store.commit(f"{DATASET}/validation")
     evaluated = report(2.0)
     summary = {"mfu": 0.2246, "tokens_per_second": 6025.0, "final_train_loss": 0.5}  # the card's training figures
     evaluated = dataclasses.replace(evaluated, checkpoint=dataclasses.replace(evaluated.checkpoint, summary=summary))
