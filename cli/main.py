@@ -34,6 +34,7 @@ from pathlib import Path
 
 from common.contracts import HF_EXPORT
 from common.errors import TRACEBACK_LABEL, peel_flyte, traceback_note, user_error_in, write_traceback
+from common.terminal import escaped_output
 from pipeline.config import PipelineConfig, launch_world, load_config
 from registry.card import metric_text
 from registry.registry import download, list_models, promote, resolve, show
@@ -501,8 +502,20 @@ def _gc_command(sub) -> None:
     gc.set_defaults(fn=cmd_gc)
 
 
+RAW_OUTPUT = {"run", "ui", "s3"}
+"""Commands whose output is our own progress, beside children writing to the same descriptors; every other one
+prints what it read from the store, through ``common.terminal.escaped``."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command in RAW_OUTPUT:
+        return _dispatch(args)
+    with escaped_output():
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return args.fn(args)
     except Exception as e:

@@ -55,6 +55,7 @@ from common.contracts import (
 )
 from common.errors import first_line
 from common.names import VERSION
+from common.terminal import escaped
 from runs import staging as checkpoint_staging
 from runs.lease import STALE_S, dead_here
 from storage import COMMIT_MARKER, Store, StoreError
@@ -629,12 +630,6 @@ def apply(store: Store, plan_: Plan, *, now: float | None = None) -> Outcome:
 
 
 # -- in words -------------------------------------------------------------------------------
-def printable(text: str) -> str:
-    """``text`` with control characters escaped (``\\x1b``): a key may hold any character, and a
-    terminal would obey the ones it prints raw."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _label(entry: Entry) -> str:
     if entry.local:
         return f"{entry.where}/ (local)"
@@ -644,7 +639,7 @@ def _label(entry: Entry) -> str:
 def _line(entry: Entry, reason: str | None = None) -> str:
     what = "" if entry.what == UNKNOWN else f"{entry.what}: "
     records = f" (and {', '.join(entry.records)}, naming it)" if entry.records else ""
-    return printable(f"  {human_size(entry.size):>10}  {_label(entry)}{records}  {what}{reason or entry.reason}")
+    return escaped(f"  {human_size(entry.size):>10}  {_label(entry)}{records}  {what}{reason or entry.reason}")
 
 
 def report_lines(plan_: Plan, outcome: Outcome | None = None) -> list[str]:

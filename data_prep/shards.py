@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import webdataset as wds
 
 from data_prep.errors import DataError
 from storage import open_store
@@ -49,6 +48,8 @@ def pack(docs: Sequence[np.ndarray], eod_id: int, seq_len: int, dtype: np.dtype)
 
 
 def _write_shard(chunk: np.ndarray, out_dir: Path, split: str, shard_idx: int, sequences_per_sample: int) -> ShardInfo:
+    import webdataset as wds  # here: it imports torch, and the manifest's readers (the CLI) import this module
+
     name = f"{split}-{shard_idx:06d}.tar"
     path = out_dir / name
     # mtime=0: deterministic bytes, and no extra header block per member.
