@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s@?#]+)@")
+# Up to the authority's last "@", as HTTP clients split it: "https://alice:p@ss@host" signs in with "p@ss".
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s?#]+)@")
 
 
 def redact(text: str) -> str:

@@ -14,8 +14,9 @@ Each kind is redacted (every match replaced by a fixed placeholder: ``<EMAIL>``,
 - **secret**: AWS access key ids (``AKIA``/``ASIA`` + 16) and secret keys (40 characters after
   an ``aws_secret_access_key``-like name), PEM private key blocks (``-----BEGIN … PRIVATE
   KEY-----`` to its END line, or the header alone), GitHub (``ghp_``…, ``github_pat_``), Slack
-  (``xox[abprs]-``) and OpenAI-style (``sk-``) tokens, JSON Web Tokens (``eyJ….eyJ….…``) and
-  ``.netrc`` entries (``machine H login U password P``). A generic ``password = "..."`` is not
+  (``xox[abprs]-``), OpenAI-style (``sk-``) and Hugging Face (``hf_``) tokens, JSON Web Tokens
+  (``eyJ….eyJ….…``) and ``.netrc`` entries (``machine H login U password P``, the keywords in any order,
+  ``account`` and ``port`` too). A generic ``password = "..."`` is not
   matched: in code and documentation it is mostly an example, and redacting it would teach
   nothing while damaging much.
 """
@@ -63,8 +64,20 @@ _SECRETS = [
     (("sk-",), re.compile(r"\bsk-(?:proj-|svcacct-)?[A-Za-z0-9_-]{32,}")),
     # A JSON Web Token: three base64url parts, the first two JSON objects ("eyJ" is '{"').
     (("eyJ",), re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
-    # A .netrc entry: machine, login and password (a file of them read from a home folder).
-    (("password",), re.compile(r"\b(?:machine\s+\S+|default)\s+login\s+\S+\s+password\s+\S+")),
+    # A .netrc entry (a file of them read from a home folder): machine (or default), then login, password,
+    # account and port in any order, a password and a login or account among them (so that prose such as "the
+    # machine learning password field" is not one).
+    (
+        ("password",),
+        re.compile(
+            r"\b(?:machine\s+\S+|default)"
+            r"(?=(?:\s+(?:login|password|account|port)\s+\S+)*?\s+password\s+\S)"
+            r"(?=(?:\s+(?:login|password|account|port)\s+\S+)*?\s+(?:login|account)\s+\S)"
+            r"(?:\s+(?:login|password|account|port)\s+\S+){2,}"
+        ),
+    ),
+    # A Hugging Face access token (``hf_`` and 34 letters), as HF_TOKEN holds it.
+    (("hf_",), re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
 ]
 
 

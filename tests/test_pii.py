@@ -33,6 +33,11 @@ FOUND = [
     # issue 32, item 6: a .netrc and a JWT read from a home folder went into the dataset as text
     ("machine api.example.com login alice password s3cr3t-pw\n", "<SECRET>\n", "pii_secret"),
     ("machine h\n  login bob\n  password hunter2 # netrc", "<SECRET> # netrc", "pii_secret"),
+    # issue 50 finding 8: keywords in another order, an account, a Hugging Face token
+    ("machine h password hunter2 login bob\n", "<SECRET>\n", "pii_secret"),
+    ("machine h login bob account acct password hunter2 port 443 x", "<SECRET> x", "pii_secret"),
+    ("default\n password pw login anonymous\n", "<SECRET>\n", "pii_secret"),
+    ("export HF_TOKEN=hf_AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh\n", "export HF_TOKEN=<SECRET>\n", "pii_secret"),
     (
         "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJlLXNpZ25hdHVyZQ end",
         "Bearer <SECRET> end",
@@ -47,6 +52,8 @@ KEPT = [
     "every second item: x[1::2]",
     'password = "hunter2"  # a generic password is not matched',
     "the machine learning password field",
+    "machine h login bob account acct  # no password: nothing to hide",
+    "model = hf_hub_download(repo_id)",
     "eyJhbGciOiJIUzI1NiJ9 alone is not a token",
 ]
 

@@ -38,6 +38,12 @@ def test_warnings_leave_the_credentials_out():
     assert SECRET not in failure and "***@mlflow.example.com" in failure
 
 
+def test_a_password_holding_an_at_sign_is_redacted_whole():
+    """Issue 50 finding 8: HTTP clients split the authority at its last "@"; the redaction stopped at the first
+    and left ``ss@host``, the password's tail."""
+    assert redact("see https://alice:p@ss@host:5000/x and https://bob@h2") == "see https://***@host:5000/x and https://***@h2"
+
+
 def test_what_is_not_a_credential_stays():
     for text in ("s3://bucket/a@b", "sqlite:////tmp/x.db", "alice@example.com", "https://host/path?user=a@b"):
         assert redact(text) == text, text
