@@ -158,7 +158,9 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
 
     with _seekable_path(raw) as path:
         try:
-            parquet = pq.ParquetFile(path)
+            # Dictionary-encoded text stays a dictionary (indices into distinct values): expanded by Arrow, 4,096
+            # rows pointing at one 512 KiB value were 2 GiB of text from a 280-byte file.
+            parquet = pq.ParquetFile(path, read_dictionary=[text_field])
         except (pa.ArrowException, OSError):
             skips.add("bad_parquet", raw.name)
             return
@@ -167,7 +169,9 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
             detail = f"{raw.name} has the columns {', '.join(schema.names)}, not {text_field!r}: set data.text_field"
             skips.add("parquet_missing_text_field", raw.name, detail=detail)
             return
-        if not (pa.types.is_string(schema.field(text_field).type) or pa.types.is_large_string(schema.field(text_field).type)):
+        field = schema.field(text_field).type
+        value_type = field.value_type if pa.types.is_dictionary(field) else field
+        if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
             skips.add("parquet_text_not_string", raw.name)
             return
         row = 0
@@ -191,26 +195,44 @@ TOO_LONG = object()
 
 
 def _batch_rows(parquet, column: int) -> int:
-    """Rows per batch such that a batch's decoded text stays near ``PARQUET_BATCH_BYTES``, from the row
+    """Rows per batch such that a batch's stored text stays near ``PARQUET_BATCH_BYTES``, from the row
     groups' recorded sizes: a few huge values (a 2.5 KB file of 8 rows of 64 MiB each, zstd) are then
-    decoded one at a time, not 1,024 rows at once."""
+    read one at a time, not 1,024 rows at once. (What a batch decodes to is bounded by ``_texts_within``.)"""
     meta = parquet.metadata
     groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
     widest = max((g.column(column).total_uncompressed_size / max(1, g.num_rows) for g in groups), default=0.0)
     return max(1, min(PARQUET_BATCH_ROWS, int(PARQUET_BATCH_BYTES // max(1.0, widest))))
 
 
-def _texts_within(column, cap: int) -> list:
-    """The column's values as Python strings, a value longer than ``cap`` characters as ``TOO_LONG``
-    (never made a Python string: its length is read from the Arrow array)."""
+def _texts_within(column, cap: int) -> Iterator:
+    """The column's values as Python strings, a value longer than ``cap`` characters as ``TOO_LONG`` (never
+    made a Python string: its length is read from the Arrow array), made ``PARQUET_BATCH_BYTES`` of decoded
+    text at a time whatever the encoding (a dictionary's value counts once per row that points at it)."""
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    lengths = pc.utf8_length(column)
-    longest = pc.max(lengths).as_py()
-    if longest is None or longest <= cap:
-        return column.to_pylist()
-    too_long = pc.greater(lengths, cap).to_pylist()
-    return [TOO_LONG if over else column[i].as_py() for i, over in enumerate(too_long)]
+    if pa.types.is_dictionary(column.type):
+        index = column.indices
+        chars = pc.take(pc.utf8_length(column.dictionary), index)
+        size = pc.take(pc.binary_length(column.dictionary), index)
+    else:
+        chars, size = pc.utf8_length(column), pc.binary_length(column)
+    too_long = pc.fill_null(pc.greater(chars, cap), False).to_numpy(zero_copy_only=False)
+    size = np.where(too_long, 0, pc.fill_null(size, 0).to_numpy(zero_copy_only=False))
+    start, n = 0, len(column)
+    while start < n:
+        if too_long[start]:
+            yield TOO_LONG
+            start += 1
+            continue
+        # The longest run from ``start`` of rows within the cap whose text adds up to the budget (one row at least).
+        ends = np.cumsum(size[start:]) > PARQUET_BATCH_BYTES
+        stop = start + max(1, int(np.argmax(ends)) if ends.any() else n - start)
+        cut = np.flatnonzero(too_long[start:stop])
+        stop = start + int(cut[0]) if len(cut) else stop
+        yield from column.slice(start, stop - start).to_pylist()
+        start = stop
 
 
 def read_file(raw: RawFile, text_field: str, max_doc_bytes: int, skips: Skips) -> Iterator[Document]:

@@ -293,26 +293,48 @@ def peak_kib():
 path = sys.argv[1]
 before = peak_kib()
 skips = Skips()
-docs = list(read_file(RawFile(path, 0, lambda: open(path, "rb"), local_path=path), "text", 1_000_000, skips))
-print(len(docs), skips.counts["too_long"], (peak_kib() - before) // 1024)
+docs = chars = 0
+for doc in read_file(RawFile(path, 0, lambda: open(path, "rb"), local_path=path), "text", 1_000_000, skips):
+    docs, chars = docs + 1, chars + len(doc.text)  # as the pipeline reads: one document at a time
+print(docs, skips.counts["too_long"], chars, (peak_kib() - before) // 1024)
 """
+
+
+def read_bomb(path: Path) -> tuple[int, int, int, int]:
+    """(documents, too long, characters, MiB the peak memory grew) of reading ``path`` in a fresh process."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", PARQUET_BOMB, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    docs, too_long, chars, grown_mib = map(int, out.stdout.split())
+    return docs, too_long, chars, grown_mib
 
 
 def test_a_parquet_bomb_is_read_in_bounded_memory(tmp_path):
     """8 rows of 64 MiB in a 2.5 KB zstd file: decoded 1,024 rows at a time and made Python strings before
     the length check, they raised the peak by 1,729 MiB (issue 32, item 5). Now one value is decoded at a
     time and never made a string: 547 MiB, some eight times one value (decompressed, then decoded)."""
-    import subprocess
-    import sys
-
     path = tmp_path / "bomb.parquet"
     pq.write_table(pa.table({"text": ["a" * (64 * 2**20)] * 8 + ["a fine document"]}), path, compression="zstd")
     assert path.stat().st_size < 16_384
-    out = subprocess.run([sys.executable, "-c", PARQUET_BOMB, str(path)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    docs, too_long, grown_mib = map(int, out.stdout.split())
-    assert (docs, too_long) == (1, 8)
+    docs, too_long, chars, grown_mib = read_bomb(path)
+    assert (docs, too_long, chars) == (1, 8, len("a fine document"))
     assert grown_mib < 1024, f"reading the bomb raised the peak by {grown_mib} MiB"
+
+
+def test_a_dictionary_encoded_parquet_file_is_decoded_within_the_bound(tmp_path):
+    """Issue 50 finding 2: batches were sized from the stored size, which counts a dictionary value once: a few
+    hundred bytes of file, 4,096 rows pointing at one 512 KiB value, decoded 1,024 rows at a time (512 MiB per
+    batch, 2 GiB of text in all). Now the text is decoded 16 MiB at a time, whatever the encoding."""
+    path = tmp_path / "dictionary.parquet"
+    value = "b" * (512 * 2**10)
+    rows = pa.DictionaryArray.from_arrays(pa.array([0] * 4096, pa.int32()), pa.array([value]))
+    pq.write_table(pa.table({"text": rows}), path, compression="zstd", store_schema=False)  # read as strings
+    assert path.stat().st_size < 4096 and pq.ParquetFile(path).metadata.row_group(0).column(0).total_uncompressed_size < 2**20
+    docs, too_long, chars, grown_mib = read_bomb(path)
+    assert (docs, too_long, chars) == (4096, 0, 4096 * len(value))  # every row read, as it is written
+    assert grown_mib < 256, f"reading the dictionary-encoded file raised the peak by {grown_mib} MiB"
 
 
 # --- a source's listing stays inside it (the security finding: a symlink to a home folder) ------
