@@ -27,6 +27,7 @@ Torch-free and Flyte-free: the CLI imports it.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -55,6 +56,7 @@ from common.contracts import (
 )
 from common.errors import first_line
 from common.names import VERSION
+from common.private import remove_inside
 from common.terminal import escaped
 from runs import staging as checkpoint_staging
 from runs.lease import STALE_S, dead_here
@@ -545,6 +547,22 @@ def _subfolders(path: Path) -> list[Path]:
         return []  # none yet, or removed by its owner meanwhile
 
 
+def _not_yours(root: Path) -> str:
+    """Why gc must not walk the staging root ``root`` ('' if it may: absent, or a folder of this user's that
+    nobody else can write, as training makes it)."""
+    try:
+        info = os.lstat(root)
+    except FileNotFoundError:
+        return ""
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return "a link or not a folder"
+    if info.st_uid != os.getuid():
+        return f"owned by uid {info.st_uid}, not you"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return ""
+
+
 def _no_link_on_the_way(folder: Path) -> bool:
     """Whether the staging folder, its store folder and the staging root are real folders, not links
     (checked again just before a removal: one may have been swapped for a link since the plan)."""
@@ -566,6 +584,11 @@ def _staging_verdict(folder: Path, min_age_s: float, now: float) -> tuple[bool, 
 
 
 def _staging(planner: _Planner, root: Path) -> None:
+    problem = _not_yours(root)
+    if problem:  # another user could swap a folder in it for a link to this user's home, after any check
+        reason = f"{problem}: gc walks only a root of yours"
+        planner.entries.append(Entry(str(root), STAGING, 0, 0, None, False, reason, local=True))
+        return
     for folder in staging_folders(root):
         remove, reason, (size, files, newest) = _staging_verdict(folder, planner.min_age_s, planner.now)
         planner.entries.append(Entry(str(folder), STAGING, size, files, newest, remove, reason, local=True))
@@ -618,7 +641,8 @@ def apply(store: Store, plan_: Plan, *, now: float | None = None) -> Outcome:
                     outcome.skipped.append((entry, "a symbolic link on its path: gc never follows one"))
                     continue
                 folder = Path(entry.where)
-                checkpoint_staging.remove_job_folder(folder, top=folder.parent.parent)  # <root>/<store>/<job>
+                top = folder.parent.parent  # <root>/<store>/<job>: removed through folder descriptors from the root
+                remove_inside(top, folder.relative_to(top))
             else:
                 for key in entry.records:
                     store.delete_prefix(key)  # one object: removed, so no rerun aims at this number again

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import stat
+import tempfile
 from pathlib import Path
+
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def user_temp(name: str) -> Path:
+    """``$TMPDIR/<name>-<uid>``: a folder name of this user's in the shared temporary folder (a fixed name let
+    another user stop everyone's training by creating it first; now they can only make ``private_dir`` refuse
+    this one user's, with a message saying to point TMPDIR elsewhere)."""
+    return Path(tempfile.gettempdir()) / f"{name}-{os.getuid()}"
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -49,3 +61,43 @@ def create_private(path: Path) -> None:
     except FileExistsError:
         return
     os.close(fd)
+
+
+def _check_yours(fd: int, path: Path) -> None:
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(
+            f"{path} is not a folder only you can write (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}): "
+            "nothing under it is deleted"
+        )
+
+
+def remove_inside(top: Path, rel: Path, prune: bool = True) -> None:
+    """Delete the folder tree ``top/rel`` and (``prune``) the folders between it and ``top`` it leaves empty,
+    through directory descriptors opened without following links, each folder on the way checked to be this
+    user's and writable by nobody else. A delete by path let a user who could write a folder on the way swap
+    it for a link to the victim's home between the check and the delete. A folder already gone is no error."""
+    parts = rel.parts
+    if not parts or rel.is_absolute() or any(part in (".", "..") for part in parts):
+        raise ValueError(f"{rel} is not a path inside {top}")
+    fds = [os.open(top, _FOLDER)]
+    try:
+        _check_yours(fds[0], top)
+        for i, part in enumerate(parts[:-1]):
+            try:
+                fds.append(os.open(part, _FOLDER, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                return
+            _check_yours(fds[-1], top.joinpath(*parts[: i + 1]))
+        try:
+            shutil.rmtree(parts[-1], dir_fd=fds[-1])  # lstat, open, then compare: a link is refused, not followed
+        except FileNotFoundError:
+            pass
+        for depth in range(len(parts) - 1, 0, -1) if prune else ():
+            try:
+                os.rmdir(parts[depth - 1], dir_fd=fds[depth - 1])
+            except OSError:
+                break  # not empty: another job still uses it
+    finally:
+        for fd in fds:
+            os.close(fd)

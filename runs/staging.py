@@ -1,7 +1,7 @@
 """Where checkpoints are staged on local disk, and whose a staging folder is. Torch-free: ``pretrain gc``
 (``cli.retention``) reads the same names to find and judge the leftovers of jobs that are gone.
 
-``$TMPDIR/pretrain-staging/<store hash>/<job>/`` is one job's folder (``training.checkpointing.checkpoint``):
+``$TMPDIR/pretrain-staging-<uid>/<store hash>/<job>/`` is one job's folder (``training.checkpointing.checkpoint``):
 private to the job, shared by the ranks of a node, with an owner record (host, boot, pid). The root is
 the user's own (0700, not a link), checked each time a job folder is made.
 """
@@ -11,21 +11,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from common.private import private_dir
+from common.private import private_dir, remove_inside, user_temp
 from runs import lease
 
 STAGING = "pretrain-staging"
-"""The folder under ``$TMPDIR`` that holds every job's staging folder."""
+"""The folder under ``$TMPDIR`` that holds every job's staging folder, with the user's uid (``user_temp``)."""
 STAGING_OWNER = ".owner"
 """In a job's staging folder: which process (host, boot, pid) made it, for the sweep of leftovers."""
 
 
 def root() -> Path:
-    return Path(tempfile.gettempdir()) / STAGING
+    return user_temp(STAGING)
 
 
 def store_root(store_uri: str) -> Path:
@@ -40,7 +38,8 @@ def make_job_folder(folder: Path) -> None:
     user could otherwise read the checkpoints or plant links for ``pretrain gc`` to follow."""
     private_dir(root(), "checkpoint staging")
     sweep_dead(folder.parent)
-    folder.mkdir(parents=True)
+    folder.parent.mkdir(mode=0o700, exist_ok=True)  # writable by this user alone, as remove_inside requires
+    folder.mkdir(mode=0o700)
     write_owner(folder)
 
 
@@ -58,23 +57,25 @@ def owner(folder: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
-def sweep_dead(store_root: Path) -> None:
-    """Remove the staging folders under ``store_root`` whose owner was a process of this host that is gone."""
+def sweep_dead(store_root: Path, top: Path | None = None) -> None:
+    """Remove the staging folders under ``store_root`` (inside ``top``, default ``root()``) whose owner was a
+    process of this host that is gone."""
+    top = root() if top is None else top
     for folder in store_root.glob("*/"):
         record = owner(folder)  # None: being created, or not ours to judge
         if record is not None and lease.dead_here(record):
-            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                remove_inside(top, folder.relative_to(top), prune=False)
+            except OSError:
+                pass  # removed meanwhile, or not ours to remove
 
 
 def remove_job_folder(path: Path, top: Path | None = None) -> None:
     """Delete a job's staging folder and the parents it leaves empty below the staging root ``top``
-    (default ``root()``; one folder per store otherwise piles up)."""
-    shutil.rmtree(path, ignore_errors=True)
+    (default ``root()``; one folder per store otherwise piles up), through folder descriptors
+    (``common.private.remove_inside``); nothing if the root is not this user's alone."""
     top = root() if top is None else top
-    for parent in path.parents:
-        if parent == top or top not in parent.parents:
-            break
-        try:
-            parent.rmdir()
-        except OSError:
-            break  # not empty: another job still stages there
+    try:
+        remove_inside(top, path.relative_to(top))
+    except OSError:
+        pass  # already removed, or not ours to remove

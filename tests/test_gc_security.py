@@ -157,7 +157,9 @@ def test_gc_never_follows_a_link_out_of_the_staging_root(tmp_path):
     linked_root.parent.mkdir()
     linked_root.symlink_to(home)
     plan = retention.plan(store, now=later, staging_root=linked_root)
-    assert not [e for e in plan.entries if e.local]
+    assert [(e.remove, e.reason) for e in plan.entries if e.local] == [
+        (False, "a link or not a folder: gc walks only a root of yours")
+    ]
     assert (home / ".ssh" / "id_ed25519").exists()
 
 
@@ -180,6 +182,53 @@ def test_a_link_swapped_in_after_the_plan_is_not_followed(tmp_path):
 
     outcome = retention.apply(store, plan, now=later)
     assert not outcome.removed and (home / "job" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+def test_a_staging_root_another_user_made_is_not_walked(tmp_path):
+    """Issue 50 finding 1: gc walked a staging root without checking its owner. A second user who made it, filled
+    it with dead-owner job folders and swapped a folder for a link to the victim's home in a loop made the victim's
+    ``gc --apply`` delete folders of the victim's home. Now gc walks only a root of the user's own."""
+    home = victim_home(tmp_path)
+    store = open_store(str(tmp_path / "store"))
+    root = tmp_path / "tmp" / STAGING
+    job = root / "0123456789ab" / "projects"
+    job.mkdir(parents=True)
+    (job / STAGING_OWNER).write_text(json.dumps({"host": "elsewhere", "boot": "x", "pid": 1}))
+    old(root)
+    for folder in (root, job.parent, job):
+        os.chmod(folder, 0o777)
+        os.chown(folder, 65534, 65534)  # the other user's
+    later = time.time() + LATER
+    plan = retention.plan(store, now=later, staging_root=root)
+    assert [(e.where, e.remove) for e in plan.entries if e.local] == [(str(root), False)]
+    assert "owned by uid 65534, not you: gc walks only a root of yours" in "\n".join(retention.report_lines(plan))
+    os.rename(job.parent, tmp_path / "aside")
+    job.parent.symlink_to(home)  # what the swap loop makes it at the moment gc deletes
+    assert not retention.apply(store, plan, now=later).removed
+    assert (home / "projects" / "thesis" / "chapter1.tex").read_text() == "years of work"
+
+
+def test_a_link_swapped_in_after_the_last_check_is_not_followed(tmp_path, monkeypatch):
+    """The check just before the removal and the removal itself are two steps: a link swapped in between them
+    (a loop of ``renameat2(RENAME_EXCHANGE)`` wins that race now and then) was followed by the delete by path.
+    The delete now goes through folder descriptors opened without following links."""
+    store = open_store(str(tmp_path / "store"))
+    home = victim_home(tmp_path)
+    root = tmp_path / "tmp" / STAGING
+    job = root / "0123456789ab" / "projects"
+    job.mkdir(parents=True)
+    old(root)
+    later = time.time() + LATER
+    plan = retention.plan(store, now=later, staging_root=root)
+    assert [e.where for e in plan.removals] == [str(job)]
+    store_dir = job.parent
+    store_dir.rename(tmp_path / "moved")
+    store_dir.symlink_to(home)  # <root>/0123456789ab -> the victim's home, which has a projects/ folder
+    monkeypatch.setattr(retention, "_no_link_on_the_way", lambda folder: True)  # the swap came after this check
+    outcome = retention.apply(store, plan, now=later)
+    assert not outcome.removed and outcome.failed[0][1] == "[Errno 20] Not a directory: '0123456789ab'", outcome.failed
+    assert (home / "projects" / "thesis" / "chapter1.tex").read_text() == "years of work"
 
 
 def test_a_lease_or_owner_with_a_pid_no_process_can_have(tmp_path):

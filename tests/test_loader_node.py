@@ -102,7 +102,7 @@ def launched(dataset, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TMPDIR", str(tmp))
         records = launch(node_ranks, RANKS, dataset, bad)
-    return records, bad_name, tmp / CACHE_ROOT
+    return records, bad_name, tmp / f"{CACHE_ROOT}-{os.getuid()}"
 
 
 def dataset_bytes(ref) -> int:

@@ -30,7 +30,7 @@ def tmpdir_env(tmp_path, monkeypatch) -> Path:
 def test_checkpoint_staging_is_the_users_own(tmpdir_env):
     job = staging.store_root("s3://bucket/prefix") / "job"
     staging.make_job_folder(job)
-    assert staging.root() == tmpdir_env / staging.STAGING
+    assert staging.root() == tmpdir_env / f"{staging.STAGING}-{os.getuid()}"  # a name of this user's (finding 10)
     assert mode(staging.root()) == 0o700 and (job / staging.STAGING_OWNER).exists()
     os.chmod(staging.root(), 0o755)  # made by an earlier release, or by hand
     staging.make_job_folder(staging.store_root("s3://bucket/prefix") / "job2")
@@ -42,7 +42,7 @@ def test_a_planted_staging_root_is_refused(tmpdir_env, tmp_path):
     get every checkpoint this user stages (and could plant links for gc): refused, nothing written there."""
     theirs = tmp_path / "theirs"
     theirs.mkdir()
-    (tmpdir_env / staging.STAGING).symlink_to(theirs)
+    staging.root().symlink_to(theirs)
     with pytest.raises(NotADirectoryError, match="checkpoint staging"):
         staging.make_job_folder(staging.store_root("s3://b/p") / "job")
     assert list(theirs.iterdir()) == []
@@ -50,7 +50,17 @@ def test_a_planted_staging_root_is_refused(tmpdir_env, tmp_path):
 
 @pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
 def test_a_staging_root_of_another_user_is_refused(tmpdir_env):
-    root = tmpdir_env / staging.STAGING
+    """Issue 50 finding 10: the root had one name for every user, so another user who made
+    ``$TMPDIR/pretrain-staging`` first stopped everyone's training. The name now holds the uid: the shared name
+    is nobody's, and only a root under this user's own name, made by another, is refused."""
+    for name in (staging.STAGING, "pretrain-shards"):  # the names of earlier releases, taken by another user
+        (tmpdir_env / name).mkdir(mode=0o777)
+        os.chown(tmpdir_env / name, 65534, 65534)
+    staging.make_job_folder(staging.store_root("s3://b/p") / "job")
+    assert (staging.root() / staging.store_root("s3://b/p").name / "job" / staging.STAGING_OWNER).exists()
+    root = tmpdir_env / f"{staging.STAGING}-{os.getuid()}"
+    staging.remove_job_folder(staging.store_root("s3://b/p") / "job")
+    root.rmdir()
     root.mkdir(mode=0o777)
     os.chown(root, 65534, 65534)
     with pytest.raises(PermissionError, match="belongs to another user"):

@@ -2,7 +2,7 @@
 
 A step's rows lie inside one shuffled window of shards (``training.data``), so every data-parallel rank
 needs every window whatever its slice. The reading ranks of a node (``training.data.Reading``) share one
-folder, ``$TMPDIR/pretrain-shards/<dataset version>-<split>-<job>-node<N>/``: private (0700, under a root
+folder, ``$TMPDIR/pretrain-shards-<uid>/<dataset version>-<split>-<job>-node<N>/``: private (0700, under a root
 of this user's own, 0700 and not a link), with the owner record of ``runs.staging``,
 whose sweep removes the folders of this host's dead processes whenever a job makes its own.
 
@@ -31,7 +31,6 @@ import multiprocessing.util
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,11 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
-from common.private import private_dir, write_private
+from common.private import private_dir, user_temp, write_private
 from runs.staging import remove_job_folder, sweep_dead, write_owner
 
 CACHE_ROOT = "pretrain-shards"
-"""The folder under ``$TMPDIR`` that holds every job's node caches."""
+"""The folder under ``$TMPDIR`` that holds every job's node caches, with the user's uid (``user_temp``)."""
 LOCK_WAIT_S = 120.0
 """The longest a rank waits for another that fetches a window. Past it, it fetches the window itself: the lock
 only saves bytes, and a node peer that hangs (or is stopped) holding it must not hang this rank in its data
@@ -56,7 +55,7 @@ WindowKey = tuple[int, int]  # (epoch, window index)
 
 
 def root() -> Path:
-    return Path(tempfile.gettempdir()) / CACHE_ROOT
+    return user_temp(CACHE_ROOT)
 
 
 class NodeCache:
@@ -77,7 +76,7 @@ class NodeCache:
         """The folder ``name`` under the cache root, made if this is the node's first rank to get here
         (after sweeping the folders of this host's dead processes); ``readers`` ranks of the node share it."""
         top = private_dir(root(), "the node's shard cache")
-        sweep_dead(top)
+        sweep_dead(top, top)
         _make(top / name)
         return cls(top / name, rank, readers)
 
