@@ -51,6 +51,7 @@ REASONS = {
     "broken_link": "symlinks to nothing",
     "not_a_regular_file": "not regular files (FIFOs, sockets, devices)",
     "unreadable": "unreadable (permissions, or gone since the listing)",
+    "changed_since_listing": "replaced since the listing, by a link or another file (not read)",
     "unsupported_format": "formats that cannot be read",
 }
 

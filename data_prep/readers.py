@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from itertools import chain
 
 from data_prep.formats import compression_of, decompressed, kind_of, stream_errors
-from data_prep.sources import Document, RawFile
+from data_prep.sources import ChangedSinceListing, Document, RawFile
 
 CHUNK = 1 << 20
 SNIFF = 8192
@@ -140,10 +140,13 @@ def _jsonl_documents(raw: RawFile, chunks: Iterator[bytes], text_field: str, cap
 
 @contextmanager
 def _seekable_path(raw: RawFile):
-    """A local path for ``raw``: remote Parquet is spooled to a temporary file (its footer
-    is at the end, so it cannot be streamed front to back)."""
+    """A path for ``raw`` that Arrow reads natively: a local file is opened once, as its listing saw it
+    (``open_listed``), and read through its descriptor's ``/dev/fd`` name (the same file, whatever its path
+    names now); remote Parquet is spooled to a temporary file (its footer is at the end, so it cannot be streamed
+    front to back)."""
     if raw.local_path:
-        yield raw.local_path
+        with raw.open() as f:
+            yield f"/dev/fd/{f.fileno()}"
         return
     with tempfile.NamedTemporaryFile(prefix="pretrain-parquet-", suffix=".parquet") as tmp:
         with raw.open() as src:
@@ -158,13 +161,10 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
 
     with _seekable_path(raw) as path:
         try:
-            # Dictionary-encoded text stays a dictionary (indices into distinct values): expanded by Arrow, 4,096
-            # rows pointing at one 512 KiB value were 2 GiB of text from a 280-byte file.
-            parquet = pq.ParquetFile(path, read_dictionary=[text_field])
+            schema = pq.ParquetFile(path).schema_arrow
         except (pa.ArrowException, OSError):
             skips.add("bad_parquet", raw.name)
             return
-        schema = parquet.schema_arrow
         if text_field not in schema.names:
             detail = f"{raw.name} has the columns {', '.join(schema.names)}, not {text_field!r}: set data.text_field"
             skips.add("parquet_missing_text_field", raw.name, detail=detail)
@@ -176,6 +176,9 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
             return
         row = 0
         try:
+            # Dictionary-encoded text stays a dictionary (indices into distinct values): expanded by Arrow, 4,096
+            # rows pointing at one 512 KiB value were 2 GiB of text from a 280-byte file.
+            parquet = pq.ParquetFile(path, read_dictionary=[text_field])
             rows = _batch_rows(parquet, schema.get_field_index(text_field))
             for batch in parquet.iter_batches(batch_size=rows, columns=[text_field]):
                 for text in _texts_within(batch.column(0), cap):
@@ -247,12 +250,17 @@ def read_file(raw: RawFile, text_field: str, max_doc_bytes: int, skips: Skips) -
     if kind == "parquet":
         try:
             yield from _parquet_documents(raw, text_field, max_doc_bytes, skips)
+        except ChangedSinceListing:
+            skips.add("changed_since_listing", raw.name)
         except OSError:
             skips.add("unreadable", raw.name)
         return
     compression = compression_of(raw.name)
     try:
         stream = decompressed(raw.open(), compression)
+    except ChangedSinceListing:
+        skips.add("changed_since_listing", raw.name)
+        return
     except OSError:
         skips.add("unreadable", raw.name)
         return

@@ -21,6 +21,7 @@ so nothing disappears silently. Reading the files is ``data_prep.readers``' job.
 from __future__ import annotations
 
 import errno
+import functools
 import glob
 import hashlib
 import os
@@ -162,8 +163,25 @@ def _stdlib_files() -> list[Path]:
     return files
 
 
-def _local(path: Path, size: int) -> RawFile:
-    return RawFile(str(path), size, lambda p=path: open(p, "rb"), local_path=str(path))
+def _local(path: Path, listed: os.stat_result) -> RawFile:
+    opener = functools.partial(open_listed, path, (listed.st_dev, listed.st_ino))
+    return RawFile(str(path), listed.st_size, opener, local_path=str(path))
+
+
+class ChangedSinceListing(OSError):
+    """A local file that is not, when opened, the file its source's listing saw."""
+
+
+def open_listed(path: Path, identity: tuple[int, int]) -> BinaryIO:
+    """``path`` opened, refused unless the descriptor is the file the listing saw (device, inode): the listing's
+    link checks are by path, so a file replaced by a link to ``~/.aws/credentials`` between the listing and the
+    read would otherwise put the credentials into the corpus."""
+    f = open(path, "rb")  # noqa: SIM115 - handed to the caller, who closes it
+    opened = os.fstat(f.fileno())
+    if (opened.st_dev, opened.st_ino) != identity or not stat.S_ISREG(opened.st_mode):
+        f.close()
+        raise ChangedSinceListing(f"{path} is not the file the listing saw (replaced since, by a link or another file)")
+    return f
 
 
 def _problem(path: Path | str, reason: str) -> RawFile:
@@ -235,9 +253,9 @@ def _walk(folder: Path, ancestors: frozenset[tuple[int, int]], lister: _Lister) 
         elif not stat.S_ISREG(st.st_mode):
             out.append(_problem(path, "not_a_regular_file"))
         elif kind_of(name):
-            out.append(_local(path, st.st_size))
+            out.append(_local(path, st))
         elif sniff and sniffable(name) and _sniff_local(path):
-            out.append(_local(path, st.st_size))
+            out.append(_local(path, st))
             _sniffed(ignored, str(path))
         else:
             _ignore(ignored, str(path))
@@ -254,7 +272,7 @@ def _local_path_files(path: Path, lister: _Lister) -> None:
         # A folder is walked whatever its name: "notes.txt/" is a folder of documents.
         _walk(path, frozenset({(st.st_dev, st.st_ino)}), lister)
     elif stat.S_ISREG(st.st_mode):
-        out.append(_local(path, st.st_size))  # named explicitly: read even with an unusual suffix
+        out.append(_local(path, st))  # named explicitly: read even with an unusual suffix
     else:
         out.append(_problem(path, "not_a_regular_file"))
 
@@ -327,7 +345,7 @@ def list_files(
         start = len(files)
         since = ignored.marks() if isinstance(ignored, Ignored) else ({}, {})
         if source == STDLIB_SOURCE:
-            files += [_local(p, p.stat().st_size) for p in _stdlib_files()]
+            files += [_local(p, p.stat()) for p in _stdlib_files()]
         elif source.startswith("s3://"):
             _s3_files(source, files, ignored, sniff)
         else:

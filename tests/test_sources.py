@@ -365,6 +365,28 @@ def test_a_symlink_out_of_the_source_is_refused_not_read(tmp_path):
     assert ignored == {"(hidden)": 2}
 
 
+def test_a_file_replaced_by_a_link_after_the_listing_is_not_read(tmp_path):
+    """Issue 50 finding 6: files were opened by path after the listing's link check, so replacing a listed file
+    with a link to ``~/.aws/credentials`` between the listing and the read put the credentials into the corpus.
+    Each file is now read through one descriptor checked to be the file the listing saw (device, inode)."""
+    victim = victim_home(tmp_path)
+    docs = distinct_docs(2)
+    corpus = write_corpus(tmp_path / "corpus", {"a.txt": docs[0], "b.txt": docs[1]})
+    pq.write_table(pa.table({"text": [docs[0]]}), corpus / "c.parquet")
+    files = list_files([str(corpus)])
+    assert [f.relative for f in files if not f.problem] == ["a.txt", "b.txt", "c.parquet"]
+    for name, target in (("a.txt", victim / ".aws" / "credentials"), ("c.parquet", victim / "token.txt")):
+        (corpus / name).unlink()
+        (corpus / name).symlink_to(target)  # the swap, after the listing
+    skips = Skips()
+    texts = [d.text for d in iter_documents(files, "text", 1_000_000, skips)]
+    assert texts == [docs[1]] and not [t for t in texts if "SECRET" in t]
+    assert skips.counts["changed_since_listing"] == 2 and skips.examples["changed_since_listing"] == [
+        str(corpus / "a.txt"),
+        str(corpus / "c.parquet"),
+    ]
+
+
 def test_a_file_symlink_out_of_the_source_is_refused(tmp_path):
     secret = write_corpus(tmp_path / "elsewhere", {"secret.txt": "SECRET"}) / "secret.txt"
     corpus = write_corpus(tmp_path / "corpus", {"a.txt": distinct_docs(1)[0]})
