@@ -209,12 +209,13 @@ def test_ui_refuses_a_remote_server_and_names_it(monkeypatch, capsys):
     assert err.startswith("error: ") and "open https://mlflow.example.org in a browser" in err
 
 
-def http(url: str, password: str | None = None, body: dict | None = None) -> tuple[int, bytes]:
-    """(status, body) of a GET (or a JSON POST) as ``pretrain``'s browser would send it, with ``password``."""
-    headers = {"Content-Type": "application/json"} if body is not None else {}
+def http(url: str, password: str | None = None, body: dict | None = None, raw: bytes | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET (or a JSON POST of ``body``, or of the bytes ``raw``) as ``pretrain``'s browser would
+    send it, with ``password``."""
+    data = json.dumps(body).encode() if body is not None else raw
+    headers = {"Content-Type": "application/json"} if data is not None else {}
     if password is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"pretrain:{password}".encode()).decode()
-    data = json.dumps(body).encode() if body is not None else None
     try:
         with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=30) as answer:
             return answer.status, answer.read()
@@ -290,7 +291,9 @@ def test_ui_serves_the_tracking_database_to_its_user_only_and_stops_with_its_wor
             info = json.loads(run)["run"]["info"]
             return info["run_id"], Path(info["artifact_uri"].removeprefix("file://"))
 
-        outside_run, _ = run_in(victim.as_uri())
+        outside_run, outside = run_in(victim.as_uri())
+        outside.mkdir(parents=True)
+        (outside / "id_ed25519").write_text("the victim's key")  # a folder of the victim's, listed as artifacts
         inside_run, artifacts = run_in((folder / "mlflow-artifacts" / name).as_uri())
         artifacts.mkdir(parents=True)
         (artifacts / "store.json").write_text('{"store": "here"}')
@@ -303,6 +306,15 @@ def test_ui_serves_the_tracking_database_to_its_user_only_and_stops_with_its_wor
             assert status == 403 and b"outside the tracking root" in body, (run_id, path, status, body[:200])
         status, listed = http(f"{api}/artifacts/list?run_id={outside_run}", password)
         assert status == 403 and b"outside the tracking root" in listed, (status, listed[:200])
+        # Issue 50 finding 9: GraphQL's mlflowListArtifacts listed the victim's folders past the REST check.
+        arguments = json.dumps({"runId": outside_run, "path": ""}).replace('"runId"', "runId").replace('"path"', "path")
+        listing = json.dumps({"query": "query { mlflowListArtifacts(input: " + arguments + ") { files { path } } }"})
+        for body in (listing, listing.replace("mlflowList", "\\u006dlflowList")):  # the name as a JSON escape too
+            status, answer = http(f"{base}/graphql", password, raw=body.encode())
+            assert status == 403 and b"through its REST route only" in answer, (body, status, answer[:300])
+        get_run = "query { mlflowGetRun(input: {runId: " + json.dumps(inside_run) + "}) { run { info { runId } } } }"
+        status, answer = http(f"{base}/graphql", password, {"query": get_run})  # control: the UI's own GraphQL works
+        assert status == 200 and json.loads(answer)["data"]["mlflowGetRun"]["run"]["info"]["runId"] == inside_run, answer
         for route in (
             "model-versions/get-artifact?name=m&version=1&path=x",
             "ajax-api/2.0/mlflow/get-trace-artifact?request_id=t",

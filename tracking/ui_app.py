@@ -6,12 +6,16 @@ Authentication keeps other local users out; the confinement keeps a run out of f
 show even to its owner's browser: a run (or an experiment) whose artifact location is outside the
 folder beside the tracking database, or a link inside that folder leading out of it, is refused with
 403 before MLflow opens a file. Artifact routes this project has no use for (the proxied artifact
-store, uploads, trace and logged-model artifacts, presigned URLs) are refused whole: fail closed.
+store, uploads, trace and logged-model artifacts, presigned URLs) are refused whole: fail closed. So is a
+GraphQL request that names ``mlflowListArtifacts`` (it listed folders outside the root, past the REST check):
+the UI browses a run's files through the REST route, which is confined.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -49,10 +53,42 @@ def artifact_refusal(path: str, artifact_uri: str | None, requested: str, root: 
     return ""
 
 
+GRAPHQL_REFUSED = "listartifacts"
+"""A GraphQL field (``mlflowListArtifacts``, matched without case) this UI refuses: it lists a run's artifacts."""
+
+
+def graphql_refusal(query_args: dict[str, str], body: bytes) -> str:
+    """Why a GraphQL request is refused, or '': every string it carries (query string, JSON body with its escapes
+    decoded, or the raw body when it is not JSON) is searched for ``GRAPHQL_REFUSED``."""
+    try:
+        texts = [*query_args.values(), *_strings(json.loads(body))] if body else [*query_args.values()]
+    except ValueError:
+        texts = [*query_args.values(), body.decode("utf-8", "replace")]
+    if any(GRAPHQL_REFUSED in text.lower() for text in texts):
+        return "pretrain ui lists a run's artifacts through its REST route only"
+    return ""
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
 def confine_artifacts():
-    """Flask ``before_request``: a 403 for any artifact request that does not name a file inside the root."""
+    """Flask ``before_request``: a 403 for any artifact request that does not name a file inside the root, and
+    for a GraphQL request that lists artifacts."""
     from flask import Response, request
 
+    if request.path.rstrip("/").endswith("/graphql"):
+        reason = graphql_refusal(dict(request.args), request.get_data(cache=True))
+        return Response(f"refused: {reason}\n", status=403, mimetype="text/plain") if reason else None
     if "artifact" not in request.path:
         return None
     run_id = request.args.get("run_id") or request.args.get("run_uuid") or ""
