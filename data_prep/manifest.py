@@ -86,7 +86,7 @@ def load_manifest(store: Store, ref: DatasetRef) -> dict:
     records are what every reader checks the shards against, so it must be the one prepared."""
     if not store.is_committed(ref.prefix):
         raise DataError(f"dataset {store.url(ref.prefix)} is not committed: rerun the prepare step")
-    data = store.get_bytes(f"{ref.prefix}/{MANIFEST}")
+    data = store.get_bytes(f"{ref.prefix}/{MANIFEST}", "manifest")
     actual = hashlib.sha256(data).hexdigest()[:16]  # as version_of
     if actual != ref.version:
         raise DataError(
@@ -97,6 +97,8 @@ def load_manifest(store: Store, ref: DatasetRef) -> dict:
 
 
 RECORDED_FILES = {"tokenizer": TOKENIZER, "doc_stats": DOC_STATS}
+READ_AS = {"tokenizer": "tokenizer", "doc_stats": "object"}
+"""Each recorded file's kind of read (``storage.READ_LIMITS``)."""
 """The dataset files besides its shards whose sha256 the manifest records, by manifest key."""
 
 
@@ -106,7 +108,7 @@ def read_recorded(store: Store, ref: DatasetRef, entry: str, manifest: dict | No
     the commit would otherwise pick the tokenizer of every model evaluated and registered from it."""
     manifest = load_manifest(store, ref) if manifest is None else manifest
     key = f"{ref.prefix}/{RECORDED_FILES[entry]}"
-    data = store.get_bytes(key)
+    data = store.get_bytes(key, READ_AS[entry])
     actual = hashlib.sha256(data).hexdigest()
     if actual != manifest[entry]["sha256"]:
         raise DataError(

@@ -100,7 +100,7 @@ def work_for(data: DataConfig, tokenizer_config: TokenizerConfig, tokenizer_from
 
 # --- tokenizers -------------------------------------------------------------------------
 def _load_tokenizer(store: Store, tokenizer_key: str, eod_token: str) -> Tokenizer:
-    data = store.get_bytes(tokenizer_key)
+    data = store.get_bytes(tokenizer_key, "tokenizer")
     named = mixture_tokenizer_digest(tokenizer_key)
     if named and hashlib.sha256(data).hexdigest()[:16] != named:  # a mixture's: named by its content
         raise DataError(
@@ -131,7 +131,7 @@ def given_tokenizer(store: Store, tokenizer_key: str, config: TokenizerConfig) -
 
 
 def work_tokenizer(store: Store, work: str) -> Tokenizer:
-    return Tokenizer.from_str(store.get_bytes(f"{work}/{TOKENIZER}").decode())
+    return Tokenizer.from_str(store.get_bytes(f"{work}/{TOKENIZER}", "tokenizer").decode())
 
 
 # --- the stages, each callable on its own (a Flyte task each: tasks/data.py) ---------------

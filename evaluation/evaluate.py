@@ -266,7 +266,7 @@ def base_tokenizer_files(store, base_model: str) -> dict[str, str] | None:
     for name in TOKENIZER_FILES:
         key = f"{base_model}/{HF_EXPORT}/{name}"
         if store.exists(key):
-            files[name] = store.get_bytes(key).decode()
+            files[name] = store.get_bytes(key, "tokenizer").decode()
     return files or None
 
 

@@ -20,7 +20,7 @@ def _count(n: float) -> str:
 
 
 def _data_line(store: Store, version: str) -> str:
-    stats = store.get_json(f"{dataset_prefix(version)}/{MANIFEST}")["stats"]
+    stats = store.get_json(f"{dataset_prefix(version)}/{MANIFEST}", "manifest")["stats"]
     skips = skipped_by_reason(stats)
     why = ", ".join(f"{reason} {_count(n)}" for reason, n in skips[:SKIPS_SHOWN]) + (", …" if len(skips) > SKIPS_SHOWN else "")
     tokens = stats.get("train_tokens", 0) + stats.get("val_tokens", 0)

@@ -239,7 +239,7 @@ def read_attempts(store: Store, run: str) -> list[dict[str, Any]]:
         if not key.endswith(".json"):
             continue
         try:
-            record = json.loads(store.get_bytes(key))
+            record = json.loads(store.get_bytes(key, "record"))
             attempts.append(_attempt(record))
         except (ValueError, TypeError, KeyError, AttributeError):
             continue

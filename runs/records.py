@@ -17,7 +17,7 @@ def read_jsonl(store: Store, key: str) -> list[dict]:
     """The records of a JSONL file, [] if it does not exist (a run that never saved)."""
     if not store.exists(key):
         return []
-    return [json.loads(line) for line in store.get_bytes(key).decode().splitlines() if line.strip()]
+    return [json.loads(line) for line in store.get_bytes(key, "log").decode().splitlines() if line.strip()]
 
 
 def row_ranges(rows: list[int], shown: int) -> str:

@@ -3,7 +3,9 @@
 from storage.open import default_store_uri, open_store, user_data_folder
 from storage.store import (
     COMMIT_MARKER,
+    READ_LIMITS,
     AlreadyCommitted,
+    ObjectTooLarge,
     PreconditionFailed,
     Store,
     StoreError,
@@ -12,7 +14,9 @@ from storage.store import (
 
 __all__ = [
     "COMMIT_MARKER",
+    "READ_LIMITS",
     "AlreadyCommitted",
+    "ObjectTooLarge",
     "PreconditionFailed",
     "Store",
     "StoreError",

@@ -18,6 +18,7 @@ from common.errors import is_no_space
 from storage.store import (
     COMMIT_MARKER,
     LOCK_NAME,
+    READ_LIMITS,
     AlreadyCommitted,
     ObjectInfo,
     PreconditionFailed,
@@ -235,14 +236,15 @@ class LocalStore(Store):
             else:
                 _replace(tmp, dest)
 
-    def get_bytes(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError as e:
-            raise StoreError(f"{self.url(key)} does not exist") from e
+    def get_bytes(self, key: str, kind: str = "object") -> bytes:
+        with self.open_read(key) as f:
+            self._within_limit(key, os.fstat(f.fileno()).st_size, kind)
+            data = f.read(READ_LIMITS[kind] + 1)  # a file grown since: still no more than the limit and one byte
+        self._within_limit(key, len(data), kind)
+        return data
 
-    def get_bytes_with_etag(self, key: str) -> tuple[bytes, str]:
-        data = self.get_bytes(key)  # writes are renames: one whole object, whose hash is its ETag
+    def get_bytes_with_etag(self, key: str, kind: str = "record") -> tuple[bytes, str]:
+        data = self.get_bytes(key, kind)  # writes are renames: one whole object, whose hash is its ETag
         return data, content_etag(data)
 
     def open_read(self, key: str):

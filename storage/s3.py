@@ -198,12 +198,15 @@ class S3Store(Store):
         with ThreadPoolExecutor(max_workers=min(8, len(starts))) as pool:
             return list(pool.map(part, range(1, len(starts) + 1), starts))
 
-    def get_bytes(self, key: str) -> bytes:
-        return self.open_read(key).read()
+    def get_bytes(self, key: str, kind: str = "object") -> bytes:
+        return self.get_bytes_with_etag(key, kind)[0]
 
-    def get_bytes_with_etag(self, key: str) -> tuple[bytes, str]:
+    def get_bytes_with_etag(self, key: str, kind: str = "record") -> tuple[bytes, str]:
         resp = self._call(key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))
-        return resp["Body"].read(), resp["ETag"]
+        with resp["Body"] as body:
+            self._within_limit(key, int(resp.get("ContentLength", 0)), kind)
+            data = body.read()
+        return data, resp["ETag"]
 
     def open_read(self, key: str):
         resp = self._call(key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))

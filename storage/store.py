@@ -43,6 +43,24 @@ class StoreError(UserError, RuntimeError):
     """A storage problem the user can act on (bad URI, rejected credentials, missing key)."""
 
 
+MiB = 2**20
+READ_LIMITS = {
+    "record": 64 * MiB,
+    "manifest": 1024 * MiB,
+    "log": 2048 * MiB,
+    "tokenizer": 256 * MiB,
+    "object": 8192 * MiB,
+}
+"""The most bytes one whole read of each kind of object takes (docs/security.md): a JSON record (card, meta,
+lease, attempt, result), a dataset manifest (an entry per shard), a run's JSONL log (a line per step), a
+tokenizer, anything else (a shard, doc stats, work files). A planted object over its kind's limit fails the
+read with one line naming its key, before its bytes are held."""
+
+
+class ObjectTooLarge(StoreError):
+    """An object over the read limit of its kind (``READ_LIMITS``)."""
+
+
 class AlreadyCommitted(StoreError):
     """A conditional create found the object already there."""
 
@@ -167,12 +185,21 @@ class Store:
     def put_file(self, key: str, path: str | Path, *, if_absent: bool = False) -> None:
         raise NotImplementedError
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, kind: str = "object") -> bytes:
+        """The whole object ``key``; ``ObjectTooLarge`` past ``READ_LIMITS[kind]``, checked before it is read."""
         raise NotImplementedError
 
-    def get_bytes_with_etag(self, key: str) -> tuple[bytes, str]:
-        """The object and its ETag, for a later ``put_bytes(..., if_match=etag)``."""
+    def get_bytes_with_etag(self, key: str, kind: str = "record") -> tuple[bytes, str]:
+        """The object and its ETag, for a later ``put_bytes(..., if_match=etag)`` (bounded as ``get_bytes``)."""
         raise NotImplementedError
+
+    def _within_limit(self, key: str, size: int, kind: str) -> None:
+        limit = READ_LIMITS[kind]
+        if size > limit:
+            raise ObjectTooLarge(
+                f"{self.url(key)} is {size:,} bytes, over the {limit:,}-byte limit for a {kind} read whole: "
+                "no object this release writes is that large; remove it, or find who wrote it"
+            )
 
     def download(self, key: str, path: str | Path) -> None:
         """Copy ``key`` to the local file ``path``, whole or not at all: into a temporary file of its
@@ -259,8 +286,8 @@ class Store:
     def put_json(self, key: str, obj: Any, *, if_absent: bool = False, if_match: str | None = None) -> None:
         self.put_bytes(key, json.dumps(obj, indent=2, sort_keys=True).encode(), if_absent=if_absent, if_match=if_match)
 
-    def get_json(self, key: str) -> Any:
-        return json.loads(self.get_bytes(key))
+    def get_json(self, key: str, kind: str = "record") -> Any:
+        return json.loads(self.get_bytes(key, kind))
 
     def get_json_with_etag(self, key: str) -> tuple[Any, str]:
         data, etag = self.get_bytes_with_etag(key)

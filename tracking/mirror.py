@@ -169,7 +169,7 @@ def record_execution(
         run_id = start_run(mlflow, exp, execution, config, {STORE_TAG: store.uri}, name=name)
     set_tags(mlflow, run_id, {EXECUTION_TAG: execution, STORE_TAG: store.uri, **tags})
     run = card.lineage.training_run
-    records = [line for line in store.get_bytes(metrics_key(run)).decode().splitlines() if line.strip()]
+    records = [line for line in store.get_bytes(metrics_key(run), "log").decode().splitlines() if line.strip()]
     points = [p for line in records for p in step_metrics(json.loads(line))]
     points += figure_metrics(card.metrics, card.lineage.training_steps)
     goodput = load_goodput(store, run)
