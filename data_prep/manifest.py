@@ -6,8 +6,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-
-from tokenizers import Tokenizer
+from typing import Protocol
 
 from common.contracts import DOC_STATS, MANIFEST, PAD_TOKEN, TOKENIZER, DatasetRef
 from common.digests import file_sha256
@@ -26,11 +25,20 @@ MIXTURE = {"mixture", "dedup_across"}
 that a dataset's version is what it was before mixtures existed, and no weight is ever part of one."""
 
 
+class Vocabulary(Protocol):
+    """What the manifest reads of a tokenizer (a ``tokenizers.Tokenizer``: not imported here, so that the
+    readers of manifests, registration among them, do not depend on the tokenizers library)."""
+
+    def get_vocab_size(self) -> int: ...
+
+    def token_to_id(self, token: str) -> int | None: ...
+
+
 def build(
     *,
     data: DataConfig,
     tokenizer_config: TokenizerConfig,
-    tokenizer: Tokenizer,
+    tokenizer: Vocabulary,
     tokenizer_from: str,
     staging: Path,
     splits: dict[str, dict],

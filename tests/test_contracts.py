@@ -29,6 +29,7 @@ from common.errors import ConfigError, user_error_in
 from registry.names import RegistryError
 from registry.registry import register, show
 from storage import open_store
+from tests.helpers import DATASET, DATASET_MANIFEST, DATASET_VERSION, TOKENIZER_JSON
 
 PP2 = Layout(world_size=2, tensor_parallel=1, pipeline_parallel=2)
 DP2_DISTOPT = Layout(world_size=2, tensor_parallel=1, distributed_optimizer=True)
@@ -103,8 +104,9 @@ def test_card_format_1_loads_without_a_layout_history_and_anything_else_is_named
 def populated_store(root: Path):
     """A store with a dataset's manifest and tokenizer and one committed checkpoint."""
     store = open_store(str(root))
-    store.put_json("datasets/v1/manifest.json", {"tokenizer": {"sha256": "t" * 64}})
-    store.put_bytes("datasets/v1/tokenizer.json", b"{}")
+    store.put_bytes(f"{DATASET}/manifest.json", DATASET_MANIFEST)
+    store.put_bytes(f"{DATASET}/tokenizer.json", TOKENIZER_JSON)
+    store.commit(DATASET)
     store.put_bytes("runs/ab12/checkpoints/step-0000010/model/__0_0.distcp", b"weights")
     store.put_json("runs/ab12/checkpoints/step-0000010/meta.json", {"step": 10})
     store.commit("runs/ab12/checkpoints/step-0000010")
@@ -118,7 +120,7 @@ def evaluated(ckpt: CheckpointRef, loss: float = 3.0) -> EvalReport:
 def test_registry_show_says_which_layout_trained_which_steps(tmp_path, capsys):
     store = populated_store(tmp_path / "store")
     layouts = [LayoutSpan(1, 5, PP2), LayoutSpan(6, 8, DP2_DISTOPT), LayoutSpan(9, 10, DP2_FSDP)]
-    dataset = DatasetRef(store.uri, "v1", "datasets/v1")
+    dataset = DatasetRef(store.uri, DATASET_VERSION, DATASET)
     ckpt = CheckpointRef(store.uri, "runs/ab12", "runs/ab12/checkpoints/step-0000010", 10, dataset, layouts=layouts)
     register(store, "gpt", evaluated(ckpt), config={"parallel": {"tensor_parallel": 2}})
     assert show(store, "gpt:1").card.layouts == layouts
@@ -156,7 +158,7 @@ def test_continuing_a_model_of_another_shape_stops_before_the_data_stage(tmp_pat
 
     store = populated_store(tmp_path / "store")
     ckpt = CheckpointRef(
-        store.uri, "runs/ab12", "runs/ab12/checkpoints/step-0000010", 10, DatasetRef(store.uri, "v1", "datasets/v1")
+        store.uri, "runs/ab12", "runs/ab12/checkpoints/step-0000010", 10, DatasetRef(store.uri, DATASET_VERSION, DATASET)
     )
     register(store, "gpt", evaluated(ckpt), config={"model": dataclasses.asdict(ModelConfig(num_layers=2, hidden_size=64))})
     same = find_base_model(store=store.uri, init_from="gpt:latest", parallel=ParallelConfig(), model=ModelConfig(num_layers=2))

@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from hashlib import sha256
 from pathlib import Path
 
 import psutil
@@ -29,7 +30,7 @@ from common.contracts import metrics_key
 from pipeline.config import PipelineConfig
 from registry.registry import promote, register
 from storage import open_store
-from tests.helpers import BIN, CKPT, DATASET, DATASET_VERSION, free_port, kill_group, registry_inputs, report
+from tests.helpers import BIN, CKPT, DATASET, DATASET_VERSION, TOKENIZER_JSON, free_port, kill_group, registry_inputs, report
 from tracking.client import (
     CLASSIC_ML,
     EXPERIMENT_KIND_TAG,
@@ -185,7 +186,8 @@ def test_registry_mirror_follows_versions_and_aliases(tmp_path, mlflow_tracking_
     assert tags == {"1": "production", "2": "latest"}
     assert len(mlflow.get_metric_history(run_id, "loss")) == 10
     run = mlflow.get_run(run_id)
-    assert run.data.tags["pretrain.run_prefix"] == "runs/r1" and run.data.tags["pretrain.tokenizer_sha256"] == "t" * 64
+    assert run.data.tags["pretrain.run_prefix"] == "runs/r1"
+    assert run.data.tags["pretrain.tokenizer_sha256"] == sha256(TOKENIZER_JSON).hexdigest()
     assert run.data.metrics["val_loss"] == 2.5 and run.info.status == "FINISHED"
     links = json.loads(Path(mlflow.download_artifacts(run_id, "links/store.json", str(tmp_path))).read_text())
     assert links["card"] == {"key": f"{second.prefix}/card.json", "url": store.url(f"{second.prefix}/card.json")}
