@@ -11,9 +11,11 @@ from kubernetes.client import (
     V1Container,
     V1EmptyDirVolumeSource,
     V1EnvVar,
+    V1EnvVarSource,
     V1PodSecurityContext,
     V1PodSpec,
     V1SeccompProfile,
+    V1SecretKeySelector,
     V1SecurityContext,
     V1Volume,
     V1VolumeMount,
@@ -46,6 +48,9 @@ TRAIN_PACKAGES = [
 ]
 RUNTIME_UID = 1000
 """Numeric non-root user (and group) the task containers run as; it owns nothing in the images."""
+TRACKING_SECRET = "mlflow-tracking"
+"""The Secret, in each pretrain-<domain> namespace, of the task pods' MLflow user (keys ``username``, ``password``):
+the cluster's servers require a user (infra/mlflow/values.yaml); MLflow's client reads the two variables."""
 ROOT_OWNED_PYTHON = "chown -R root:root /opt/micromamba && chmod -R go-w /opt/micromamba"
 """ImageSpec build step (run as root, after the install): the runtime user cannot modify the packages."""
 
@@ -94,11 +99,17 @@ def pod_template(service_account: str, cluster: ClusterConfig = CLUSTER) -> PodT
     `restricted`: a numeric non-root user, no privilege escalation, no capabilities, RuntimeDefault seccomp,
     a read-only root filesystem with emptyDirs for /tmp (also $HOME) and /root (where fast registration
     unpacks the code); train's /dev/shm is the emptyDir that ``shared_memory=True`` adds. The profile's
-    MLflow server, if it names one, is the pods' $MLFLOW_TRACKING_URI."""
+    MLflow server, if it names one, is the pods' $MLFLOW_TRACKING_URI; a server over HTTP gets the user and
+    password of ``TRACKING_SECRET`` (never a literal)."""
     seccomp = V1SeccompProfile(type="RuntimeDefault")
     env = [V1EnvVar(name="HOME", value="/tmp")]
     if cluster.tracking_uri:
         env.append(V1EnvVar(name=TRACKING_URI_ENV, value=cluster.tracking_uri))
+    if cluster.tracking_uri.startswith(("http://", "https://")):
+        env += [
+            V1EnvVar(name=name, value_from=V1EnvVarSource(secret_key_ref=V1SecretKeySelector(name=TRACKING_SECRET, key=key)))
+            for name, key in (("MLFLOW_TRACKING_USERNAME", "username"), ("MLFLOW_TRACKING_PASSWORD", "password"))
+        ]
     primary = V1Container(
         name="primary",
         security_context=V1SecurityContext(

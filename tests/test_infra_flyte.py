@@ -483,6 +483,16 @@ MLFLOW_CHART_KEYS = {
         "gcs": None,
     },
     **dict.fromkeys(["extraArgs", "extraFlags", "extraEnvVars", "extraSecretNamesForEnvFrom", "serviceMonitor"]),
+    **dict.fromkeys(["extraVolumes", "extraVolumeMounts", "flaskServerSecretKey"]),
+    "auth": {
+        **dict.fromkeys(["enabled", "adminUsername", "adminPassword", "defaultPermission", "appName"]),
+        **dict.fromkeys(["authorizationFunction", "sqliteFile", "sqliteFullPath", "configPath", "configFile"]),
+        "existingAdminSecret": {"name", "usernameKey", "passwordKey"},
+        "postgres": {
+            **dict.fromkeys(["enabled", "host", "port", "database", "user", "password", "driver"]),
+            "existingSecret": {"name", "usernameKey", "passwordKey"},
+        },
+    },
     **dict.fromkeys(["resources", "nodeSelector", "tolerations", "affinity", "livenessProbe", "readinessProbe"]),
 }
 SECRET_KEYS = re.compile(r"password|secret|accesskey", re.IGNORECASE)
@@ -537,6 +547,66 @@ def test_each_domains_mlflow_keeps_runs_in_postgres_and_artifacts_in_its_prefix(
     assert sa["metadata"]["namespace"] == MLFLOW_NAMESPACE
     assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(f":role/pretrain-{domain}-mlflow")
     assert sa["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_each_domains_mlflow_requires_a_user_whose_password_is_a_secret(domain):
+    """Issue 50 finding 4: the cluster's MLflow had no authentication, so every pod of the domain's namespace,
+    the read-only role's included, could create, delete or move runs, registered models and aliases."""
+    values = mlflow_values(domain)
+    auth = values["auth"]
+    assert auth["enabled"] is True and auth["appName"] == "basic-auth"
+    assert auth["authorizationFunction"] == "mlflow.server.auth:authenticate_request_basic_auth"
+    assert auth["defaultPermission"] == "READ", "every user reads; only what a user created (or is granted) it edits"
+    assert auth["existingAdminSecret"] == {"name": f"mlflow-{domain}-admin", "usernameKey": "username", "passwordKey": "password"}
+    assert not auth["adminUsername"] and not auth["adminPassword"], "the admin comes from the Secret only"
+    users = auth["postgres"]  # users and permissions outlive the pod: in the domain's database server, not SQLite
+    assert users["enabled"] is True and users["host"] == values["backendStore"]["postgres"]["host"]
+    assert users["database"] == f"mlflow_auth_{domain}" and users["existingSecret"]["name"] == f"mlflow-{domain}-db"
+    assert not inline_secrets(values)
+    # The task pods sign in as the tasks' user from a Secret of their namespace; never a literal in the template.
+    from tasks.placement import TRACKING_SECRET, pod_template
+
+    cluster = cluster_profiles()["gpu-2x8"]
+    env = {e.name: e for e in pod_template("pretrain-train", cluster).pod_spec.containers[0].env}
+    assert env["MLFLOW_TRACKING_URI"].value.startswith("http")
+    for name, key in (("MLFLOW_TRACKING_USERNAME", "username"), ("MLFLOW_TRACKING_PASSWORD", "password")):
+        assert env[name].value is None and env[name].value_from.secret_key_ref.to_dict() == {
+            "name": TRACKING_SECRET,
+            "key": key,
+            "optional": None,
+        }
+
+
+def ca_bundle_path(volumes: list[dict], mounts: list[dict]) -> str:
+    """The folder the RDS CA bundle's ConfigMap is mounted at (read-only), from a pod's volumes and mounts."""
+    (volume,) = [v for v in volumes if v.get("configMap", {}).get("name") == "rds-ca-bundle"]
+    (mount,) = [m for m in mounts if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    return mount["mountPath"]
+
+
+def test_every_postgres_connection_checks_the_servers_certificate():
+    """Issue 50 finding 4: Postgres was reached with ``sslmode=require``, which encrypts but checks no certificate:
+    whoever answers on the database's address gets the passwords. Flyte's and each MLflow's connections now verify
+    the server's certificate and name against the RDS CA bundle, mounted in the pod that connects."""
+    database = flyte_values()["configuration"]["database"]
+    options = dict(option.split("=", 1) for option in database["options"].split())
+    assert options["sslmode"] == "verify-full"
+    deployment = flyte_values()["deployment"]
+    folder = ca_bundle_path(deployment["extraVolumes"], deployment["extraVolumeMounts"])
+    assert options["sslrootcert"] == f"{folder}/global-bundle.pem"
+    for domain in DOMAINS:
+        values = mlflow_values(domain)
+        env = values["extraEnvVars"]
+        assert env["PGSSLMODE"] == "verify-full"  # libpq: the runs' and the users' databases alike
+        assert env["PGSSLROOTCERT"] == f"{ca_bundle_path(values['extraVolumes'], values['extraVolumeMounts'])}/global-bundle.pem"
+        # The chart's migration init container gets neither: it is off, and `mlflow db upgrade` runs by hand.
+        assert values["backendStore"]["databaseMigration"] is False
+    weaker = [
+        p for p in INFRA.rglob("*") if p.is_file() and re.search(r"sslmode[=: ]+(disable|allow|prefer|require)\b", p.read_text())
+    ]
+    assert not weaker, weaker
 
 
 def test_every_pod_tracks_into_its_own_domains_mlflow_service():
