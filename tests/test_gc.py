@@ -205,7 +205,7 @@ def test_local_temporary_files_of_interrupted_writes(tmp_path, no_staging):
 
 def test_staging_folders_of_gone_processes(tmp_path):
     store = open_store(str(tmp_path / "store"))
-    root = tmp_path / "tmp" / STAGING
+    root = tmp_path / "tmp" / f"{STAGING}-{os.getuid()}"  # the per-user name (runs.staging.root)
     here = {"host": this_host(), "boot": boot_id()}
     folders = {name: root / "0123456789ab" / name for name in ("dead", "live", "old", "young", "elsewhere")}
     for folder in folders.values():
@@ -284,7 +284,7 @@ def test_gc_again_and_again_while_a_run_trains_is_killed_and_resumes(tiny_datase
     args = (0.3, dataset, tiny_model(), ParallelConfig(tensor_parallel=1, collective_timeout_s=300), cfg)
     env = {"TMPDIR": str(tmp_path / "tmp")}  # the job's staging, where gc looks (and no other test's)
     (tmp_path / "tmp").mkdir()
-    staging = tmp_path / "tmp" / STAGING
+    staging = tmp_path / "tmp" / f"{STAGING}-{os.getuid()}"  # the per-user name (runs.staging.root)
     seen: dict[str, list] = {"live": [], "removed": []}
 
     job = start_launch(tmp_path, train_with_slow_uploads, 2, *args, env=env, log_name="first.log")
