@@ -445,11 +445,17 @@ def test_pods_of_a_cluster_profile_track_into_its_server():
     for name, spec in serialized_pod_specs().items():
         profile = yaml.safe_load((ROOT / "configs" / "cluster" / f"{name.split('/')[0]}.yaml").read_text())
         (primary,) = spec["containers"]
-        env = {e["name"]: e["value"] for e in primary["env"]}
+        env = {e["name"]: e for e in primary["env"]}
         if profile.get("remote"):
-            assert profile["tracking_uri"].startswith("http") and env["MLFLOW_TRACKING_URI"] == profile["tracking_uri"], name
+            assert (
+                profile["tracking_uri"].startswith("http") and env["MLFLOW_TRACKING_URI"]["value"] == profile["tracking_uri"]
+            ), name
+            # The server requires a user (issue 50 finding 4): the pod reads it from its namespace's Secret, as registered.
+            for variable, key in (("MLFLOW_TRACKING_USERNAME", "username"), ("MLFLOW_TRACKING_PASSWORD", "password")):
+                assert "value" not in env[variable], (name, variable)
+                assert env[variable]["valueFrom"]["secretKeyRef"] == {"name": "mlflow-tracking", "key": key}, (name, variable)
         else:
-            assert "MLFLOW_TRACKING_URI" not in env, name
+            assert not {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & set(env), name
 
 
 def test_flyte_binary_runs_as_non_root():
