@@ -26,6 +26,9 @@ EXAMPLES_PER_REASON = 3
 PARQUET_BATCH_ROWS = 1024
 PARQUET_BATCH_BYTES = 16 * 2**20
 """About the most decoded text one Parquet batch holds (one larger value is read alone)."""
+DICTIONARY_BATCH_BYTES = 64 * 2**20
+"""The most text one batch of a dictionary-encoded column may decode to, each row counted at its largest
+dictionary page's size (Arrow writes pages of 1-3 MiB for text: 24-64 rows a batch)."""
 
 
 class Skips:
@@ -161,7 +164,8 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
 
     with _seekable_path(raw) as path:
         try:
-            schema = pq.ParquetFile(path).schema_arrow
+            plain = pq.ParquetFile(path)
+            schema = plain.schema_arrow
         except (pa.ArrowException, OSError):
             skips.add("bad_parquet", raw.name)
             return
@@ -176,10 +180,15 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
             return
         row = 0
         try:
-            # Dictionary-encoded text stays a dictionary (indices into distinct values): expanded by Arrow, 4,096
-            # rows pointing at one 512 KiB value were 2 GiB of text from a 280-byte file.
-            parquet = pq.ParquetFile(path, read_dictionary=[text_field])
-            rows = _batch_rows(parquet, schema.get_field_index(text_field))
+            meta = plain.metadata
+            column = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == text_field)
+            largest = _largest_dictionary_page(path, meta, column)
+            # A row of a dictionary-encoded page decodes to one dictionary value, at most the dictionary page's
+            # size: batches are sized so that even that many rows stay within DICTIONARY_BATCH_BYTES (4,096 rows
+            # pointing at one 512 KiB value, 2 GiB of text from a 504-byte file, were decoded 1,024 rows at a time).
+            # A header that does not read keeps the text a dictionary instead (slower: plain pages are hashed).
+            parquet = plain if largest is not None else pq.ParquetFile(path, read_dictionary=[text_field])
+            rows = _batch_rows(meta, column, largest or 0)
             for batch in parquet.iter_batches(batch_size=rows, columns=[text_field]):
                 for text in _texts_within(batch.column(0), cap):
                     row += 1
@@ -190,37 +199,92 @@ def _parquet_documents(raw: RawFile, text_field: str, cap: int, skips: Skips) ->
                         skips.add("too_long", where)
                     else:
                         yield Document(where, text)
-        except (pa.ArrowException, OSError):
+        except (pa.ArrowException, OSError, StopIteration):
             skips.add("bad_parquet", f"{raw.name}:{row + 1}")
 
 
 TOO_LONG = object()
 
 
-def _batch_rows(parquet, column: int) -> int:
+def _batch_rows(meta, column: int, dictionary_page: int) -> int:
     """Rows per batch such that a batch's stored text stays near ``PARQUET_BATCH_BYTES``, from the row
     groups' recorded sizes: a few huge values (a 2.5 KB file of 8 rows of 64 MiB each, zstd) are then
-    read one at a time, not 1,024 rows at once. (What a batch decodes to is bounded by ``_texts_within``.)"""
-    meta = parquet.metadata
+    read one at a time, not 1,024 rows at once; and such that rows of dictionary values, each at most
+    ``dictionary_page`` bytes, decode to at most ``DICTIONARY_BATCH_BYTES``."""
     groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
     widest = max((g.column(column).total_uncompressed_size / max(1, g.num_rows) for g in groups), default=0.0)
-    return max(1, min(PARQUET_BATCH_ROWS, int(PARQUET_BATCH_BYTES // max(1.0, widest))))
+    rows = min(PARQUET_BATCH_ROWS, int(PARQUET_BATCH_BYTES // max(1.0, widest)))
+    if dictionary_page:
+        rows = min(rows, DICTIONARY_BATCH_BYTES // dictionary_page)
+    return max(1, rows)
+
+
+def _largest_dictionary_page(path: str, meta, column: int) -> int | None:
+    """The largest uncompressed dictionary page of the column's chunks (0: none has one), read from each page
+    header; None if one does not read as a dictionary page's header."""
+    sizes = [0]
+    with open(path, "rb") as f:
+        for i in range(meta.num_row_groups):
+            chunk = meta.row_group(i).column(column)
+            if chunk.has_dictionary_page:
+                f.seek(chunk.dictionary_page_offset)
+                size = _dictionary_page_size(f.read(64))
+                if size is None:
+                    return None
+                sizes.append(size)
+    return max(sizes)
+
+
+def _dictionary_page_size(header: bytes) -> int | None:
+    """``uncompressed_page_size`` of a Parquet page header whose type is DICTIONARY_PAGE (2), else None. The
+    header is a Thrift struct in the compact protocol whose first fields are 1: type and 2: uncompressed size,
+    both i32: a field header byte (id delta << 4 | 5) then a zigzag varint."""
+    at, field, values = 0, 0, {}
+    while field < 2:
+        if at >= len(header) or header[at] & 0x0F != 5 or not header[at] >> 4:
+            return None
+        field, at = field + (header[at] >> 4), at + 1
+        value, shift = 0, 0
+        while True:
+            if at >= len(header) or shift > 35:
+                return None
+            byte, at = header[at], at + 1
+            value, shift = value | (byte & 0x7F) << shift, shift + 7
+            if not byte & 0x80:
+                break
+        values[field] = (value >> 1) ^ -(value & 1)
+    return values[2] if values.get(1) == 2 and values.get(2, -1) >= 0 else None
 
 
 def _texts_within(column, cap: int) -> Iterator:
     """The column's values as Python strings, a value longer than ``cap`` characters as ``TOO_LONG`` (never
-    made a Python string: its length is read from the Arrow array), made ``PARQUET_BATCH_BYTES`` of decoded
-    text at a time whatever the encoding (a dictionary's value counts once per row that points at it)."""
-    import numpy as np
+    made a Python string: its length is read from the Arrow array). A dictionary column (read so when a page
+    header did not read) is decoded ``PARQUET_BATCH_BYTES`` of text at a time: its value counts once per row
+    that points at it; a plain one is decoded already, within its batch's bound."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if pa.types.is_dictionary(column.type):
-        index = column.indices
-        chars = pc.take(pc.utf8_length(column.dictionary), index)
-        size = pc.take(pc.binary_length(column.dictionary), index)
-    else:
-        chars, size = pc.utf8_length(column), pc.binary_length(column)
+        yield from _dictionary_texts(column, cap)
+        return
+    if column.nbytes <= cap:  # no value can have more characters than the batch has bytes
+        yield from column.to_pylist()
+        return
+    lengths = pc.utf8_length(column)
+    longest = pc.max(lengths).as_py()
+    if longest is None or longest <= cap:
+        yield from column.to_pylist()
+        return
+    too_long = pc.greater(lengths, cap).to_pylist()
+    yield from (TOO_LONG if over else column[i].as_py() for i, over in enumerate(too_long))
+
+
+def _dictionary_texts(column, cap: int) -> Iterator:
+    import numpy as np
+    import pyarrow.compute as pc
+
+    chars = pc.take(pc.utf8_length(column.dictionary), column.indices)
+    size = pc.take(pc.binary_length(column.dictionary), column.indices)
     too_long = pc.fill_null(pc.greater(chars, cap), False).to_numpy(zero_copy_only=False)
     size = np.where(too_long, 0, pc.fill_null(size, 0).to_numpy(zero_copy_only=False))
     start, n = 0, len(column)
@@ -234,7 +298,7 @@ def _texts_within(column, cap: int) -> Iterator:
         stop = start + max(1, int(np.argmax(ends)) if ends.any() else n - start)
         cut = np.flatnonzero(too_long[start:stop])
         stop = start + int(cut[0]) if len(cut) else stop
-        yield from column.slice(start, stop - start).to_pylist()
+        yield from column.slice(start, stop - start).dictionary_decode().to_pylist()  # its to_pylist is 5x slower
         start = stop
 
 

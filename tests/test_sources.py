@@ -324,9 +324,10 @@ def test_a_parquet_bomb_is_read_in_bounded_memory(tmp_path):
 
 
 def test_a_dictionary_encoded_parquet_file_is_decoded_within_the_bound(tmp_path):
-    """Issue 50 finding 2: batches were sized from the stored size, which counts a dictionary value once: a few
-    hundred bytes of file, 4,096 rows pointing at one 512 KiB value, decoded 1,024 rows at a time (512 MiB per
-    batch, 2 GiB of text in all). Now the text is decoded 16 MiB at a time, whatever the encoding."""
+    """Issue 50 finding 2: batches were sized from the stored size, which counts a dictionary value once: a 504-byte
+    file, 4,096 rows pointing at one 512 KiB value, decoded 1,024 rows at a time (512 MiB per batch, 2 GiB of text
+    in all) raised the peak by 2,240 MiB. Now each row counts at its dictionary page's size (read from the page
+    header): at most 64 MiB of text per batch, whatever the encoding."""
     path = tmp_path / "dictionary.parquet"
     value = "b" * (512 * 2**10)
     rows = pa.DictionaryArray.from_arrays(pa.array([0] * 4096, pa.int32()), pa.array([value]))
@@ -334,7 +335,25 @@ def test_a_dictionary_encoded_parquet_file_is_decoded_within_the_bound(tmp_path)
     assert path.stat().st_size < 4096 and pq.ParquetFile(path).metadata.row_group(0).column(0).total_uncompressed_size < 2**20
     docs, too_long, chars, grown_mib = read_bomb(path)
     assert (docs, too_long, chars) == (4096, 0, 4096 * len(value))  # every row read, as it is written
-    assert grown_mib < 256, f"reading the dictionary-encoded file raised the peak by {grown_mib} MiB"
+    assert grown_mib < 1024, f"reading the dictionary-encoded file raised the peak by {grown_mib} MiB"
+
+
+def test_a_dictionary_page_header_is_read_or_refused():
+    from data_prep.readers import _dictionary_page_size
+
+    def i32(field_delta: int, value: int) -> bytes:  # a compact-protocol i32 field: header byte, zigzag varint
+        zigzag, out = (value << 1) ^ (value >> 31), b""
+        while True:
+            out += bytes([zigzag & 0x7F | (0x80 if zigzag > 0x7F else 0)])
+            zigzag >>= 7
+            if not zigzag:
+                return bytes([field_delta << 4 | 5]) + out
+
+    assert _dictionary_page_size(i32(1, 2) + i32(1, 524_300) + i32(1, 40)) == 524_300
+    assert _dictionary_page_size(i32(1, 0) + i32(1, 524_300)) is None  # a data page's header, not a dictionary's
+    assert _dictionary_page_size(i32(1, 2) + i32(1, -5)) is None
+    assert _dictionary_page_size(b"\x15\x04\x15\xff\xff") is None  # cut short
+    assert _dictionary_page_size(b"") is None
 
 
 # --- a source's listing stays inside it (the security finding: a symlink to a home folder) ------
@@ -474,3 +493,21 @@ def test_a_corpus_with_nothing_to_read_stops_at_listing(tmp_path):
     with pytest.raises(DataError, match=r"hold no file to read \(1 ignored as \(hidden\), 1 ignored as \.png\)"):
         list_files([str(other)])
     assert [f.relative for f in list_files([str(other / "logo.png")])] == ["logo.png"]  # named: read as named
+
+
+def test_a_column_whose_dictionary_page_header_does_not_read_is_read_as_a_dictionary(tmp_path, monkeypatch):
+    """The fallback: the text stays a dictionary and is decoded a bounded slice at a time; the documents are the
+    same, a value over the cap is still skipped unmade."""
+    from data_prep import readers
+    from data_prep.sources import RawFile
+
+    path = tmp_path / "d.parquet"
+    texts = ["short one", "x" * 5000, "short one", None, "another"]
+    pq.write_table(pa.table({"text": pa.array(texts).dictionary_encode()}), path, store_schema=False)
+    raw = RawFile(str(path), 0, lambda: open(path, "rb"), local_path=str(path))
+    plain_skips, skips = Skips(), Skips()
+    read = [d.text for d in read_file(raw, "text", 1000, plain_skips)]
+    monkeypatch.setattr(readers, "_largest_dictionary_page", lambda *a: None)
+    monkeypatch.setattr(readers, "PARQUET_BATCH_BYTES", 12)  # a slice per one or two values
+    assert [d.text for d in read_file(raw, "text", 1000, skips)] == read == ["short one", "short one", "another"]
+    assert skips.counts == plain_skips.counts == {"too_long": 1, "parquet_null_text": 1}
