@@ -226,6 +226,8 @@ def _largest_dictionary_page(path: str, meta, column: int) -> int | None:
     with open(path, "rb") as f:
         for i in range(meta.num_row_groups):
             chunk = meta.row_group(i).column(column)
+            if not chunk.has_dictionary_page and {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(chunk.encodings):
+                return None  # dictionary-encoded pages with no dictionary page recorded: not a size to trust
             if chunk.has_dictionary_page:
                 f.seek(chunk.dictionary_page_offset)
                 size = _dictionary_page_size(f.read(64))
