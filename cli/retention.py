@@ -56,7 +56,7 @@ from common.contracts import (
 )
 from common.errors import first_line
 from common.names import VERSION
-from common.private import remove_inside
+from common.private import not_yours_alone, remove_inside
 from common.terminal import escaped
 from runs import staging as checkpoint_staging
 from runs.lease import STALE_S, dead_here
@@ -556,11 +556,7 @@ def _not_yours(root: Path) -> str:
         return ""
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         return "a link or not a folder"
-    if info.st_uid != os.getuid():
-        return f"owned by uid {info.st_uid}, not you"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"writable by others (mode {stat.S_IMODE(info.st_mode):o})"
-    return ""
+    return not_yours_alone(info)
 
 
 def _no_link_on_the_way(folder: Path) -> bool:

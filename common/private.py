@@ -63,13 +63,20 @@ def create_private(path: Path) -> None:
     os.close(fd)
 
 
+def not_yours_alone(info: os.stat_result) -> str:
+    """Why a folder with the status ``info`` is not this user's alone ('' if it is): another user owns it, or
+    others may write in it (and so swap what is inside for a link)."""
+    if info.st_uid != os.getuid():
+        return f"owned by uid {info.st_uid}, not you"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return ""
+
+
 def _check_yours(fd: int, path: Path) -> None:
-    info = os.fstat(fd)
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PermissionError(
-            f"{path} is not a folder only you can write (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}): "
-            "nothing under it is deleted"
-        )
+    problem = not_yours_alone(os.fstat(fd))
+    if problem:
+        raise PermissionError(f"{path} is {problem}: nothing under it is deleted")
 
 
 def remove_inside(top: Path, rel: Path, prune: bool = True) -> None:
