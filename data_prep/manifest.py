@@ -104,10 +104,9 @@ def load_manifest(store: Store, ref: DatasetRef) -> dict:
     return json.loads(data)
 
 
-RECORDED_FILES = {"tokenizer": TOKENIZER, "doc_stats": DOC_STATS}
-READ_AS = {"tokenizer": "tokenizer", "doc_stats": "object"}
-"""Each recorded file's kind of read (``storage.READ_LIMITS``)."""
-"""The dataset files besides its shards whose sha256 the manifest records, by manifest key."""
+RECORDED_FILES = {"tokenizer": (TOKENIZER, "tokenizer"), "doc_stats": (DOC_STATS, "object")}
+"""The dataset files besides its shards whose sha256 the manifest records, by manifest key: the file's name and
+its kind of read (``storage.READ_LIMITS``)."""
 
 
 def read_recorded(store: Store, ref: DatasetRef, entry: str, manifest: dict | None = None) -> bytes:
@@ -115,8 +114,9 @@ def read_recorded(store: Store, ref: DatasetRef, entry: str, manifest: dict | No
     refused unless they hash to the recorded sha256: a writer to ``datasets/`` who overwrites the file after
     the commit would otherwise pick the tokenizer of every model evaluated and registered from it."""
     manifest = load_manifest(store, ref) if manifest is None else manifest
-    key = f"{ref.prefix}/{RECORDED_FILES[entry]}"
-    data = store.get_bytes(key, READ_AS[entry])
+    name, kind = RECORDED_FILES[entry]
+    key = f"{ref.prefix}/{name}"
+    data = store.get_bytes(key, kind)
     actual = hashlib.sha256(data).hexdigest()
     if actual != manifest[entry]["sha256"]:
         raise DataError(

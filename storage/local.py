@@ -238,8 +238,13 @@ class LocalStore(Store):
 
     def get_bytes(self, key: str, kind: str = "object") -> bytes:
         with self.open_read(key) as f:
-            self._within_limit(key, os.fstat(f.fileno()).st_size, kind)
-            data = f.read(READ_LIMITS[kind] + 1)  # a file grown since: still no more than the limit and one byte
+            size = os.fstat(f.fileno()).st_size
+            self._within_limit(key, size, kind)
+            # Its size and one byte (read(n) allocates n at once: the limit, up to 8 GiB, for every small record);
+            # a file that grew since, or no regular file, is read on up to the limit and one byte.
+            data = f.read(size + 1)
+            if len(data) > size:
+                data += f.read(READ_LIMITS[kind] + 1 - len(data))
         self._within_limit(key, len(data), kind)
         return data
 
