@@ -344,7 +344,8 @@ def _write_entry(
     (the one already there, if an identical registration wrote it first)."""
     ckpt = report.checkpoint
     prefix = model_prefix(name, version)
-    copied, hf_export = _copy_entry_files(store, prefix, report)
+    manifest = load_manifest(store, ckpt.dataset)  # digest-checked: the tokenizer copied and the card's lineage
+    copied, hf_export = _copy_entry_files(store, prefix, report, manifest)
     if store.exists(f"{ckpt.prefix}/{CHECKPOINT_DIGESTS}"):
         # The copy's own list: the files it holds, with the digests committed with the run (a
         # file that is not listed there stays unlisted, and loading the entry refuses it).
@@ -356,17 +357,18 @@ def _write_entry(
         holder = read_alias(store, name, gate_alias)[0]
         evaluation = (config or {}).get("evaluation")
         decision = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, evaluation, gate_metric)
-    card = _entry_card(store, name, version, report, config, execution_id, decision, hf_export)
+    card = _entry_card(store, name, version, report, manifest, config, execution_id, decision, hf_export)
     if not _create(store, card_key(prefix), _json(card.to_dict())):
         card = read_card(store, prefix)  # the identical registration's: its time and gate decision
     _create(store, f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode())
     return card
 
 
-def _copy_entry_files(store: Store, prefix: str, report: EvalReport) -> tuple[list[str], str]:
-    """Copy the checkpoint's model files and meta, the dataset's tokenizer and the evaluation's results and
-    Hugging Face export (digest-checked) under ``prefix``, through a local staging folder; returns the
-    checkpoint files copied (relative to the checkpoint) and the export's folder name ('' without one)."""
+def _copy_entry_files(store: Store, prefix: str, report: EvalReport, manifest: dict) -> tuple[list[str], str]:
+    """Copy the checkpoint's model files and meta, the dataset's tokenizer (as its ``manifest`` records it) and
+    the evaluation's results and Hugging Face export (digest-checked) under ``prefix``, through a local staging
+    folder; returns the checkpoint files copied (relative to the checkpoint) and the export's folder name ('' without
+    one)."""
     ckpt = report.checkpoint
     hf_export = ""
     with tempfile.TemporaryDirectory(prefix="pretrain-register-") as tmp, local_space(tmp, "the registry entry's staging"):
@@ -377,7 +379,7 @@ def _copy_entry_files(store: Store, prefix: str, report: EvalReport) -> tuple[li
             if rel.startswith(f"{CHECKPOINT_MODEL}/") or rel == CHECKPOINT_META:
                 store.download(key, staging / ENTRY_CHECKPOINT / rel)
                 copied.append(rel)
-        (staging / TOKENIZER).write_bytes(read_recorded(store, ckpt.dataset, "tokenizer"))
+        (staging / TOKENIZER).write_bytes(read_recorded(store, ckpt.dataset, "tokenizer", manifest))
         if report.outputs:
             for key in store.list(f"{report.outputs}/"):
                 rel = store.relative(report.outputs, key)
@@ -400,15 +402,15 @@ def _entry_card(
     name: str,
     version: int,
     report: EvalReport,
+    manifest: dict,
     config: dict[str, Any] | None,
     execution_id: str,
     decision: GateDecision | None,
     hf_export: str,
 ) -> ModelCard:
     """The card of entry ``version``: the evaluation's and the training's figures, the lineage, the layouts,
-    the (redacted) config, the code revision and the gate's decision."""
+    the (redacted) config, the code revision and the gate's decision; ``manifest`` is the dataset's (checked)."""
     ckpt = report.checkpoint
-    manifest = load_manifest(store, ckpt.dataset)  # digest-checked: the card records its tokenizer's sha256
     return ModelCard(
         name=name,
         version=version,
