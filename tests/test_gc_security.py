@@ -163,25 +163,33 @@ def test_gc_never_follows_a_link_out_of_the_staging_root(tmp_path):
     assert (home / ".ssh" / "id_ed25519").exists()
 
 
-def test_a_link_swapped_in_after_the_plan_is_not_followed(tmp_path):
+@pytest.mark.parametrize("caught_by", ["the check before the removal", "the removal itself"])
+def test_a_link_swapped_in_after_the_plan_is_not_followed(tmp_path, monkeypatch, caught_by):
+    """A store folder swapped for a link to the victim's home after the plan. The check just before the removal
+    and the removal itself are two steps: a link swapped in between them (a loop of
+    ``renameat2(RENAME_EXCHANGE)`` wins that race now and then) was followed by the delete by path (issue 50
+    finding 1). The delete now goes through folder descriptors opened without following links."""
     store = open_store(str(tmp_path / "store"))
     home = victim_home(tmp_path)
     root = tmp_path / "tmp" / STAGING
-    job = root / "0123456789ab" / "job"
+    job = root / "0123456789ab" / "projects"
     job.mkdir(parents=True)
-    old(job)
+    old(root)
     later = time.time() + LATER
     plan = retention.plan(store, now=later, staging_root=root)
     assert [e.where for e in plan.removals] == [str(job)]
     store_dir = job.parent
     store_dir.rename(tmp_path / "moved")
-    store_dir.symlink_to(home)  # now <root>/0123456789ab -> the victim's home
-    (home / "job").mkdir()
-    (home / "job" / "keep.txt").write_text("mine")
-    old(home)
-
+    store_dir.symlink_to(home)  # <root>/0123456789ab -> the victim's home, which has a projects/ folder
+    if caught_by == "the removal itself":
+        monkeypatch.setattr(retention, "_no_link_on_the_way", lambda folder: True)  # the swap came after this check
     outcome = retention.apply(store, plan, now=later)
-    assert not outcome.removed and (home / "job" / "keep.txt").read_text() == "mine"
+    assert not outcome.removed
+    if caught_by == "the removal itself":
+        assert outcome.failed[0][1] == "[Errno 20] Not a directory: '0123456789ab'", outcome.failed
+    else:
+        assert outcome.skipped[0][1] == "a symbolic link on its path: gc never follows one", outcome.skipped
+    assert (home / "projects" / "thesis" / "chapter1.tex").read_text() == "years of work"
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
@@ -206,28 +214,6 @@ def test_a_staging_root_another_user_made_is_not_walked(tmp_path):
     os.rename(job.parent, tmp_path / "aside")
     job.parent.symlink_to(home)  # what the swap loop makes it at the moment gc deletes
     assert not retention.apply(store, plan, now=later).removed
-    assert (home / "projects" / "thesis" / "chapter1.tex").read_text() == "years of work"
-
-
-def test_a_link_swapped_in_after_the_last_check_is_not_followed(tmp_path, monkeypatch):
-    """The check just before the removal and the removal itself are two steps: a link swapped in between them
-    (a loop of ``renameat2(RENAME_EXCHANGE)`` wins that race now and then) was followed by the delete by path.
-    The delete now goes through folder descriptors opened without following links."""
-    store = open_store(str(tmp_path / "store"))
-    home = victim_home(tmp_path)
-    root = tmp_path / "tmp" / STAGING
-    job = root / "0123456789ab" / "projects"
-    job.mkdir(parents=True)
-    old(root)
-    later = time.time() + LATER
-    plan = retention.plan(store, now=later, staging_root=root)
-    assert [e.where for e in plan.removals] == [str(job)]
-    store_dir = job.parent
-    store_dir.rename(tmp_path / "moved")
-    store_dir.symlink_to(home)  # <root>/0123456789ab -> the victim's home, which has a projects/ folder
-    monkeypatch.setattr(retention, "_no_link_on_the_way", lambda folder: True)  # the swap came after this check
-    outcome = retention.apply(store, plan, now=later)
-    assert not outcome.removed and outcome.failed[0][1] == "[Errno 20] Not a directory: '0123456789ab'", outcome.failed
     assert (home / "projects" / "thesis" / "chapter1.tex").read_text() == "years of work"
 
 
