@@ -44,6 +44,7 @@ from common.contracts import (
     METRICS,
     MODELS,
     RUN_LEASE,
+    RUN_LEASE_SEQUENCE,
     RUNS,
     STEP_TIMES,
     TENSORBOARD,
@@ -75,7 +76,7 @@ once nothing in it changed for this long."""
 
 CHECKPOINTS, EVAL, VALIDATION = "checkpoints", "eval", "validation"
 ALIASES, REGISTRATIONS = "aliases", "registrations"
-RUN_FILES = {METRICS, STEP_TIMES, HEALTH, RUN_LEASE, TENSORBOARD, DIAGNOSTICS, GOODPUT}
+RUN_FILES = {METRICS, STEP_TIMES, HEALTH, RUN_LEASE, RUN_LEASE_SEQUENCE, TENSORBOARD, DIAGNOSTICS, GOODPUT}
 """What a run's folder holds besides its checkpoints and evaluations (``common.contracts``)."""
 TEMPORARY = ".tmp-"
 """A local store's temporary files (``storage.store``): a write in flight or left by a killed writer."""

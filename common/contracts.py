@@ -8,7 +8,7 @@ whose layout is spelled out once, by the key functions below:
     datasets/<version>/                    manifest.json, tokenizer.json, doc_stats.csv, shards/, _COMMITTED
     datasets/<version>/validation/         result.json, suite.json, report.html, _COMMITTED
     runs/<run>/checkpoints/step-NNNNNNN/   model/, rng/, meta.json, metrics.jsonl, _COMMITTED
-    runs/<run>/metrics.jsonl, tensorboard/, lease.json
+    runs/<run>/metrics.jsonl, tensorboard/, lease.json, lease-sequence.json, goodput/
     runs/<run>/eval/<key>/                 results.json, hf/, _COMMITTED
     models/<name>/<version>/               card.json, card.md, checkpoint/, tokenizer.json, evaluation.json, hf/, _COMMITTED
     models/<name>/aliases/<alias>.json
@@ -63,6 +63,8 @@ ENTRY_EVALUATION = "evaluation.json"
 """A registry entry's copy of the evaluation's ``results.json``."""
 RUN_LEASE = "lease.json"
 """Who trains a run now (host, pid, token, heartbeat): identical executions share the run's prefix."""
+RUN_LEASE_SEQUENCE = "lease-sequence.json"
+"""The count of the run's leases taken so far (``runs.lease``): it orders the run's attempts (``runs.ledger``)."""
 
 
 # -- store keys ---------------------------------------------------------------------------
@@ -151,6 +153,11 @@ def diagnostics_prefix(run: str) -> str:
 def lease_key(run: str) -> str:
     """The run's lease (``runs.lease``): one writer of the run's prefix at a time."""
     return f"{run}/{RUN_LEASE}"
+
+
+def lease_sequence_key(run: str) -> str:
+    """The run's lease sequence, ``{"last": n}``: the lease hands the next attempt n + 1 (rank 0, holding it)."""
+    return f"{run}/{RUN_LEASE_SEQUENCE}"
 
 
 def eval_prefix(run: str, key: str) -> str:

@@ -47,15 +47,19 @@ def training_curves(view: RunView, figures: charts.RunCharts) -> str:
 
 # --- where the wall time goes -------------------------------------------------------------------
 def goodput_bar(goodput: Goodput | None, figures: charts.RunCharts) -> str:
-    """The run's wall time as one bar stacked by part (``runs.ledger``: productive steps, start-up, data
-    waits, checkpoint stalls, evaluation, shutdown, restarts, re-trained steps), its legend in seconds, under the
-    productive fraction and the attempts; a run without a ledger says so."""
+    """The run's wall time as one bar stacked by part (``runs.ledger.PARTS``: productive steps, start-up,
+    compiling, checkpoint restore and save, data waits, evaluation, wasted progress, infrastructure recovery,
+    other), its legend in seconds, under the productive fraction and the attempts, then the clock skew's
+    warnings; a run without a ledger says so."""
     if goodput is None:
         return f"{STYLE}<h3>goodput</h3><p>not recorded (a run from before the goodput ledger)</p>"
     attempts = f"{goodput.attempts} attempt" + ("" if goodput.attempts == 1 else "s")
+    warnings = "".join(f"<p>WARNING: {escape(line)}</p>" for line in goodput.warnings)
     return (
         f"{STYLE}<h3>goodput</h3><p>{escape(num(goodput.fraction, '.1%'))} of {escape(num(goodput.wall_s, ',.1f'))} s "
-        f"wall time in productive steps, over {escape(attempts)} (first start to last update)</p>" + chart(figures.goodput)
+        f"wall time in productive steps, over {escape(attempts)} (first start to last update)</p>"
+        + chart(figures.goodput)
+        + warnings
     )
 
 

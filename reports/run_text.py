@@ -123,13 +123,15 @@ def _goodput_lines(goodput: Goodput | None) -> list[str]:
     out = [
         f"goodput: {_num(goodput.fraction, '.1%')} of {wall:.1f} s wall time productive, "
         f"over {_count(goodput.attempts, 'attempt')} (first start to last update)",
-        f"  {'part':<18} {'seconds':>9} {'share':>7}",
+        f"  {'part':<23} {'seconds':>9} {'share':>7}",
     ]
     for part in GOODPUT_PARTS:
         seconds = goodput.parts.get(part, 0.0)
-        out.append(f"  {part:<18} {seconds:9.2f} {_num(seconds / wall if wall > 0 else None, '7.1%')}")
-    out.append(f"  {'unaccounted':<18} {goodput.unaccounted_s:9.2f}")
-    return out
+        out.append(f"  {part:<23} {seconds:9.2f} {_num(seconds / wall if wall > 0 else None, '7.1%')}")
+    out.append(f"  {'unaccounted':<23} {goodput.unaccounted_s:9.2f}")
+    if goodput.skew_s > 0:  # moved out of the wall time, counted in no part
+        out.append(f"  {'clock skew (left out)':<23} {goodput.skew_s:9.2f}")
+    return out + [f"  WARNING: {line}" for line in goodput.warnings]
 
 
 def _breakdown_lines(breakdown: dict) -> list[str]:

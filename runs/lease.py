@@ -17,6 +17,10 @@ it was read with (so two waiters cannot both take it), when
   object (ETag) for ``stale_s`` by its own monotonic clock (a holder on another host, its
   clock skewed or not, that stopped refreshing).
 
+Each take of the lease hands out the run's next *sequence* number (``RunLease.sequence``: 1, 2, ...), counted
+in ``runs/<id>/lease-sequence.json`` (``{"last": n}``; none: 0) beside it: read, then written n + 1 by the
+new holder alone. The goodput ledger orders a run's attempts by it (``runs.ledger``), not by hosts' clocks.
+
 A holder whose refresh finds another ETag lost the lease (it was paused or cut off from the
 store for longer than ``stale_s`` and someone took over): ``check`` raises ``LeaseLost``, and
 training stops rather than writing on.
@@ -35,7 +39,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.contracts import lease_key
+from common.contracts import lease_key, lease_sequence_key
 from common.errors import UserError, first_line
 from storage import AlreadyCommitted, PreconditionFailed, Store, StoreError
 
@@ -120,6 +124,10 @@ class RunLease:
         self.refresh_s, self.stale_s, self.poll_s, self.log = refresh_s, stale_s, poll_s, log
         self.token = uuid.uuid4().hex
         self.etag: str | None = None
+        self.sequence: int | None = None
+        """The run's lease sequence this take handed out (None before, or where the store refused it)."""
+        self.acquired_at: float | None = None
+        """When this process took the lease (``time.monotonic()``)."""
         self.lost = ""
         """Why this process no longer holds the lease ('' while it does, or never did)."""
         self._seen: Holder | None = None
@@ -174,11 +182,27 @@ class RunLease:
         self.etag = holder.etag
         return True
 
+    def _taken(self) -> bool:
+        """The lease is this process's: the run's next sequence number is its (best-effort: a store that refuses
+        it leaves ``sequence`` None, said in one WARNING line; the ledger then orders this attempt by its start)."""
+        self.acquired_at = time.monotonic()
+        key = lease_sequence_key(self.run)
+        try:
+            last = self.store.get_json(key)["last"] if self.store.exists(key) else 0
+            if type(last) is not int or last < 0:
+                raise ValueError(f"its last number is {last!r}, not a count")
+            self.store.put_json(key, {"last": last + 1})  # the holder alone writes it: no condition needed
+            self.sequence = last + 1
+        except (StoreError, ValueError, TypeError, KeyError) as e:
+            self.log(f"WARNING: run {self.run}: its lease sequence {self.store.url(key)} was not advanced ({first_line(e)})")
+        return True
+
     def try_acquire(self) -> bool:
-        """Take the lease if it is free or stale; False if a live holder has it (logged once)."""
+        """Take the lease if it is free or stale (and its next sequence number); False if a live holder has it
+        (logged once)."""
         try:
             self.store.put_json(self.key, self._record(), if_absent=True)
-            return self._confirm()
+            return self._confirm() and self._taken()
         except AlreadyCommitted:
             pass
         holder = self._read()
@@ -192,7 +216,7 @@ class RunLease:
                 return False  # another waiter took it, or the holder refreshed: again at the next poll
             if self._confirm():
                 self.log(f"run {self.run}: took over its lease from {holder.describe()}: {why}")
-                return True
+                return self._taken()
             return False
         if not self._told:
             self._told = True

@@ -54,6 +54,9 @@ class FirstFailureElastic(Elastic):
     monitor_interval: float = 0.5
     """Seconds between the agent's looks at its ranks (the plugin's 5): a job that ended waited up to this
     long to be seen ended, and a failed rank to be seen failed. torchrun's own default is 0.1."""
+    restarts_input: str = ""
+    """The task input (an int) that sets ``max_restarts`` for each launch (with the fork server), where the task's
+    static ``max_restarts`` is the PyTorchJob's as registered; '' = the static one."""
     around_launch: Callable[[dict[str, Any]], AbstractContextManager[Any]] | None = None
     """Called with the task's inputs, the launcher process runs the ranks inside what it returns (with the
     fork server; the environment it sets there is the ranks'): the train task's live MLflow feed."""
@@ -92,7 +95,7 @@ class FirstFailureElasticTask(PytorchElasticFunctionTask):
             rdzv_backend=self.rdzv_backend,
             rdzv_configs=self.task_config.rdzv_configs,
             rdzv_endpoint=os.environ.get("PET_RDZV_ENDPOINT", "localhost:0"),
-            max_restarts=self.task_config.max_restarts,
+            max_restarts=int(kwargs.get(self.task_config.restarts_input, self.task_config.max_restarts)),
             monitor_interval=self.task_config.monitor_interval,
             start_method="forkserver",
         )

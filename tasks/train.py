@@ -4,6 +4,7 @@ Its error names the rank that failed first and that rank's own error (``tasks.el
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from flytekit import Cache, Deck, task
+from flytekitplugins.kfpytorch import RunPolicy
 
 from common.contracts import CheckpointRef, DatasetRef, TrackingRef
 from common.stages import mark_stage
@@ -30,6 +32,9 @@ from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.cooldown import plan_steps
 
 VERSION = cache_version(__name__)
+RECOVERY = ("max_restarts", "keep_local_checkpoints")
+"""Train settings that say how a failure is recovered, not what is trained: inputs of the train task of their
+own (``train_model``), outside its cache key (a retry with more restarts finds its cached result)."""
 
 
 @task(**plan_task())
@@ -38,9 +43,12 @@ def plan_training(store: str, train_cfg: TrainConfig, seq_len: int) -> TrainConf
     """The train section with the steps it trains: a ``tokens`` budget converted with the global batch and
     ``seq_len``, a WSD cooldown pinned to its run's checkpoint (``RUN@STEP``) and checked before any data work.
 
-    Not cached: a cooldown from a run's latest checkpoint names whichever is latest now.
+    How a failure is recovered (``RECOVERY``) is left at its defaults here: the train task gets those settings as
+    inputs of their own, outside its cache key. Not cached: a cooldown from a run's latest checkpoint names
+    whichever is latest now.
     """
-    return plan_steps(open_store(store), train_cfg, seq_len)
+    defaults = {name: getattr(TrainConfig, name) for name in RECOVERY}
+    return dataclasses.replace(plan_steps(open_store(store), train_cfg, seq_len), **defaults)
 
 
 @contextmanager
@@ -61,10 +69,17 @@ def live_feed(inputs: dict[str, Any]) -> Iterator[None]:
 
 @task(
     task_config=FirstFailureElastic(
-        nnodes=CLUSTER.nnodes, nproc_per_node=CLUSTER.nproc_per_node, increase_shared_mem=False, around_launch=live_feed
+        nnodes=CLUSTER.nnodes,
+        nproc_per_node=CLUSTER.nproc_per_node,
+        increase_shared_mem=False,
+        around_launch=live_feed,
+        max_restarts=TrainConfig.max_restarts,  # the PyTorchJob's; each launch takes the input's (restarts_input)
+        restarts_input="max_restarts",
+        run_policy=RunPolicy(backoff_limit=TrainConfig.max_restarts),
     ),
-    # The MLflow run is this execution's view, not an input of training: a rerun hits the cache.
-    cache=Cache(version=VERSION, serialize=True, ignored_inputs=("tracking", "tracking_cfg")),
+    # The MLflow run is this execution's view, and the recovery settings how a failure is met, not inputs of
+    # training: a rerun hits the cache.
+    cache=Cache(version=VERSION, serialize=True, ignored_inputs=("tracking", "tracking_cfg", *RECOVERY)),
     enable_deck=True,
     deck_fields=decks.FIELDS,
     **train_task(),
@@ -78,8 +93,11 @@ def train_model(
     base_model: str,
     tracking: TrackingRef,
     tracking_cfg: TrackingConfig,
+    max_restarts: int = TrainConfig.max_restarts,
+    keep_local_checkpoints: int = TrainConfig.keep_local_checkpoints,
 ) -> CheckpointRef:
-    """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint.
+    """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint, and so does a
+    restart of the ranks inside the task (up to ``max_restarts``, ``training.restarts``).
     Rank 0 streams each step's record to the execution's MLflow run, if it has one (never waiting on it):
     through the launcher's feed (``live_feed``), or itself where no launcher relays."""
     if os.environ.get("RANK", "0") == "0":  # one line per event: rank 0's (the steps' own markers are training's)
@@ -92,6 +110,7 @@ def train_model(
         sender = FeedWriter(feed) if feed else LiveSender(tracking.uri, tracking.run_id, *timeouts)
     from training.train import train  # here, not at the top: only ranks train (megatron-core is 3 s of imports)
 
+    train_cfg = dataclasses.replace(train_cfg, max_restarts=max_restarts, keep_local_checkpoints=keep_local_checkpoints)
     try:
         ref = train(dataset, model, parallel, train_cfg, base_model, on_record=sender.send if sender else None)
     finally:

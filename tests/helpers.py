@@ -1294,6 +1294,28 @@ def train_with_error(fail_step: int, fail_rank: int, *args):
     return train(*args)
 
 
+def train_with_fault(kind: str, fail_step: int, fail_rank: int, attempts: set[int], *args):
+    """``training.train.train(*args)`` where rank ``fail_rank``, in the attempts numbered ``attempts`` (0: the
+    first; torch elastic's restart count), meets a fault as it fetches step ``fail_step``'s batch: ``kill``
+    (SIGKILL of its own process: a rank lost, recorded nowhere) or ``raise`` (``ValueError("boom at step N")``)."""
+    from training.data import StreamingLoader
+    from training.train import train
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if int(os.environ.get("RANK", "0")) == fail_rank and attempt in attempts:
+        batch = StreamingLoader.batch
+
+        def batch_or_fault(self, step: int, *a, **kw):
+            if step + 1 == fail_step:
+                if kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise ValueError(f"boom at step {fail_step}")
+            return batch(self, step, *a, **kw)
+
+        StreamingLoader.batch = batch_or_fault
+    return train(*args)
+
+
 def elastic_train_with_error(dataset: DatasetRef, fail_step: int, fail_rank: int, steps: int) -> CheckpointRef:
     """A Flyte task function (see ``elastic_task``): ``train_with_error`` on the tiny model, data-parallel."""
     from training.config import ParallelConfig, TrainConfig

@@ -228,10 +228,12 @@ def figure_metrics(figures: Mapping[str, Any], step: int) -> list[tuple[str, flo
 def goodput_metrics(goodput: Mapping[str, Any] | None, step: int) -> list[tuple[str, float, int, int]]:
     """(name, value, timestamp ms, step) of a run's goodput (``runs.ledger.Goodput.to_dict()``; None: no
     ledger, no points) at the run's last step: ``goodput`` (the productive fraction of the wall time),
-    ``goodput_wall_s`` and ``goodput_<part>_s`` for each part of it."""
+    ``goodput_wall_s``, ``goodput_<part>_s`` for each part of it and ``goodput_skew_s`` (the clock skew found
+    between the attempts' hosts, left out of the wall time)."""
     if not goodput:
         return []
     figures = {"goodput": goodput.get("fraction"), "goodput_wall_s": goodput.get("wall_s")}
+    figures["goodput_skew_s"] = goodput.get("skew_s", 0.0)
     figures |= {f"goodput_{part}_s": seconds for part, seconds in (goodput.get("parts") or {}).items()}
     numbers = {metric_name(k): _number(v) for k, v in figures.items()}
     return [(k, v, timestamp_ms(step), step) for k, v in numbers.items() if v is not None and math.isfinite(v)]

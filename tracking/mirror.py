@@ -11,7 +11,7 @@ What one execution's MLflow run gets (``record_execution``):
   ``tracking.client``), and the card's numeric figures at the last step: the evaluation's under their
   own names (val_loss, perplexity, bits_per_byte, lm-eval results), the training summary's under
   ``summary.`` (``tracking.client.figure_name``), and the run's goodput ledger at the last step (``goodput``, the
-  productive fraction of its wall time, and ``goodput_<part>_s``: ``runs.ledger``);
+  productive fraction of its wall time, ``goodput_<part>_s`` per ``runs.ledger.PARTS`` and ``goodput_skew_s``);
 * small artifacts: ``links/store.json``, the store keys and URLs of the checkpoint, the evaluation
   outputs, the Hugging Face export, the registry entry and its card (links, never copies of
   checkpoints), and what the caller renders (the loss chart, the validation report: ``tasks.track``).

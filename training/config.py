@@ -304,6 +304,13 @@ class TrainConfig:
     """Complete each checkpoint in the background: the step loop stalls only while the state is copied to
     host memory; writing, digests, upload and commit overlap the next steps (one save at a time, the last
     waited for). Off: the step loop waits for the commit. It holds a second copy of the state in host memory."""
+    max_restarts: int = 3
+    """How often a failed attempt restarts the job's ranks in place (a rank killed or hung: training/restarts.py),
+    resuming from the newest committed checkpoint, before the task fails (0 = never). Not a user's error, nor a
+    failure at the same place twice: those fail at once. It observes: outside the run id and the task's cache key."""
+    keep_local_checkpoints: int = 1
+    """Newest committed checkpoints each node keeps on local disk (private staging), so that a restart on the
+    same node resumes without downloading (digest-checked first); 0 = none. Outside the run id and the cache key."""
     shuffle_window_shards: int = 4
     """Shards whose rows are shuffled together each epoch (shard order is shuffled too); the loader
     holds about twice this many shards in memory."""
@@ -397,6 +404,8 @@ class TrainConfig:
         out += at_least("train.seed", self.seed, 0)
         out += at_least("train.checkpoint_every", self.checkpoint_every, 1, " (the last step is always saved)")
         out += at_least("train.keep_every", self.keep_every, 0, " (0 = off)")
+        out += at_least("train.max_restarts", self.max_restarts, 0, " (0 = never restart in place)")
+        out += at_least("train.keep_local_checkpoints", self.keep_local_checkpoints, 0, " (0 = download to resume)")
         out += at_least("train.shuffle_window_shards", self.shuffle_window_shards, 1)
         out += at_least("train.peak_flops", self.peak_flops, 0, " (0 = the device's data-sheet figure)")
         out += at_least("train.log_every", self.log_every, 1)
@@ -495,6 +504,9 @@ OBSERVING_FIELDS = (
     "max_skipped_steps",
     # When a checkpoint completes, not what it holds: a run saved either way resumes the same.
     "async_checkpoints",
+    # How a failure is recovered, not what is trained: a restart resumes the same run.
+    "max_restarts",
+    "keep_local_checkpoints",
 )
 
 

@@ -43,7 +43,11 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
             enable_flight_recorder()
-            dist.init_process_group(backend=backend, timeout=timeout)
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
+                rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+                dist.init_process_group(backend, store=_attempt_store(timeout), rank=rank, world_size=world, timeout=timeout)
+            else:
+                dist.init_process_group(backend=backend, timeout=timeout)
         _checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=parallel.checkpoint_timeout_s))
         _saver_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=parallel.checkpoint_timeout_s))
     world = dist.get_world_size()
@@ -61,6 +65,16 @@ def init_distributed(parallel: ParallelConfig, seed: int, standalone: bool = Fal
     torch.manual_seed(seed)
     # On CPU the no-op tracker stands in for CUDA RNG streams (dropout is off anyway).
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
+
+
+def _attempt_store(timeout: timedelta) -> dist.Store:
+    """The torch elastic agent's store, with this attempt's keys under a prefix of their own. The agent's store
+    outlives its ranks, and torch (2.13) reuses it across restarts of the ranks (``train.max_restarts``) without
+    one (its env:// rendezvous assumes a new store per restart): a restarted rank read the address a dead rank had
+    published for a process group and failed to connect ("Connection refused") whenever it looked before the new
+    rank republished it."""
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
 
 
 def checkpoint_group():

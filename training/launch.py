@@ -28,10 +28,12 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from common.net import free_port
 from training.observe.failures import job_failure
+from training.restarts import RestartingAgent
 
 _SERVER_ENV = dict(os.environ)  # the fork server's own environment, as a rank inherits it
 
@@ -50,6 +52,9 @@ def _method_name(depth: int = 2) -> str:
 
 
 dynamic_rendezvous.get_method_name = _method_name
+# torch's launch_agent builds its agent by this module-level name; both our launchers (``launch`` here, the
+# workflow's ``tasks.elastic``) go through it: a failed attempt restarts only where a restart may help.
+launcher_api.LocalElasticAgent = RestartingAgent
 
 
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0, start_method: str = "forkserver") -> Any:

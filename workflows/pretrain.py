@@ -64,6 +64,8 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
         base_model=base.entry,
         tracking=tracking,
         tracking_cfg=config.tracking,
+        max_restarts=config.train.max_restarts,
+        keep_local_checkpoints=config.train.keep_local_checkpoints,
     )
     holder = find_gate_holder(store=config.store, registry=config.registry)
     report = evaluate_model(checkpoint=checkpoint, model=base.model, eval_cfg=config.evaluation, baseline=holder)

@@ -56,7 +56,7 @@ from common.digests import digest_problems
 from common.errors import UserError
 from runs.staging import make_job_folder, remove_job_folder, store_root
 from storage import COMMIT_MARKER, Store
-from training.checkpointing import fsdp_state, optimizer_state
+from training.checkpointing import fsdp_state, local_copy, optimizer_state
 from training.distributed import checkpoint_group
 
 OPTIMIZER_PREFIX = "optimizer.state"
@@ -410,12 +410,30 @@ def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:
         load_model(model, staging)
 
 
-def load(store: Store, prefix: str, model, optimizer, layout: dict) -> dict:
+@contextmanager
+def _resume_folder(store: Store, prefix: str, run_prefix: str, step: int) -> Iterator[Path]:
+    """The committed checkpoint ``prefix`` on local disk inside the block (collective): this node's kept copy
+    where it is usable (``local_copy``: rank 0 judges, on one node), else downloaded (``_fetched``)."""
+    local = [str(local_copy.usable(store, prefix, step, run_prefix, verify) or "") if run_prefix and dist.get_rank() == 0 else ""]
+    dist.broadcast_object_list(local, src=0, group=checkpoint_group())
+    if not local[0]:
+        with _fetched(store, prefix, "resume") as staging:
+            yield staging
+        return
+    if dist.get_rank() == 0:
+        print(f"resuming from this node's copy of {store.url(prefix)} (digests checked): nothing downloaded", flush=True)
+    _barrier()
+    yield Path(local[0])
+    _barrier()
+
+
+def load(store: Store, prefix: str, model, optimizer, layout: dict, run_prefix: str = "", step: int = 0) -> dict:
     """Resume on every rank (collective) at any layout: weights and optimizer moments reshard
     (a megatron optimizer's state only comes back on the same layout, see ``optimizer_state``);
     the RNG states are restored when ``layout`` matches the checkpoint's (otherwise the
-    generators keep their seeded state). Returns the checkpoint's meta."""
-    with _fetched(store, prefix, "resume") as staging:
+    generators keep their seeded state). Returns the checkpoint's meta. With ``run_prefix`` and ``step`` (the
+    run's checkpoint ``prefix`` is), a copy this node kept of it is read instead of a download (``local_copy``)."""
+    with _resume_folder(store, prefix, run_prefix, step) as staging:
         meta = json.loads((staging / CHECKPOINT_META).read_text())
         if not restores_optimizer(meta, optimizer, layout):
             load_model(model, staging)

@@ -126,7 +126,7 @@ class CheckpointManager:
         self.prefix = checkpoint_prefix(self.run, self.resumed_step)
         self.progress.enter(f"resume from step {self.resumed_step}", self.timeout_s)
         model, optimizer, layout = self.step.model, self.step.optimizer, asdict(self.layout)
-        resumed = checkpoint.load(self.store, self.prefix, model, optimizer, layout)
+        resumed = checkpoint.load(self.store, self.prefix, model, optimizer, layout, self.run, self.resumed_step)
         self.loader.check_resume(resumed["loader"], self.resumed_step)
         self._check_schedule(resumed, self.run)
         self.history = layouts_of(resumed)
@@ -232,7 +232,9 @@ class CheckpointManager:
         self.loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
         model, optimizer = self.step.model, self.step.optimizer
         keep, background, every = self.cfg.keep_checkpoints, self.cfg.async_checkpoints, self.cfg.keep_every
-        self.pending = start_save(self.store, self.run, step, model, optimizer, meta, keep, files, background, every)
+        self.pending = start_save(
+            self.store, self.run, step, model, optimizer, meta, keep, files, background, every, self.cfg.keep_local_checkpoints
+        )
         if not background:
             self.wait()
 

@@ -31,6 +31,7 @@ import functools
 import json
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,7 +45,7 @@ from common.digests import file_sha256, folder_files
 from common.stages import mark_stage
 from runs.staging import remove_job_folder
 from storage import AlreadyCommitted, Store, open_store
-from training.checkpointing import fsdp_state, optimizer_state
+from training.checkpointing import fsdp_state, local_copy, optimizer_state
 from training.checkpointing.checkpoint import (
     DIGESTS_FORMAT,
     _job_folder,
@@ -105,10 +106,12 @@ def start_save(
     files: dict[str, bytes] | None = None,
     background: bool = True,
     keep_every: int = 0,
+    keep_local: int = 0,
 ) -> PendingSave:
     """Snapshot the checkpoint of ``step`` on every rank (collective) and complete it in the background
     (or inline): see the module docstring. ``files`` (rank 0's) are committed with it. Afterwards the run
-    keeps its ``keep`` latest checkpoints and those whose step is a multiple of ``keep_every`` (0 = none)."""
+    keeps its ``keep`` latest checkpoints and those whose step is a multiple of ``keep_every`` (0 = none).
+    This node keeps its newest ``keep_local`` on local disk (``local_copy``)."""
     from megatron.core import dist_checkpointing
 
     rank = dist.get_rank()
@@ -142,7 +145,9 @@ def start_save(
     # The DCP finalisation (write results gathered, .metadata written by rank 0); megatron's other
     # finaliser writes metadata.json after a barrier on the default group: ours does it on the saver's.
     finalize_dcp = request.finalize_fns[0]
-    complete = functools.partial(_complete_save, store, run_prefix, step, keep, keep_every, job, write_tensors, finalize_dcp)
+    complete = functools.partial(
+        _complete_save, store, run_prefix, step, (keep, keep_every, keep_local), job, write_tensors, finalize_dcp
+    )
     return PendingSave(step, prefix, complete, background)
 
 
@@ -162,14 +167,15 @@ def _complete_save(
     store: Store,
     run_prefix: str,
     step: int,
-    keep: int,
-    keep_every: int,
+    keeps: tuple[int, int, int],
     job: Path,
     write_tensors: Callable[[], None],
     finalize_dcp: Callable[[], None],
 ) -> None:
     """The rest of a save after its snapshot (in the background or inline): write the tensors, finish the DCP
-    metadata, upload the staged folder, record the digests, commit (the marker last), prune to ``keep`` and ``keep_every``."""
+    metadata, upload the staged folder, record the digests, commit (the marker last), prune to ``keep`` and ``keep_every``
+    (``keeps``), and keep the staged folder as this node's copy if ``keep_local`` is not 0 (``local_copy``)."""
+    keep, keep_every, keep_local = keeps
     rank = dist.get_rank()
     prefix = checkpoint_prefix(run_prefix, step)
     staging = job / "save"
@@ -199,6 +205,11 @@ def _complete_save(
             pass  # committed meanwhile by an identical writer: the same step of the same run counts as done
         _prune(target, run_prefix, keep, keep_every)
     dist.barrier(group=saver_group())
+    if rank == 0 and keep_local and local_copy.single_node():  # the node's only leader; it has every rank's files
+        try:
+            local_copy.keep(store.uri, run_prefix, step, staging, digests, DIGESTS_FORMAT, keep_local)
+        except OSError as e:  # a copy is a convenience: the committed checkpoint is in the store
+            print(f"WARNING: no local copy of {store.url(prefix)} kept ({e})", file=sys.stderr, flush=True)
     if _local_leader():
         remove_job_folder(job)
 

@@ -3,7 +3,10 @@
 
 Give it last among the callbacks: a step ends when every other callback has heard its final record, and a
 save's time runs until the run's files are published (the run log's ``on_save``). The Trainer marks the
-rest: the step it resumed after (``resumed``) and the attempt's end (``end``, however training ends).
+rest: the lease and the resume around the checkpoint manager's start (``restore_begins``, ``restored``: the
+lease's sequence orders the run's attempts), the step it resumed after (``resumed``) and the attempt's end
+(``end``, however training ends). A step's compiling (the rise of ``compile_seconds``) is the ledger's
+``compile``, not ``productive``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from runs.lease import RunLease
 from runs.ledger import AttemptLedger
 from storage import Store
 from training.callbacks import Record, StepCallback
+from training.model.compiling import compile_seconds
 from training.observe.timing import phase_key
 
 EVALUATION_KEY = "val_time_s"
@@ -21,11 +26,19 @@ EVALUATION_KEY = "val_time_s"
 
 
 class GoodputCallback(StepCallback):
-    """Marks each step's start and end, each save and the end of the steps in the attempt's ledger."""
+    """Marks the resume, each step's start and end, each save and the end of the steps in the attempt's ledger."""
 
-    def __init__(self, ledger: AttemptLedger | None, clock: Callable[[], float] = time.time) -> None:
-        self.ledger, self.clock = ledger, clock
+    def __init__(
+        self,
+        ledger: AttemptLedger | None,
+        clock: Callable[[], float] | None = None,
+        compiled: Callable[[], float] = compile_seconds,
+    ) -> None:
+        self.ledger, self.compiled = ledger, compiled
+        self.clock = clock or (ledger.clock if ledger is not None else time.time)
         self._stepping = False
+        self._compiled = 0.0
+        """This process's compiling seconds at the last step's end (``compiled``)."""
 
     @classmethod
     def for_rank(cls, store: Store, run: str, rank0: bool) -> GoodputCallback:
@@ -37,6 +50,20 @@ class GoodputCallback(StepCallback):
         ledger.write()
         return cls(ledger, ledger.clock)
 
+    def restore_begins(self) -> None:
+        """The checkpoint manager's start begins: the run's lease, then the resume."""
+        if self.ledger is not None:
+            self.ledger.restore_begins(self.clock())
+
+    def restored(self, lease: RunLease | None) -> None:
+        """The resume is over; ``lease`` (rank 0's; None elsewhere) says when it was taken and its sequence."""
+        if self.ledger is None:
+            return
+        now = self.clock()
+        if lease is not None and lease.acquired_at is not None:
+            self.ledger.leased(lease.sequence, now - max(0.0, time.monotonic() - lease.acquired_at))
+        self.ledger.restore_done(now)
+
     def resumed(self, step: int) -> None:
         """The attempt continues after step ``step`` (0: from the start)."""
         if self.ledger is not None:
@@ -46,16 +73,19 @@ class GoodputCallback(StepCallback):
         if self.ledger is not None and not self._stepping:
             self._stepping = True
             self.ledger.begin_steps(self.clock())
+            self._compiled = self.compiled()
 
     def on_record(self, record: Record) -> None:
         if self.ledger is None:
             return
+        compiled, self._compiled = self._compiled, self.compiled()
         self.ledger.step_done(
             int(record["step"]),
             self.clock(),
             data_s=float(record.get(phase_key("data")) or 0.0),
             checkpoint_s=float(record.get(phase_key("checkpoint")) or 0.0),
             evaluation_s=float(record.get(EVALUATION_KEY) or 0.0),
+            compile_s=self._compiled - compiled,
         )
 
     def on_save(self, step: int) -> None:
