@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: venv demo demo-continue test test-fast lint bench soak clean
+.PHONY: venv demo demo-continue test test-fast lint bench soak soak-goodput clean
 
 $(INSTALLED): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,13 @@ bench: venv
 # Kills and S3 outages in every stage, each rerun and checked (docs/soak.md); not part of bench or test.
 soak: venv
 	$(BIN)/python benchmarks/soak.py
+
+# Goodput under kills (docs/soak.md): 1,600 steps, kills of one rank (restarted inside the job) and of the whole
+# task (rerun) in training, in a checkpoint's save and in its upload; about an hour on 2 cores. Not in bench or test.
+SOAK_GOODPUT_OUT ?= benchmarks/results/cpu-soak-goodput-$(shell date +%F).json
+soak-goodput: venv
+	$(BIN)/python benchmarks/soak.py --stages train,checkpoint,checkpoint-upload --per-stage 1 --rank-kills 3 \
+		--outages 0 --steps 1600 --checkpoint-every 100 --out $(SOAK_GOODPUT_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -91,7 +91,12 @@ STORE_AGREES = {
     "register": {"register"},
 }
 GOODPUT_STAGES = ("train", "checkpoint", "checkpoint-upload")  # kills whose run's goodput is compared
-GOODPUT_GOAL = 0.9  # goodput under kills / the reference's
+GOODPUT_GOAL = 0.9  # goodput under kills / the reference's (kills of the whole task)
+RANK_GOAL = 0.93  # the same, for a rank killed and restarted inside the job, in every stage
+RESTART_GOAL_S = 5.0  # what a rank kill may add to the run's start-up and recovery
+RESTART_PARTS = ("infrastructure_recovery", "startup", "checkpoint_restore", "compile")
+"""The goodput ledger's parts that a restart adds to (runs.ledger): a kill's restart is the run's seconds of these
+less the reference run's."""
 
 
 def soak_config(corpus: Path) -> dict[str, Any]:
@@ -393,22 +398,57 @@ def goodput_summary(reference: float | None, under_kills: list[float], note: str
     return out
 
 
-def lost_per_kill(trials: list[Any]) -> dict[str, Any]:
-    """What one kill in training cost its run, the median over ``trials`` (those with a goodput): the restart
-    (from the failure to the resumed step) and the steps trained again, in seconds, and of the restart the soak's
-    own share (its checks between the kill and the rerun's start, which a Flyte retry's scheduling replaces)."""
+def lost_per_kill(trials: list[Any], reference_parts: dict[str, float] | None = None) -> dict[str, Any]:
+    """What one kill in training cost its run, the median over ``trials`` (those with a goodput): the restart (the
+    run's seconds of ``RESTART_PARTS`` less the reference run's: the failure to the next attempt's start, and that
+    attempt's start-up, checkpoint restore and compiling) and the steps trained again (``wasted_progress``), in
+    seconds, and of the restart the soak's own share (its checks between a task kill and the rerun's start, which a
+    Flyte retry's scheduling replaces; none for a rank kill)."""
     parts = [t.goodput_detail["parts"] for t in trials if t.goodput_detail]
-    gaps = [t.harness_gap_s for t in trials if t.goodput_detail and t.harness_gap_s is not None]
+    gaps = [t.harness_gap_s for t in trials if t.goodput_detail and t.harness_gap_s is not None and t.kind == "task"]
     if not parts:
         return {"lost_per_kill_s": None}
     median = statistics.median
+    base = sum((reference_parts or {}).get(p, 0.0) for p in RESTART_PARTS)
     return {
         "lost_per_kill_s": {
-            "restarts": round(median(p["restarts"] for p in parts), 2),
-            "retrained": round(median(p["retrained"] for p in parts), 2),
+            "restart": round(median(sum(p.get(k, 0.0) for k in RESTART_PARTS) - base for p in parts), 2),
+            "wasted_progress": round(median(p.get("wasted_progress", 0.0) for p in parts), 2),
             "of_which_soak_gap": round(median(gaps), 2) if gaps else None,
         }
     }
+
+
+def kind_summary(trials: list[Any], reference: float | None, reference_parts: dict[str, float] | None) -> dict[str, Any]:
+    """Kills of one kind (rank or task) in training: per stage they landed in and over all, the trials, the median
+    of goodput under the kill over the reference's (with its spread) and what a kill cost (``lost_per_kill``)."""
+
+    def figures(group: list[Any]) -> dict[str, Any]:
+        ratios = sorted(t.goodput / reference for t in group if t.goodput is not None) if reference else []
+        return {
+            "trials": len(group),
+            "goodput_vs_reference": round(statistics.median(ratios), 3) if ratios else None,
+            "spread": [round(ratios[0], 3), round(ratios[-1], 3)] if ratios else None,
+            **lost_per_kill(group, reference_parts),
+        }
+
+    stages = {stage: figures([t for t in trials if t.landed == stage]) for stage in GOODPUT_STAGES}
+    return {**figures([t for t in trials if t.landed in GOODPUT_STAGES]), "by_stage": stages}
+
+
+def rank_goal(rank: dict[str, Any]) -> dict[str, Any]:
+    """The rank kills' goal: in every stage, goodput under a kill ≥ RANK_GOAL of the reference's (median) and a
+    restart ≤ RESTART_GOAL_S (median); None where no rank kill landed."""
+    stages = [v for v in rank["by_stage"].values() if v["trials"]]
+    met = None
+    if stages:
+        met = all(
+            v["goodput_vs_reference"] is not None
+            and v["goodput_vs_reference"] >= RANK_GOAL
+            and (v["lost_per_kill_s"] or {}).get("restart", float("inf")) <= RESTART_GOAL_S
+            for v in stages
+        ) and len(stages) == len(GOODPUT_STAGES)
+    return {"goodput_vs_reference": f">= {RANK_GOAL} in every stage", "restart_s": f"<= {RESTART_GOAL_S}", "met": met}
 
 
 def goodput_of(store, run: str) -> tuple[dict[str, Any] | None, str]:
@@ -540,6 +580,9 @@ class Trial:
     number: int
     stage: str  # where the fault is aimed
     fault: str  # "kill" | "outage"
+    kind: str = "task"  # a kill's: "task" (the whole `pretrain run`, recovered by a rerun) or "rank" (one rank's process)
+    rank: int | None = None  # a rank kill's rank (0: the marker writer, else another rank of the job)
+    recovered_in_job: bool | None = None  # a rank kill's: the faulted run itself finished (its ranks restarted in place)
     aim: str = ""  # how: the marker and delay, or the store/log event of a fallback
     landed: str = ""  # where it landed: a kill's from the run's markers (kill_stage), an outage's from the store
     store_stage: str = ""  # where the store stood right after a kill (stage_of): the cross-check
@@ -886,6 +929,38 @@ class Soak:
         said = f"last marker {last[-1].name} {sent - last[-1].at:.2f} s before" if last else "no marker yet"
         trial.detail += f"{said}; store: {where.stage}" + (f" ({where.describe()})" if where.describe() else "")
 
+    def place_rank_kill(self, trial: Trial, proc: subprocess.Popen, tag: str, began: float) -> None:
+        """SIGKILL one rank's process now (a node's fault: the job restarts its ranks in place), and record where it
+        landed by the markers. Rank 0 wrote the markers (its pid is in them); another rank is a sibling of it, forked
+        by the same fork server. The rank is drawn (seeded)."""
+        import psutil
+
+        markers = read_markers(self.markers(tag))
+        writer = next((m.pid for m in reversed(markers) if m.pid), 0)
+        trial.fault_at_s = round(time.monotonic() - began, 2)
+        try:
+            others = sorted(p.pid for p in psutil.Process(writer).parent().children() if p.pid != writer)
+        except (psutil.Error, AttributeError, ValueError):
+            others = []
+        trial.rank = self.rng.choice([0] + ([1] if others else []))
+        target = writer if trial.rank == 0 else others[0]
+        try:
+            os.kill(target, signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            trial.landed, trial.detail = "missed", f"rank {trial.rank} (pid {target}) was gone before the kill"
+            return
+        sent = time.time()
+        try:
+            keys: set[str] | None = self.view.keys()
+        except Exception as e:  # noqa: BLE001 - the cross-check is lost, not the trial
+            keys, trial.detail = None, f"store not listed ({type(e).__name__}); "
+        where = stage_of(keys) if keys is not None else Position("unknown")
+        trial.landed = kill_stage(markers, committed_steps(keys or set()), where.stage, at=sent)
+        trial.store_stage = where.stage
+        last = [m for m in markers if m.at <= sent]
+        said = f"last marker {last[-1].name} {sent - last[-1].at:.2f} s before" if last else "no marker yet"
+        trial.detail += f"rank {trial.rank} (pid {target}); {said}; store: {where.stage}"
+
     def wait_for(self, aim: MarkerAim, proc: subprocess.Popen, tag: str) -> bool:
         """Wait for the aim's marker (the marker file, read every MARKER_POLL_S), then until its time plus
         the delay, moving on while the aimed window closes first (an upload's commit: one listing of
@@ -937,7 +1012,7 @@ class Soak:
         self.server.start()
 
     def run_trial(self, trial: Trial) -> Trial:
-        tag = f"trial-{trial.number:02d}-{trial.stage}-{trial.fault}"
+        tag = f"trial-{trial.number:02d}-{trial.stage}-{trial.kind if trial.fault == 'kill' else trial.fault}"
         home = self.work / "homes" / tag
         self.restore(trial.stage, home)
         aim = self.aim(trial)
@@ -949,7 +1024,9 @@ class Soak:
         if isinstance(aim, MarkerAim):
             fired = self.wait_for(aim, proc, f"{tag}-faulted")
             trial.aim += f"; fired {aim.describe()}"
-            if fired and trial.fault == "kill":
+            if fired and trial.fault == "kill" and trial.kind == "rank":
+                self.place_rank_kill(trial, proc, f"{tag}-faulted", began)
+            elif fired and trial.fault == "kill":
                 self.place_kill(trial, proc, f"{tag}-faulted", began)
             elif fired:  # an outage in evaluate: where by the markers, the store may not answer
                 trial.fault_at_s = round(time.monotonic() - began, 2)
@@ -958,21 +1035,26 @@ class Soak:
                 self.outage(trial)
         else:
             fired = self.fire_by_store(trial, proc, log, aim, f"{tag}-faulted", began)
-        if trial.fault == "outage" or not fired:
+        if trial.fault == "outage" or not fired or trial.kind == "rank":
             try:
-                proc.wait(timeout=600)
+                proc.wait(timeout=1800)
             except subprocess.TimeoutExpired:
                 self.kill(proc)
-                trial.detail += "; hung after the outage: killed after 600 s"
+                trial.detail += f"; hung after the {trial.fault}: killed after 1800 s"
         trial.faulted_rc = proc.returncode
         if not fired:
             trial.landed, trial.detail = "missed", f"the run ended (exit {proc.returncode}) before the fault was due"
         trial.orphan_commands = self.orphans(f"{tag}-faulted")
-        if fired:  # the soak's own time between the fault and the rerun (checks, waits)
+        if fired and trial.kind == "task":  # the soak's own time between the fault and the rerun (checks, waits)
             trial.harness_gap_s = round(time.monotonic() - began - trial.fault_at_s, 2)
-        rc, seconds, text = self.run_to_end(home, f"{tag}-rerun")
-        trial.rerun_rc, trial.rerun_s = rc, round(seconds, 1)
-        trial.orphan_commands += self.orphans(f"{tag}-rerun")
+        if trial.kind == "rank" and fired:
+            trial.recovered_in_job = proc.returncode == 0
+        if trial.recovered_in_job:  # the job restarted its ranks and finished: no rerun
+            rc, text = 0, self.markers(f"{tag}-faulted").read_text(errors="replace")
+        else:
+            rc, seconds, text = self.run_to_end(home, f"{tag}-rerun")
+            trial.rerun_rc, trial.rerun_s = rc, round(seconds, 1)
+            trial.orphan_commands += self.orphans(f"{tag}-rerun")
         trial.orphans = len(trial.orphan_commands)
         store = open_store(f"s3://{BUCKET}/{STORE_PREFIX}")
         trial.partial = whole_prefixes(store)
@@ -993,12 +1075,17 @@ class Soak:
         return trial
 
 
-def schedule(per_stage: int, outages: int, rng: random.Random, stages: tuple[str, ...] = STAGES) -> list[Trial]:
-    plan = [(stage, "kill") for stage in stages for _ in range(per_stage)]
+def schedule(
+    per_stage: int, outages: int, rng: random.Random, stages: tuple[str, ...] = STAGES, rank_kills: int = 0
+) -> list[Trial]:
+    """The trials in a seeded order: ``per_stage`` kills of the whole task aimed at each stage, ``rank_kills`` kills
+    of one rank aimed at each training stage among ``stages``, and ``outages``."""
+    plan = [(stage, "kill", "task") for stage in stages for _ in range(per_stage)]
+    plan += [(stage, "kill", "rank") for stage in stages if stage in GOODPUT_STAGES for _ in range(rank_kills)]
     targets = ["checkpoint", "register", "prepare", "evaluate"]
-    plan += [(targets[i % len(targets)], "outage") for i in range(outages)]
+    plan += [(targets[i % len(targets)], "outage", "task") for i in range(outages)]
     rng.shuffle(plan)
-    return [Trial(number=i + 1, stage=stage, fault=fault) for i, (stage, fault) in enumerate(plan)]
+    return [Trial(number=i + 1, stage=stage, fault=fault, kind=kind) for i, (stage, fault, kind) in enumerate(plan)]
 
 
 def main() -> int:
@@ -1014,6 +1101,10 @@ def main() -> int:
         "--steps", type=int, default=STEPS, help="training steps (default 24; more: a run long enough to weigh a restart)"
     )
     parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints (default 8)")
+    parser.add_argument(
+        "--rank-kills", type=int, default=0, help="kills of one rank aimed at each training stage (restarted inside the job)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="also write the last line's JSON object to this file")
     args = parser.parse_args()
     chosen = tuple(args.stages.split(","))
     if unknown := [stage for stage in chosen if stage not in STAGES]:
@@ -1050,14 +1141,16 @@ def main() -> int:
         for stage, why in soak.skipped.items():
             print(f"{stage}: skipped: {why}", flush=True)
         stages = tuple(s for s in chosen if s not in soak.skipped)
-        for trial in schedule(args.per_stage, args.outages, soak.rng, stages):
+        for trial in schedule(args.per_stage, args.outages, soak.rng, stages, args.rank_kills):
             soak.run_trial(trial)
             trials.append(trial)
             goodput = f"{trial.goodput:.4f}" if trial.goodput is not None else f"null ({trial.goodput_note})"
             print(
-                f"trial {trial.number:2d}: {trial.fault} aimed at {trial.stage} ({trial.aim}), landed in {trial.landed} "
+                f"trial {trial.number:2d}: {trial.kind + ' ' if trial.fault == 'kill' else ''}{trial.fault} aimed at "
+                f"{trial.stage} ({trial.aim}), landed in {trial.landed} "
                 f"({trial.detail}) at {trial.fault_at_s} s; faulted exit {trial.faulted_rc}; rerun exit {trial.rerun_rc} "
-                f"in {trial.rerun_s} s; recovered {trial.recovered}; twins {trial.twins}; partial {len(trial.partial)}; "
+                f"in {trial.rerun_s} s; in the job {trial.recovered_in_job}; recovered {trial.recovered}; twins {trial.twins}; "
+                f"partial {len(trial.partial)}; "
                 f"goodput {goodput}"
                 + (f"; {json.dumps({k: v for k, v in trial.checks.items() if v is not True})}" if not trial.recovered else ""),
                 flush=True,
@@ -1083,9 +1176,11 @@ def main() -> int:
     stages = tuple(s for s in chosen if s not in soak.skipped)
     kills = [t for t in trials if t.fault == "kill" and t.landed in stages]
     by_stage = {stage: sum(t.landed == stage for t in kills) for stage in stages}
-    under_kills = [t.goodput for t in kills if t.landed in GOODPUT_STAGES and t.goodput is not None]
+    task_kills = [t for t in kills if t.kind == "task"]
+    under_kills = [t.goodput for t in task_kills if t.landed in GOODPUT_STAGES and t.goodput is not None]
     goodput_note = soak.goodput_note or next((t.goodput_note for t in kills if t.landed in GOODPUT_STAGES and t.goodput_note), "")
     reference_goodput = soak.reference_goodput["fraction"] if soak.reference_goodput else None
+    reference_parts = soak.reference_goodput["parts"] if soak.reference_goodput else None
     summary = {
         "kills": len(kills),
         "kills_by_stage": by_stage,
@@ -1102,13 +1197,25 @@ def main() -> int:
         "dataset_version": soak.reference.dataset_version,
         "tensors_compared": len(soak.reference.tensors),
         **goodput_summary(reference_goodput, under_kills, goodput_note),
-        **lost_per_kill([t for t in kills if t.landed in GOODPUT_STAGES]),
+        **lost_per_kill([t for t in task_kills if t.landed in GOODPUT_STAGES], reference_parts),
         "seconds": round(time.monotonic() - began, 1),
         "machine": machine(),
         "seed": args.seed,
         "report": str(work / "soak-report.json"),
     }
+    rank_kills = [t for t in kills if t.kind == "rank"]
+    if rank_kills:  # the headline: kills of one rank, restarted inside the job
+        rank = kind_summary(rank_kills, reference_goodput, reference_parts)
+        summary["task_kills"] = kind_summary(task_kills, reference_goodput, reference_parts)
+        summary["rank_kills"] = rank
+        summary["recovered_in_job"] = sum(bool(t.recovered_in_job) for t in rank_kills)
+        summary["ratios"] = {"goodput_vs_reference": rank["goodput_vs_reference"]}
+        summary["spread"] = {"goodput_vs_reference": rank["spread"]}
+        summary["goal"] = rank_goal(rank)
     print(json.dumps(summary))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
     goal = (
         summary["kills"] >= 10
         and all(by_stage.values())

@@ -61,6 +61,7 @@ from common.private import not_yours_alone, remove_inside
 from common.terminal import escaped
 from runs import staging as checkpoint_staging
 from runs.lease import STALE_S, dead_here
+from runs.staging import KEPT_PREFIX
 from storage import COMMIT_MARKER, Store, StoreError
 from storage.store import LOCK_NAME, ObjectInfo, key_problem
 
@@ -576,6 +577,13 @@ def _staging_verdict(folder: Path, min_age_s: float, now: float) -> tuple[bool, 
         return False, f"written {_ago(now, newest)}, within the last {min_age_s / 60:g} min", stats
     if newest is not None and now - newest >= max(min_age_s, STAGING_MAX_AGE_S):
         return True, f"last written {_ago(now, newest)} (older than {STAGING_MAX_AGE_S / 3600:g} h)", stats
+    if folder.name.startswith(KEPT_PREFIX):  # a run's local checkpoint copies (training/checkpointing/local_copy.py)
+        run = folder.name.removeprefix(KEPT_PREFIX)
+        return (
+            False,
+            f"run {run}'s newest checkpoints kept for a restart on this node; removed once {STAGING_MAX_AGE_S / 3600:g} h old",
+            stats,
+        )
     who = f"process {owner.get('pid')} on {owner.get('host')}" if owner else "an unknown process"
     return False, f"owned by {who}, which may be live; last written {_ago(now, newest)}", stats
 

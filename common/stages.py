@@ -1,7 +1,8 @@
 """Stage markers: where a pipeline's process is, as it goes, for whoever breaks it on purpose.
 
 When ``$PRETRAIN_STAGE_MARKERS`` names a file, ``mark_stage(name)`` appends one line
-``<name> <time.time()>`` to it as a stage's own work begins: one ``open(O_APPEND)``, one
+``<name> <time.time()> <pid>`` to it as a stage's own work begins (the pid: the process to kill for a
+fault of that one process, a rank): one ``open(O_APPEND)``, one
 ``write``, one ``close`` (a few µs; every process of the pipeline, ranks included, inherits the
 variable). Unset, it does nothing. A marker never breaks the work it marks: an ``OSError``
 (a full disk, a removed folder) is ignored.
@@ -40,7 +41,7 @@ def mark_stage(name: str) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    line = f"{name} {time.time():.6f}\n".encode()
+    line = f"{name} {time.time():.6f} {os.getpid()}\n".encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -55,17 +56,19 @@ def mark_stage(name: str) -> None:
 class Marker:
     name: str
     at: float  # time.time() when it was written
+    pid: int = 0  # the process that wrote it (0: a line of an earlier release, without one)
 
 
 def parse_markers(text: str) -> list[Marker]:
     """The markers of a file's ``text``, in order; a line being written (no newline yet) or malformed is skipped."""
     found: list[Marker] = []
     for line in text.split("\n")[:-1]:  # the last piece has no newline yet: being written, or ''
-        name, _, at = line.partition(" ")
+        name, _, rest = line.partition(" ")
+        at, _, pid = rest.partition(" ")
         if not name:
             continue
         try:
-            found.append(Marker(name, float(at)))
+            found.append(Marker(name, float(at), int(pid) if pid else 0))
         except ValueError:
             continue
     return found

@@ -19,7 +19,7 @@ Each training attempt (one ``Trainer`` call; rank 0 writes) keeps one file in th
 - ``resumed_step`` (the checkpoint it started after), ``last_step`` (the last step it finished) and
   ``productive_at_step``: its cumulative productive seconds at each step it saved.
 
-It is rewritten at most every ``HEARTBEAT_S`` during the steps, at the end of the resume, at every save and at
+It is rewritten every ``HEARTBEAT_S`` during the steps (by a thread of its own), at the end of the resume, at every save and at
 the attempt's end (a failure too, where the process lives to see it). ``load_goodput`` combines the attempts
 in the order of their lease sequence (``combine``) into one ``Goodput`` over ``PARTS``: for every attempt after
 the first, the time from the previous attempt's last update to its own start is ``infrastructure_recovery``,
@@ -36,6 +36,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -47,10 +48,11 @@ from storage import Store
 
 ATTEMPT_FORMAT = 2
 """2: the lease's ``sequence`` and ``leased_at``, and the parts' names of ``ATTEMPT_PARTS``; 1: neither."""
-HEARTBEAT_S = 5.0
-"""An attempt's file is rewritten at most this often during the steps (and at every save and at its end). A
-SIGKILL loses what came after the last write: up to this long of steps count as ``infrastructure_recovery``,
-not ``wasted_progress`` (one small PUT by rank 0 per 5 s: a few ms on the step loop)."""
+HEARTBEAT_S = 1.0
+"""During the steps, an attempt's file is rewritten this often by a thread of its own (``start_heartbeat``; and
+at every save and at its end, by the step loop). A SIGKILL loses what came after the last write: up to this
+long of steps count as ``infrastructure_recovery``, not ``wasted_progress``, and a rank killed outright is
+what restarts in place are for. Off the step loop: one small PUT a second costs the steps nothing."""
 
 PARTS = (
     "productive",
@@ -148,6 +150,22 @@ class AttemptLedger:
         self.ended = False
         self._written_at = -math.inf
         self._warned = False
+        self._state = threading.Lock()  # the record as the step loop changes it, against the heartbeat's copy
+        self._io = threading.Lock()  # one write at a time, each of the record as it is when its turn comes
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def start_heartbeat(self) -> None:
+        """Rewrite the file every ``heartbeat_s`` from a thread of its own while it changed (until ``end``): the
+        steps no longer write it themselves."""
+        if self._beat is None:
+            self._beat = threading.Thread(target=self._beating, name="goodput-heartbeat", daemon=True)
+            self._beat.start()
+
+    def _beating(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            if self.cursor > self._written_at:
+                self.write()
 
     # -- the edges --------------------------------------------------------------------------------
     def restore_begins(self, now: float) -> None:
@@ -196,19 +214,21 @@ class AttemptLedger:
         measured = {part: max(0.0, seconds) for part, seconds in measured.items()}
         rest = max(0.0, interval - sum(measured.values()))
         measured["compile"] = min(rest, max(0.0, compile_s))  # a compile inside the validation is evaluation's
-        for part, seconds in measured.items():
-            self.parts[part] += seconds
-        self.parts["productive"] += rest - measured["compile"]
-        self.cursor = max(self.cursor, now)
-        self.last_step = step
-        if now - self._written_at >= self.heartbeat_s:
+        with self._state:
+            for part, seconds in measured.items():
+                self.parts[part] += seconds
+            self.parts["productive"] += rest - measured["compile"]
+            self.cursor = max(self.cursor, now)
+            self.last_step = step
+        if self._beat is None and now - self._written_at >= self.heartbeat_s:
             self.write()
 
     def saved(self, step: int, now: float) -> None:
         """A checkpoint of ``step`` was committed and the run's files published: that time since the step's end
         is checkpoint save; the productive seconds so far are those of steps up to ``step``."""
         self._attribute("checkpoint_save", now)
-        self.productive_at_step[step] = self.parts["productive"]
+        with self._state:
+            self.productive_at_step[step] = self.parts["productive"]
         self.write()
 
     def begin_shutdown(self, now: float) -> None:
@@ -221,6 +241,9 @@ class AttemptLedger:
         productive for a step cut short, other), and the file is written. Never raises; once only."""
         if self.ended:
             return
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=30)
         try:
             self._attribute(self.stage, self.clock() if now is None else now)
             self.ended = True
@@ -229,11 +252,16 @@ class AttemptLedger:
             self._warn(e)
 
     def _attribute(self, part: str, now: float) -> None:
-        self.parts[part] += max(0.0, now - self.cursor)
-        self.cursor = max(self.cursor, now)
+        with self._state:
+            self.parts[part] += max(0.0, now - self.cursor)
+            self.cursor = max(self.cursor, now)
 
     # -- the file -------------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
+        with self._state:
+            return self._record()
+
+    def _record(self) -> dict[str, Any]:
         return {
             "format": ATTEMPT_FORMAT,
             "started_at": self.started_at,
@@ -251,11 +279,13 @@ class AttemptLedger:
 
     def write(self) -> None:
         """The attempt's file as it stands (an atomic write; best-effort)."""
-        self._written_at = self.cursor
-        try:
-            self.store.put_json(self.key, self.record())
-        except Exception as e:  # noqa: BLE001 - a ledger write never fails the training
-            self._warn(e)
+        with self._io:
+            record = self.record()
+            self._written_at = record["updated_at"]
+            try:
+                self.store.put_json(self.key, record)
+            except Exception as e:  # noqa: BLE001 - a ledger write never fails the training
+                self._warn(e)
 
     def _warn(self, error: Exception) -> None:
         if not self._warned:

@@ -18,6 +18,9 @@ from runs import lease
 
 STAGING = "pretrain-staging"
 """The folder under ``$TMPDIR`` that holds every job's staging folder, with the user's uid (``user_temp``)."""
+KEPT_PREFIX = "kept-"
+"""Beside the jobs' folders: ``kept-<run id>``, a run's newest committed checkpoints kept for a restart on this node
+(``training.checkpointing.local_copy``); no owner record, so the sweep of dead jobs' folders leaves it."""
 STAGING_OWNER = ".owner"
 """In a job's staging folder: which process (host, boot, pid) made it, for the sweep of leftovers."""
 

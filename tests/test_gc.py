@@ -318,7 +318,9 @@ def test_gc_again_and_again_while_a_run_trains_is_killed_and_resumes(tiny_datase
     assert not retention.lease_holder(store, run, time.time())
     _gc_round(store, staging, seen)
     assert (retention.UNCOMMITTED_CHECKPOINT, uploading) in seen["removed"] and not store.list(uploading)
-    assert not list(staging.glob("*/*")), "the dead job's staging folder was kept"
+    # The job's folder goes; its run's newest committed checkpoint stays on the node for a restart (local_copy).
+    assert [p.name for p in staging.glob("*/*")] == [f"kept-{run.removeprefix('runs/')}"], "the dead job's folder was kept"
+    assert any(e.reason.startswith(f"run {run.removeprefix('runs/')}'s newest checkpoints kept") for e in plan.kept)
     assert ckpt.committed_steps(store, run) == committed
 
     job = start_launch(tmp_path, train_with_slow_uploads, 2, *args, env=env, log_name="resumed.log")

@@ -107,7 +107,9 @@ def test_one_attempt_splits_its_time_contiguously_and_adds_up(tmp_path):
     clock.now = 101.0
     callback.restore_begins()  # the lease's wait, then the resume
     clock.now = 104.0
-    callback.restored(SimpleNamespace(sequence=3, acquired_at=time.monotonic() - 1.0))  # the lease, 1 s ago
+    callback.leased(SimpleNamespace(sequence=3, acquired_at=time.monotonic() - 1.0))  # the lease, 1 s ago
+    assert store.get_json(ledger.key)["sequence"] == 3  # written at once: an attempt killed in its resume is placed
+    callback.restored()
     callback.resumed(0)
     clock.now = 105.0
     callback.before_step(1)  # start-up ends: process start to the first step, less the resume

@@ -4,6 +4,7 @@ kill is aimed and in which stage it is counted, from the run's own markers, with
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ def test_mark_stage_appends_one_line_per_call(tmp_path, monkeypatch):
     found = read_markers(path)
     assert [m.name for m in found] == ["prepare", "validate", "train-step"]
     assert found[0].at == 1.5 and before <= found[1].at <= found[2].at <= after
+    assert (found[0].pid, found[1].pid, found[2].pid) == (0, os.getpid(), os.getpid())  # who to kill for a rank's fault
     assert path.read_text().count("\n") == 3
 
 
@@ -64,8 +66,8 @@ def test_mark_stage_never_breaks_the_work_it_marks(tmp_path, monkeypatch):
 
 
 def test_parse_markers_skips_a_line_being_written_and_malformed_ones():
-    text = "prepare 1.0\nnonsense\n 2.0\nvalidate 3.5\ntrain 4"  # the last line is being written
-    assert parse_markers(text) == [Marker("prepare", 1.0), Marker("validate", 3.5)]
+    text = "prepare 1.0\nnonsense\n 2.0\nvalidate 3.5 812\ncheckpoint 4 x\ntrain 4"  # the last line is being written
+    assert parse_markers(text) == [Marker("prepare", 1.0), Marker("validate", 3.5, 812)]
     assert read_markers(Path("/nonexistent/markers.txt")) == []
 
 

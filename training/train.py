@@ -158,8 +158,9 @@ class Trainer:
         the run's lease however training ends; ``on_record`` (rank 0) hears each final step record."""
         cleanup.callback(self.goodput.end)  # the attempt's end, however it ends (after the lease's release)
         self.goodput.restore_begins()  # the lease's wait is start-up, the resume after it checkpoint_restore
-        start = self.checkpoints.start(cleanup, self.base_model, self.log)
-        self.goodput.restored(self.checkpoints.lease)  # rank 0's lease: when, and its sequence (the attempts' order)
+        # Rank 0's lease: when, and its sequence (the attempts' order), told as soon as it is taken.
+        start = self.checkpoints.start(cleanup, self.base_model, self.log, on_leased=self.goodput.leased)
+        self.goodput.restored()
         self.goodput.resumed(start)
         self._observe(on_record)
         for step in range(start + 1, self.cfg.steps + 1):

@@ -25,11 +25,8 @@ from pathlib import Path
 
 from common.contracts import CHECKPOINT_DIGESTS
 from common.private import private_dir, remove_inside
-from runs.staging import root, store_root
+from runs.staging import KEPT_PREFIX, root, store_root
 from storage import Store
-
-KEPT_PREFIX = "kept-"
-"""A run's folder of local copies, beside the jobs' staging folders: ``kept-<run id>``."""
 
 
 def single_node() -> bool:

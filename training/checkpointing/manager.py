@@ -71,11 +71,16 @@ class CheckpointManager:
         self.pending: PendingSave | None = None
         """The save completing in the background (``train.async_checkpoints``), if any."""
 
-    def start(self, cleanup: ExitStack, base_model: str, log: RunLog) -> int:
+    def start(
+        self, cleanup: ExitStack, base_model: str, log: RunLog, on_leased: Callable[[RunLease | None], None] | None = None
+    ) -> int:
         """Take the run's lease (released by ``cleanup``), then resume from the run's latest checkpoint
         with ``log`` as it kept it, or start from ``base_model`` (a registry entry's key prefix; '' for a
-        fresh initialisation): the step to continue after."""
+        fresh initialisation): the step to continue after. ``on_leased`` hears rank 0's lease (None on the
+        other ranks) once it is taken."""
         self.take_lease(cleanup)  # before the resume lookup: the holder may still commit
+        if on_leased is not None:  # the goodput ledger: the attempt's place in the run's order, before the resume
+            on_leased(self.lease)
         start = self.resume()
         if start:
             log.restore(self.prefix, start)

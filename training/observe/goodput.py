@@ -48,6 +48,7 @@ class GoodputCallback(StepCallback):
             return cls(None)
         ledger = AttemptLedger(store, run)
         ledger.write()
+        ledger.start_heartbeat()
         return cls(ledger, ledger.clock)
 
     def restore_begins(self) -> None:
@@ -55,14 +56,19 @@ class GoodputCallback(StepCallback):
         if self.ledger is not None:
             self.ledger.restore_begins(self.clock())
 
-    def restored(self, lease: RunLease | None) -> None:
-        """The resume is over; ``lease`` (rank 0's; None elsewhere) says when it was taken and its sequence."""
-        if self.ledger is None:
+    def leased(self, lease: RunLease | None) -> None:
+        """Rank 0's lease (None elsewhere) was taken: when, and its sequence (the order of the run's attempts), in
+        the attempt's file at once (an attempt killed in its resume is still placed)."""
+        if self.ledger is None or lease is None or lease.acquired_at is None:
             return
         now = self.clock()
-        if lease is not None and lease.acquired_at is not None:
-            self.ledger.leased(lease.sequence, now - max(0.0, time.monotonic() - lease.acquired_at))
-        self.ledger.restore_done(now)
+        self.ledger.leased(lease.sequence, now - max(0.0, time.monotonic() - lease.acquired_at))
+        self.ledger.write()
+
+    def restored(self) -> None:
+        """The resume is over."""
+        if self.ledger is not None:
+            self.ledger.restore_done(self.clock())
 
     def resumed(self, step: int) -> None:
         """The attempt continues after step ``step`` (0: from the start)."""
