@@ -51,9 +51,10 @@ class FirstFailureElastic(Elastic):
     failed first (see the module). ``start_method`` may also be the plugin's ``spawn`` or ``fork``."""
 
     start_method: str = "forkserver"
-    monitor_interval: float = 0.5
+    monitor_interval: float = 0.2
     """Seconds between the agent's looks at its ranks (the plugin's 5): a job that ended waited up to this
-    long to be seen ended, and a failed rank to be seen failed. torchrun's own default is 0.1."""
+    long to be seen ended, and a failed rank to be seen failed, before its ranks restart in place (0.5 until
+    restarts in place came). torchrun's own default is 0.1."""
     restarts_input: str = ""
     """The task input (an int) that sets ``max_restarts`` for each launch (with the fork server), where the task's
     static ``max_restarts`` is the PyTorchJob's as registered; '' = the static one."""

@@ -10,6 +10,8 @@ import pytest
 from flyteidl.admin import launch_plan_pb2, task_pb2, workflow_pb2
 from google.protobuf.json_format import MessageToDict
 
+from training.config import TrainConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 # prepare_data's fan-out (a dynamic workflow): map tasks over partitions and key shards, then one of each.
 DATA_STAGES = (
@@ -73,6 +75,11 @@ def test_train_task_is_a_pytorchjob_with_the_profiles_replicas(gpu_cluster):
     assert template["type"] == "pytorch"
     elastic = template["custom"]["elasticConfig"]
     assert (elastic["minReplicas"], elastic["maxReplicas"], elastic["nprocPerNode"]) == (2, 2, 8)
+    # A rank that dies restarts the ranks in place (train.max_restarts' default), and the operator's backoff matches.
+    assert elastic["maxRestarts"] == TrainConfig.max_restarts == 3
+    assert template["custom"]["runPolicy"]["backoffLimit"] == TrainConfig.max_restarts
+    inputs = gpu_cluster["tasks.train.train_model"]["template"]["interface"]["inputs"]["variables"]
+    assert {"max_restarts", "keep_local_checkpoints"} <= set(inputs)  # outside the cache key: tasks/train.RECOVERY
     pod = template["k8sPod"]
     assert pod["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "pretrain", "kueue.x-k8s.io/priority-class": "production"}
     resources = pod["podSpec"]["containers"][0]["resources"]
