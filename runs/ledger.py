@@ -7,7 +7,7 @@ Each training attempt (one ``Trainer`` call; rank 0 writes) keeps one file in th
   the file accounts for, both by the ledger's clock (the wall clock at its construction, then the monotonic
   clock: a clock step during the attempt moves neither its parts nor its span);
 - ``sequence`` and ``leased_at``: the number the run's lease handed this attempt (``runs.lease``: 1, 2, ... in
-  the order the attempts took it) and when (None until the Trainer tells them, at the resume's end);
+  the order the attempts took it) and when (None until the Trainer tells them, once the lease is taken);
 - ``parts``: the attempt's seconds in ``ATTEMPT_PARTS``, attributed one interval after the other, so that they
   sum to ``updated_at - started_at`` by construction: ``startup`` (process start to the first step: imports,
   process groups, loaders, model, the wait for the lease), ``checkpoint_restore`` (from the lease to the end of
@@ -422,7 +422,7 @@ def in_order(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def combined(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The attempts that combine, in order: in a run whose attempts have lease sequences, one without that trained
-    nothing (killed before the lease, or in its resume: the Trainer tells the ledger the lease at the resume's end)
+    nothing (killed before it took the lease: the Trainer tells the ledger the lease as soon as it is taken)
     is left out, its time lying in the gap before the next attempt."""
     if any(a["sequence"] is not None for a in attempts):
         attempts = [a for a in attempts if a["legacy"] or a["sequence"] is not None or trained(a)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -105,9 +106,8 @@ def test_a_killed_rank_restarts_the_ranks_in_place_from_the_local_copy(killed_an
     theirs = checkpoint_state(reference.store, reference.prefix, root / "theirs")["tensors"]
     assert ours.keys() == theirs.keys() and len(ours) > 4
     assert all(ours[k].equal(theirs[k]) for k in ours), [k for k in ours if not ours[k].equal(theirs[k])]
-    # The node keeps the newest committed checkpoint only (train.keep_local_checkpoints = 1).
-    kept = local_copy.run_folder(ref.store, ref.run)
-    assert sorted(p.name for p in kept.iterdir()) == [f"{CFG.steps:09d}"]
+    # The node kept the newest committed checkpoint while the run trained; the finished run's copy is gone.
+    assert not local_copy.run_folder(ref.store, ref.run).exists()
 
 
 def test_a_failure_at_the_same_step_twice_is_not_restarted_again(tiny_dataset, tmp_path, capfd):
@@ -120,11 +120,16 @@ def test_a_failure_at_the_same_step_twice_is_not_restarted_again(tiny_dataset, t
     assert "again: a restart would meet it a third time" in err
 
 
-def test_a_local_copy_that_is_not_the_committed_checkpoint_is_not_used(killed_and_reference):
+def test_a_local_copy_that_is_not_the_committed_checkpoint_is_not_used(killed_and_reference, tmp_path):
     ref = killed_and_reference[0]
     store = open_store(ref.store)
+    # The folder a save uploads from, kept as the node's copy after its commit, with its committed digests.
+    saved = tmp_path / "save"
+    shutil.copytree(Path(ref.store) / ref.prefix, saved, ignore=shutil.ignore_patterns("_COMMITTED", "digests.json"))
+    digests = store.get_json(f"{ref.prefix}/digests.json")
+    local_copy.keep(ref.store, ref.run, ref.step, saved, digests["files"], digests["format"], 1)
     folder = local_copy.usable(store, ref.prefix, ref.step, ref.run, verify)
-    assert folder == local_copy.copy_folder(ref.store, ref.run, ref.step)
+    assert folder == local_copy.copy_folder(ref.store, ref.run, ref.step) and not saved.exists()  # moved, not copied
     victim = next(p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "digests.json")
     victim.write_bytes(victim.read_bytes() + b"!")
     assert local_copy.usable(store, ref.prefix, ref.step, ref.run, verify) is None

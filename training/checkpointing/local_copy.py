@@ -10,7 +10,8 @@ of the run beyond the newest ``keep`` are removed. A resume uses a copy only if
 - the store's checkpoint is committed and its ``digests.json`` lists the same files and digests, and
 - every file of the copy hashes to its digest, and no file is missing or added (``checkpoint.verify``);
 
-otherwise the copy is removed and the checkpoint downloaded. The copies live in the user's private staging
+otherwise the copy is removed and the checkpoint downloaded. A run that finishes removes its copies
+(``discard``): nothing restarts it. The copies live in the user's private staging
 root (``runs.staging``: 0700, checked each time); they have no owner record, so the start-up sweep of dead
 jobs' folders leaves them, and ``pretrain gc`` removes one a day after it was written.
 """
@@ -61,6 +62,13 @@ def keep(store_uri: str, run_prefix: str, step: int, saved: Path, digests: dict[
     saved.rename(folder)
     for old in sorted(p for p in folder.parent.iterdir() if p.is_dir())[:-newest]:
         _remove(old)
+
+
+def discard(store_uri: str, run_prefix: str) -> None:
+    """Remove every copy this node keeps of the run (it finished: nothing restarts it)."""
+    folder = run_folder(store_uri, run_prefix)
+    if folder.is_dir() and not folder.is_symlink():
+        _remove(folder)
 
 
 def usable(store: Store, prefix: str, step: int, run_prefix: str, verify: Callable[[Path, str], None]) -> Path | None:

@@ -29,7 +29,7 @@ from common.contracts import (
 from common.errors import ConfigError
 from runs.lease import LeaseLost, RunLease
 from storage import Store
-from training.checkpointing import checkpoint
+from training.checkpointing import checkpoint, local_copy
 from training.checkpointing.saving import PendingSave, start_save
 from training.config import ModelConfig, ParallelConfig, TrainConfig, cooldown_point
 from training.cooldown import trained_config
@@ -218,6 +218,8 @@ class CheckpointManager:
         self.check_lease()
         if not self.prefix:
             raise ConfigError(f"train.steps={self.cfg.steps} leaves nothing to train")
+        if self.rank == 0:  # a finished run restarts no more: its copies on this node go (local_copy)
+            local_copy.discard(self.store.uri, self.run)
         return self.layouts(self.cfg.steps)
 
     def save(self, step: int, files: dict[str, bytes]) -> None:
