@@ -265,6 +265,7 @@ def check_built_layout(name: str, facts: list[dict]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long("a compiled layout traces and compiles in every rank: 45-61 s under make test")
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_parallel_layouts_match_the_tensor_parallel_run(request, tmp_path, name):
     """Same initial weights and global batches whatever the layout: only float noise may differ
