@@ -917,9 +917,15 @@ class Soak:
         if proc.returncode != -signal.SIGKILL:
             trial.landed, trial.detail = "missed", f"the run ended (exit {proc.returncode}) before the kill"
             return
+        self.record_landing(trial, tag, sent)
+
+    def record_landing(self, trial: Trial, tag: str, sent: float, killed: str = "") -> None:
+        """Where a kill sent at ``sent`` (time.time()) landed: by the run's markers (``kill_stage``), with the store's
+        word beside (listed once: nothing of the killed process moves after the kill). ``killed``: which process,
+        for the detail."""
         markers = read_markers(self.markers(tag))
         try:
-            keys: set[str] | None = self.view.keys()  # nothing moves after the kill
+            keys: set[str] | None = self.view.keys()
         except Exception as e:  # noqa: BLE001 - the cross-check is lost, not the trial
             keys, trial.detail = None, f"store not listed ({type(e).__name__}); "
         where = stage_of(keys) if keys is not None else Position("unknown")
@@ -927,7 +933,7 @@ class Soak:
         trial.store_stage = where.stage
         last = [m for m in markers if m.at <= sent]
         said = f"last marker {last[-1].name} {sent - last[-1].at:.2f} s before" if last else "no marker yet"
-        trial.detail += f"{said}; store: {where.stage}" + (f" ({where.describe()})" if where.describe() else "")
+        trial.detail += killed + f"{said}; store: {where.stage}" + (f" ({where.describe()})" if where.describe() else "")
 
     def place_rank_kill(self, trial: Trial, proc: subprocess.Popen, tag: str, began: float) -> None:
         """SIGKILL one rank's process now (a node's fault: the job restarts its ranks in place), and record where it
@@ -949,17 +955,7 @@ class Soak:
         except (ProcessLookupError, ValueError):
             trial.landed, trial.detail = "missed", f"rank {trial.rank} (pid {target}) was gone before the kill"
             return
-        sent = time.time()
-        try:
-            keys: set[str] | None = self.view.keys()
-        except Exception as e:  # noqa: BLE001 - the cross-check is lost, not the trial
-            keys, trial.detail = None, f"store not listed ({type(e).__name__}); "
-        where = stage_of(keys) if keys is not None else Position("unknown")
-        trial.landed = kill_stage(markers, committed_steps(keys or set()), where.stage, at=sent)
-        trial.store_stage = where.stage
-        last = [m for m in markers if m.at <= sent]
-        said = f"last marker {last[-1].name} {sent - last[-1].at:.2f} s before" if last else "no marker yet"
-        trial.detail += f"rank {trial.rank} (pid {target}); {said}; store: {where.stage}"
+        self.record_landing(trial, tag, time.time(), f"rank {trial.rank} (pid {target}); ")
 
     def wait_for(self, aim: MarkerAim, proc: subprocess.Popen, tag: str) -> bool:
         """Wait for the aim's marker (the marker file, read every MARKER_POLL_S), then until its time plus
