@@ -1,11 +1,12 @@
 """The ``pretrain`` command: run the pipeline locally, start a local S3 store, browse the registry and the runs.
 
-    pretrain run [--config configs/tiny-cpu.yaml]
-    pretrain check [--config FILE]
+    pretrain run [--config configs/tiny-cpu.yaml] [--set KEY=VALUE ...] [--store URI]
+    pretrain check [--config FILE] [--set KEY=VALUE ...] [--store URI]
+    pretrain settings [KEY] [--json]
     pretrain store up [--dir DIR] [--port PORT] [--bucket NAME]
     pretrain registry list [--json] [--store URI]
     pretrain registry show NAME[:VERSION|:ALIAS] [--json] [--store URI]
-    pretrain registry promote NAME:VERSION [--alias production] [--store URI]
+    pretrain registry promote NAME:VERSION [--alias production] [--force] [--store URI]
     pretrain registry download NAME[:VERSION|:ALIAS] DEST [--store URI]
     pretrain runs list [--json] [--store URI]
     pretrain runs show RUN [--json] [--store URI]
@@ -15,6 +16,8 @@
     pretrain ui [--port 5000] [--run MLFLOW_RUN_ID]
     pretrain tracking sync NAME[:VERSION|:ALIAS] [--store URI]
 
+``pretrain`` or a command group (``pretrain runs``) without a command prints its help (exit status 2); a
+mistyped command is refused with the closest one (``unknown command 'rnus'; did you mean 'runs'?``).
 Errors the user can fix are printed as one line (``error: …``) with exit status 2; ``pretrain run`` also
 writes the full traceback of any failure to a log file (``common.errors.log_dir()``) and names it. Another
 failure of ``pretrain run`` prints its first line only (``headline``) and the log's path, with exit status 1.
@@ -32,12 +35,14 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
+from cli.parsing import CommandParser, HelpFormatter, command, command_group, commands_of
+from cli.settings import add_settings_command
 from common.contracts import HF_EXPORT
 from common.errors import TRACEBACK_LABEL, peel_flyte, traceback_note, user_error_in, write_traceback
 from common.terminal import escaped_output
 from pipeline.config import PipelineConfig, launch_world, load_config
 from registry.card import metric_text
-from registry.registry import download, list_models, promote, resolve, show
+from registry.registry import Promotion, download, list_models, promote, resolve, show
 from reports import run_text
 from runs import catalog
 from runs.reading import load_run
@@ -50,8 +55,10 @@ def _store(args: argparse.Namespace):
 
 
 def _config(args: argparse.Namespace) -> PipelineConfig:
-    """The config ``--config`` names (or the defaults) with every ``--set KEY=VALUE``, checked."""
-    return load_config(args.config, overrides=args.set)
+    """The config ``--config`` names (or the defaults) with every ``--set KEY=VALUE``, and ``--store URI`` as the
+    last of them (``store`` is the setting it sets), checked."""
+    store = [f"store={json.dumps(args.store)}"] if args.store else []  # JSON: a string YAML reads as it is
+    return load_config(args.config, overrides=[*args.set, *store])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -69,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Every rule ``pretrain run`` and ``pyflyte run`` apply before anything runs; one line if all pass."""
     config = _config(args)
+    _check_corpus(config)
     world, where = launch_world()
     tp, pp, train = config.parallel.tensor_parallel, config.parallel.pipeline_parallel, config.train
     dp = world // (tp * pp)
@@ -85,6 +93,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         for warning in epoch_warnings(config.data, tokens):
             print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     return 0
+
+
+def _check_corpus(config: PipelineConfig) -> None:
+    """Refuse a corpus with no file to read as ``pretrain run`` does, by listing each component's sources as
+    the pipeline's first task does (``tasks.data.fingerprint_corpus``: ``list_files``). A component with an
+    ``s3://`` source is left to the run: a check stays local, and the bucket's files may be all it reads."""
+    from data_prep.mixture import components
+    from data_prep.sources import list_files
+
+    for part in components(config.data):
+        data = part.data
+        if not any(source.startswith("s3://") for source in data.sources):
+            list_files(data.sources, sniff=data.sniff_unlisted, follow_symlinks=data.follow_symlinks)
 
 
 def cmd_store_up(args: argparse.Namespace) -> int:
@@ -191,13 +212,28 @@ def _print_mixture(shares: list, width: int) -> None:
 
 
 def cmd_registry_promote(args: argparse.Namespace) -> int:
-    version = promote(_store(args), args.model, args.alias)
-    print(f"{args.model.partition(':')[0]}:{args.alias} -> version {version}")
+    """Move the alias, refusing a version worse than the one it names (``--force`` moves it anyway)."""
+    print(promotion_text(promote(_store(args), args.model, args.alias, refuse_worse=not args.force)))
     from tracking.mirror import mirror_promotion  # MLflow's aliases follow ours (best effort)
     from tracking.uri import resolve_uri
 
     print(mirror_promotion(_store(args), args.model.partition(":")[0], resolve_uri()), file=sys.stderr)
     return 0
+
+
+def promotion_text(p: Promotion) -> str:
+    """``gpt:production -> version 3``, and what it replaced, with both figures when the cards were compared."""
+    moved = f"{p.name}:{p.alias} -> version {p.version}"
+    if p.replaced is None:
+        return f"{moved} ({p.alias} named no version before)"
+    if p.replaced == p.version:
+        return f"{p.name}:{p.alias} already names version {p.version}"
+    if not p.metric:
+        return f"{moved}, replacing version {p.replaced} (not compared: the two cards share no evaluation figure)"
+    ours, theirs = metric_text(p.metric, p.figure), metric_text(p.metric, p.replaced_figure)
+    forced = ", which is better: moved by --force" if p.worse else ""
+    note = f"; {p.note}" if p.note else ""
+    return f"{moved} ({p.metric} {ours}), replacing version {p.replaced} ({p.metric} {theirs}){forced}{note}"
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -358,19 +394,6 @@ MODEL_SPEC = "NAME[:VERSION|:ALIAS]"
 MODEL_HELP = "a registered model: NAME (its latest version), NAME:VERSION or NAME:ALIAS (e.g. gpt-tiny:production)"
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Each option's help says its default, when it has one worth saying (not a flag's False, None or empty)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        said = "%(default)" in text or "(default:" in text
-        empty = default is None or default is False or (isinstance(default, (str, list, tuple)) and not default)
-        if said or empty or default == argparse.SUPPRESS or not action.option_strings:
-            return text
-        return f"{text} (default: %(default)s)"
-
-
 def _store_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--store",
@@ -384,14 +407,18 @@ def _json_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON, for scripts, instead of text")
 
 
-def command(group, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's own word
-    return group.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pretrain", description="LLM pretraining pipeline", formatter_class=_HelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    for add in (_run_commands, _store_commands, _registry_commands, _runs_commands, _tracking_commands, _gc_command):
+    p = CommandParser(prog="pretrain", description="LLM pretraining pipeline", formatter_class=HelpFormatter)
+    sub = commands_of(p, "command")
+    for add in (
+        _run_commands,
+        add_settings_command,
+        _store_commands,
+        _registry_commands,
+        _runs_commands,
+        _tracking_commands,
+        _gc_command,
+    ):
         add(sub)
     return p
 
@@ -408,13 +435,20 @@ def _run_commands(sub) -> None:
             metavar="KEY=VALUE",
             help="override one setting of the preset, e.g. --set train.steps=10 (repeatable; the value is read as YAML)",
         )
+        p_.add_argument(
+            "--store",
+            metavar="URI",
+            default="",
+            help="the store, a local folder or s3://bucket/prefix: sets the config's store, as --set store=URI would "
+            "(default: the config's store, else $PRETRAIN_STORE, else ~/.local/share/pretrain/store)",
+        )
     run.add_argument("--json", action="store_true", help="end with the registered model as one JSON line, for scripts")
     run.set_defaults(fn=cmd_run)
     check.set_defaults(fn=cmd_check)
 
 
 def _store_commands(sub) -> None:
-    store = command(sub, "store", "local object store").add_subparsers(dest="store_command", required=True)
+    store = command_group(sub, "store", "local object store")
     up = command(store, "up", "start a SeaweedFS S3 server on 127.0.0.1 and print its environment")
     up.add_argument("--dir", help="data directory (default: a new temporary folder)")
     up.add_argument("--port", type=int, default=8333, help="the S3 port on 127.0.0.1")
@@ -423,7 +457,7 @@ def _store_commands(sub) -> None:
 
 
 def _registry_commands(sub) -> None:
-    registry = command(sub, "registry", "the model registry").add_subparsers(dest="registry_command", required=True)
+    registry = command_group(sub, "registry", "the model registry")
     ls = command(registry, "list", "every registered model version")
     _json_option(ls)
     _store_option(ls)
@@ -436,6 +470,11 @@ def _registry_commands(sub) -> None:
     pr = command(registry, "promote", "point an alias (e.g. production) at a version")
     pr.add_argument("model", metavar="NAME:VERSION", help="the version the alias will name")
     pr.add_argument("--alias", default="production", help="the alias to move")
+    pr.add_argument(
+        "--force",
+        action="store_true",
+        help="move the alias even to a version whose evaluation figure is worse than that of the version it names now",
+    )
     _store_option(pr)
     pr.set_defaults(fn=cmd_registry_promote)
     dl = command(registry, "download", "copy a version's files (checkpoint, tokenizer, card) to a folder")
@@ -454,7 +493,7 @@ def _registry_commands(sub) -> None:
 
 
 def _runs_commands(sub) -> None:
-    runs_cmd = command(sub, "runs", "training runs in the store").add_subparsers(dest="runs_command", required=True)
+    runs_cmd = command_group(sub, "runs", "training runs in the store")
     rl = command(runs_cmd, "list", "every training run, most recently changed first")
     _json_option(rl)
     _store_option(rl)
@@ -481,10 +520,10 @@ def _tracking_commands(sub) -> None:
     ui = command(sub, "ui", "the MLflow UI on 127.0.0.1 over the local tracking database, for you only")
     ui.add_argument("--port", type=int, default=5000, help="the port on 127.0.0.1")
     ui.add_argument(
-        "--run", default="", metavar="MLFLOW_RUN_ID", help="also print the page of this MLflow run (a run's summary names it)"
+        "--run", default="", metavar="MLFLOW_RUN_ID", help="open on this MLflow run's page (a run's summary names it)"
     )
     ui.set_defaults(fn=cmd_ui)
-    tracking = command(sub, "tracking", "the MLflow mirror").add_subparsers(dest="tracking_command", required=True)
+    tracking = command_group(sub, "tracking", "the MLflow mirror")
     ts = command(tracking, "sync", "replay a registered model's execution into MLflow from the store")
     ts.add_argument("model", metavar=MODEL_SPEC, help=MODEL_HELP)
     ts.add_argument("--experiment", default="pretrain", help="the MLflow experiment")

@@ -134,6 +134,8 @@ class Plan:
     now: float
     min_age_s: float
     entries: list[Entry] = field(default_factory=list)
+    staging_root: str = ""
+    """The local checkpoint staging root it looked in: every store's jobs on this host (``local`` entries)."""
 
     @property
     def removals(self) -> list[Entry]:
@@ -152,6 +154,7 @@ class Plan:
             "store": self.store,
             "now": self.now,
             "min_age_s": self.min_age_s,
+            "staging_root": self.staging_root,
             "total_bytes": self.total_bytes,
             "remove": [asdict(e) for e in self.removals],
             "kept": [asdict(e) for e in self.kept],
@@ -298,8 +301,9 @@ def plan(
             _models(planner, objects)
         else:
             _unknown_tree(planner, objects, top)
-    _staging(planner, staging_root if staging_root is not None else checkpoint_staging.root())
-    return Plan(store=store.uri, now=now, min_age_s=min_age_s, entries=planner.entries)
+    staging_root = staging_root if staging_root is not None else checkpoint_staging.root()
+    _staging(planner, staging_root)
+    return Plan(store=store.uri, now=now, min_age_s=min_age_s, entries=planner.entries, staging_root=str(staging_root))
 
 
 def _group(objects: Iterable[ObjectInfo], depth: int) -> dict[str, list[ObjectInfo]]:
@@ -659,45 +663,78 @@ def apply(store: Store, plan_: Plan, *, now: float | None = None) -> Outcome:
 
 
 # -- in words -------------------------------------------------------------------------------
-def _label(entry: Entry) -> str:
+def _label(entry: Entry, plan_: Plan) -> str:
     if entry.local:
-        return f"{entry.where}/ (local)"
+        return f"{entry.where}/ ({_whose(entry, plan_)})"
     return entry.where if entry.file else f"{entry.where}/"
 
 
-def _line(entry: Entry, reason: str | None = None) -> str:
-    what = "" if entry.what == UNKNOWN else f"{entry.what}: "
+def _whose(entry: Entry, plan_: Plan) -> str:
+    """Which store a local staging folder ``<root>/<store hash>/<job>`` stages for: the plan's or another."""
+    folder = Path(entry.where)
+    if entry.where == plan_.staging_root:
+        return "the staging root"
+    return "this store's" if folder.parent.name == checkpoint_staging.store_root(plan_.store).name else "another store's"
+
+
+def _line(entry: Entry, plan_: Plan, reason: str | None = None) -> str:
+    what = "" if entry.what in (UNKNOWN, STAGING) else f"{entry.what}: "  # a staging folder is under its own heading
     records = f" (and {', '.join(entry.records)}, naming it)" if entry.records else ""
-    return escaped(f"  {human_size(entry.size):>10}  {_label(entry)}{records}  {what}{reason or entry.reason}")
+    return escaped(f"  {human_size(entry.size):>10}  {_label(entry, plan_)}{records}  {what}{reason or entry.reason}")
 
 
 def report_lines(plan_: Plan, outcome: Outcome | None = None) -> list[str]:
-    """``pretrain gc`` in words: what would go (or went), with sizes and a total, and what stays and why."""
-    order = sorted(plan_.entries, key=lambda e: (e.local, e.where))
+    """``pretrain gc`` in words: what would go (or went), with sizes and a total, and what stays and why; the
+    store's entries under the store's age rule, then this host's staging folders (every store's) under theirs."""
     age = f"nothing written in the last {plan_.min_age_s / 60:g} min is touched"
     if outcome is None:
         out = [f"store {plan_.store}: dry run, nothing removed (--apply removes what is listed); {age}"]
-        removals = [e for e in order if e.remove]
-        out.append(f"would remove {len(removals)}, {human_size(plan_.total_bytes)}:" if removals else "nothing to remove")
-        out += [_line(e) for e in removals]
-        if removals:
-            out.append(f"  {human_size(plan_.total_bytes):>10}  total")
     else:
         out = [f"store {plan_.store}: {age}"]
-        out.append(
-            f"removed {len(outcome.removed)}, {human_size(outcome.removed_bytes)}:" if outcome.removed else "removed nothing"
-        )
-        out += [_line(e) for e in sorted(outcome.removed, key=lambda e: (e.local, e.where))]
-        if outcome.removed:
-            out.append(f"  {human_size(outcome.removed_bytes):>10}  total")
-        if outcome.skipped:
-            out.append(f"left in place after a second look {len(outcome.skipped)}:")
-            out += [_line(e, why) for e, why in outcome.skipped]
-        if outcome.failed:
-            out.append(f"could not remove {len(outcome.failed)}:")
-            out += [_line(e, why) for e, why in outcome.failed]
-    kept = [e for e in order if not e.remove]
+    out += _section_lines(plan_, outcome, local=False)
+    if any(e.local for e in plan_.entries):
+        out.append(escaped(_staging_heading(plan_)))
+        out += _section_lines(plan_, outcome, local=True)
+    return out
+
+
+def _staging_heading(plan_: Plan) -> str:
+    """The rule of local staging folders (``_staging_verdict``), which is not the store's age rule."""
+    kept_h = max(plan_.min_age_s, STAGING_MAX_AGE_S) / 3600
+    return (
+        f"local checkpoint staging in {plan_.staging_root} (this host's jobs, for any store, not only this one): a job's "
+        f"folder goes once its process is gone, whatever its age, or once unchanged for {kept_h:g} h; kept otherwise"
+    )
+
+
+def _section_lines(plan_: Plan, outcome: Outcome | None, *, local: bool) -> list[str]:
+    """What would go (or went) and what stays, of the store's entries or of the local ones."""
+    entries = sorted((e for e in plan_.entries if e.local == local), key=lambda e: e.where)
+    out = []
+    if outcome is None:
+        removals = [e for e in entries if e.remove]
+        total = sum(e.size for e in removals)
+        out.append(f"would remove {len(removals)}, {human_size(total)}:" if removals else "nothing to remove")
+        out += [_line(e, plan_) for e in removals]
+        if removals:
+            out.append(f"  {human_size(total):>10}  total")
+    else:
+        removed = sorted((e for e in outcome.removed if e.local == local), key=lambda e: e.where)
+        total = sum(e.size for e in removed)
+        out.append(f"removed {len(removed)}, {human_size(total)}:" if removed else "removed nothing")
+        out += [_line(e, plan_) for e in removed]
+        if removed:
+            out.append(f"  {human_size(total):>10}  total")
+        skipped = [(e, why) for e, why in outcome.skipped if e.local == local]
+        if skipped:
+            out.append(f"left in place after a second look {len(skipped)}:")
+            out += [_line(e, plan_, why) for e, why in skipped]
+        failed = [(e, why) for e, why in outcome.failed if e.local == local]
+        if failed:
+            out.append(f"could not remove {len(failed)}:")
+            out += [_line(e, plan_, why) for e, why in failed]
+    kept = [e for e in entries if not e.remove]
     if kept:
         out.append(f"kept {len(kept)}:")
-        out += [_line(e) for e in kept]
+        out += [_line(e, plan_) for e in kept]
     return out

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
+from common import docfields
 from common.errors import ConfigError, did_you_mean
 
 E = TypeVar("E", bound=enum.Enum)
@@ -198,3 +201,96 @@ def whole_number(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
+
+
+# -- the settings a config class has, by their full paths (``pretrain settings``, ``--set``) --------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SettingDoc:
+    """One setting of a config tree: its full path, its default and its description (the field's docstring)."""
+
+    key: str
+    """``train.lr``; a field of each item of a list of sections reads ``data.mixture[].weight``."""
+    default: Any
+    """As YAML writes it: an Enum's value, a list, None for an item's setting without a default."""
+    type: str
+    """The field's type as written in the class, without module paths: ``float``, ``list[str]``, ``int | None``."""
+    doc: str
+    choices: tuple[str, ...] = ()
+    """The values an Enum setting takes."""
+
+
+def documented_settings(cls: type, defaults: Any = None, prefix: str = "") -> list[SettingDoc]:
+    """Every leaf setting of dataclass ``cls`` and its sections, depth first in field order, with the defaults of
+    ``defaults`` (an instance; None: the fields' own defaults) and each field's docstring (``common.docfields``)."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint, key = hints[f.name], f"{prefix}{f.name}"
+        default = getattr(defaults, f.name) if defaults is not None else _field_default(f)
+        if dataclasses.is_dataclass(hint):
+            out += documented_settings(hint, default, f"{key}.")
+            continue
+        doc = " ".join((f.metadata.get("description") or _source_docs(cls).get(f.name, "")).split())
+        choices = tuple(str(m.value) for m in _optional(hint)[0]) if _is_enum(_optional(hint)[0]) else ()
+        out.append(SettingDoc(key, _yaml_value(default), _type_text(hint), doc, choices))
+        if (item := _dataclass_items(hint)) is not None:
+            out += documented_settings(item, None, f"{key}[].")
+    return out
+
+
+def setting_type(cls: type, parts: Iterable[str]) -> Any:
+    """The type of the setting that the key ``parts`` (``["data", "sources"]``) names under dataclass ``cls``;
+    None when it names none (the config check reports the key)."""
+    hint: Any = cls
+    for part in parts:
+        hint = _optional(hint)[0]
+        if not dataclasses.is_dataclass(hint) or part not in {f.name for f in dataclasses.fields(hint)}:
+            return None
+        hint = typing.get_type_hints(hint)[part]
+    return hint
+
+
+def listed(hint: Any, value: Any) -> Any:
+    """``value`` as the one-item list it means when the setting (of type ``hint``) is a list of plain values and
+    ``value`` is one such value (``--set data.sources=/dir``); any other value unchanged, for the check to judge."""
+    hint = _optional(hint)[0]
+    scalar = value is not None and not isinstance(value, (list, dict))
+    return [value] if scalar and typing.get_origin(hint) is list and _dataclass_items(hint) is None else value
+
+
+@functools.cache
+def _source_docs(cls: type) -> dict[str, str]:
+    """The docstrings of a class that ``common.docfields.documented`` did not decorate, read from its source."""
+    try:
+        return docfields.field_docstrings(cls)
+    except (OSError, TypeError):  # no source (a class made at runtime): no descriptions
+        return {}
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _is_enum(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, enum.Enum)
+
+
+def _yaml_value(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _type_text(hint: Any) -> str:
+    """``hint`` as it reads in the class: ``list[str]``, ``int | None``, ``Normalization`` (no module paths)."""
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)", r"\1", str(hint)).replace("NoneType", "None")

@@ -355,19 +355,27 @@ def list_files(
         if isinstance(ignored, Ignored):
             ignored.relative_to(root, since)
     if not any(not f.problem for f in files):
-        raise DataError(_nothing_to_read(sources, files, ignored))
+        raise DataError(_nothing_to_read(sources, files, ignored, sniff))
     return files
 
 
-def _nothing_to_read(sources: list[str], files: list[RawFile], ignored: Counter) -> str:
-    """Why a listing holds no file to read, and what to do: said at listing, before anything is written."""
+def _nothing_to_read(sources: list[str], files: list[RawFile], ignored: Counter, sniff: bool) -> str:
+    """Why a listing holds no file to read, and what to do: said at listing, before anything is written. Sniffing
+    other suffixes (``data.sniff_unlisted``) is advised only when it is off: on, those files were sniffed already."""
     found = [f"{n} ignored as {label}" for label, n in sorted(ignored.items(), key=lambda kv: (-kv[1], kv[0]))]
     found += [f"{n} {reason}" for reason, n in Counter(f.problem for f in files).most_common()]
     what = ", ".join(found) if found else "no files at all"
-    return (
-        f"the corpus sources {sources} hold no file to read ({what}): put text (.txt .md .py …), JSONL or Parquet "
-        "files there, set data.sniff_unlisted: true to read text with other suffixes, or name the files in data.sources"
-    )
+    readable = "put text (.txt .md .py …), JSONL or Parquet files there"
+    if not sniff:
+        remedy = f"{readable}, set data.sniff_unlisted: true to read text with other suffixes, or name the files in data.sources"
+    elif any(label != HIDDEN for label in ignored):
+        remedy = (
+            f"{readable}, or name the files in data.sources; files with other suffixes are read when their first "
+            "8 KB are UTF-8 text (data.sniff_unlisted), and these are not (binary, or another encoding: convert to UTF-8)"
+        )
+    else:
+        remedy = f"{readable}, or name the files in data.sources"
+    return f"the corpus sources {sources} hold no file to read ({what}): {remedy}"
 
 
 def _root_of(source: str) -> str:

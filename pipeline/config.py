@@ -28,7 +28,7 @@ import yaml
 from common.docfields import documented
 from common.errors import ConfigError
 from common.names import spec_problem
-from common.settings import from_dict, problems_error, read_settings, whole_number
+from common.settings import from_dict, listed, problems_error, read_settings, setting_type, whole_number
 from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from evaluation.config import EvalConfig
 from evaluation.lm_eval_catalog import parse_metric_name, shipped_tasks
@@ -288,7 +288,8 @@ def load_config(path: str | Path | None, launch: bool = True, overrides: list[st
 
 def with_overrides(values: Any, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``values`` (a preset's mapping) with each ``section.key=value`` set; the value is read as YAML
-    (``10`` an int, ``true`` a bool, ``[a, b]`` a list), and checked with the rest by ``parse_config``."""
+    (``10`` an int, ``true`` a bool, ``[a, b]`` a list; one value for a list setting is a list of one:
+    ``data.sources=/dir``), and checked with the rest by ``parse_config``."""
     values = dict(values) if isinstance(values, dict) else {}
     for item in overrides:
         key, equals, text = item.partition("=")
@@ -304,7 +305,7 @@ def with_overrides(values: Any, overrides: list[str] | tuple[str, ...]) -> dict[
             child = node.get(part)
             node[part] = dict(child) if isinstance(child, dict) else {}
             node = node[part]
-        node[parts[-1]] = value
+        node[parts[-1]] = listed(setting_type(PipelineConfig, parts), value)
         if parts[:-1] == ["train"] and parts[-1] in BUDGET:
             # The budget given one way replaces the preset's, given either way (set both: both are checked).
             other = BUDGET[1 - BUDGET.index(parts[-1])]

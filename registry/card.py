@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -127,17 +128,23 @@ def continued_model(store: Store, entry: str, asked: dict[str, Any], defaults: d
 
 COUNTS = frozenset({"parameters", "steps_trained", "tokens_trained", "world_size", "val_tokens"})
 """Card metrics that are counts: the training summary carries them as floats (its Flyte type), shown as integers."""
+EVALUATED = frozenset({"val_loss", "perplexity", "bits_per_byte", "lm_eval"})
+"""The evaluation's figures (also ``base.<figure>``, ``<figure>.<component>``, ``lm_eval.<task>.<metric>``): to 4
+decimals whatever their size, the precision models are compared at (the gate's reasons, the run's summary)."""
 
 
 def metric_text(key: str, value: object) -> str:
-    """A card metric as a person reads it: a count as an integer, any other figure to 4 decimals, an
-    lm-eval accuracy with the score of guessing beside it."""
+    """A card metric as a person reads it: a count as a whole number with thousands separators, an evaluation
+    figure to 4 decimals (an lm-eval accuracy with the score of guessing beside it), any other figure to 4
+    decimals below 1,000 and to the unit with thousands separators from there (tokens_per_second 3,503)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+        return f"{value:,}"
     if not isinstance(value, float):
         return str(value)
     if (key in COUNTS or key.startswith("tokens_trained.")) and value.is_integer():  # a component's tokens too
-        return str(int(value))
+        return f"{int(value):,}"
+    if not EVALUATED & set(key.split(".")):
+        return f"{value:,.0f}" if math.isfinite(value) and abs(value) >= 1000 else f"{value:.4f}"
     chance = chance_level(key)
     if chance is None:
         return f"{value:.4f}"

@@ -77,14 +77,16 @@ from common.names import VERSION, name_problem
 from common.redact import redacted
 from data_prep.blend import mixture_of
 from data_prep.manifest import load_manifest, read_recorded
-from registry.aliases import aliases_of, move_alias, read_alias, set_alias
-from registry.card import card_markdown, code_revision, lineage_urls, read_card, store_key, utc_now
+from registry.aliases import aliases_of, move_alias, read_alias
+from registry.card import card_markdown, code_revision, lineage_urls, metric_text, read_card, store_key, utc_now
 from registry.config import DEFAULT_GATE_METRIC, LATEST
-from registry.gate import gate_for_holder
+from registry.gate import gate_decision, gate_direction, gate_for_holder
 from registry.names import RegistryError, check_alias, check_name, parse_spec
 from storage import COMMIT_MARKER, AlreadyCommitted, Store, StoreError
 
 CLAIM = "_CLAIMED"
+MARKERS = (COMMIT_MARKER, CLAIM)
+"""The registry's own files in a version's folder: not the model's (``show`` lists, ``download`` copies, neither)."""
 
 log = logging.getLogger(__name__)
 
@@ -534,7 +536,7 @@ class Entry:
     """The aliases pointing at it now (not at registration)."""
     uri: str
     files: list[str]
-    """URIs of every file of the entry."""
+    """URIs of every file of the entry (not the registry's markers, ``MARKERS``)."""
     lineage_urls: dict[str, str] = field(default_factory=dict)
     """Where each location of the card's lineage is in this store (its keys resolved here)."""
 
@@ -551,17 +553,93 @@ def show(store: Store, spec: str) -> Entry:
         card=card,
         aliases=sorted(a for a, v in aliases_of(store, name).items() if v == version),
         uri=store.url(prefix),
-        files=[store.url(k) for k in store.list(f"{prefix}/")],
+        files=[store.url(k) for k in store.list(f"{prefix}/") if k not in {f"{prefix}/{m}" for m in MARKERS}],
         lineage_urls=lineage_urls(store, card.lineage),
     )
 
 
-def promote(store: Store, spec: str, alias: str) -> int:
-    """Point ``alias`` at the version ``spec`` names; returns that version."""
+@dataclass(frozen=True)
+class Promotion:
+    """What ``promote`` did: ``name:alias`` names ``version`` now, and named ``replaced`` before (None: nothing)."""
+
+    name: str
+    alias: str
+    version: int
+    replaced: int | None
+    metric: str = ""
+    """The figure the two versions' cards were compared on ('' when they were not: one of them lacks it)."""
+    figure: float | None = None
+    """``version``'s ``metric``."""
+    replaced_figure: float | None = None
+    """``replaced``'s ``metric``."""
+    worse: bool = False
+    """``version`` is worse on ``metric`` than ``replaced`` (promoted all the same: not asked to refuse)."""
+    note: str = ""
+    """Why the figures may not compare (measured on different validation data), '' when nothing says so."""
+
+
+def promote(store: Store, spec: str, alias: str, *, refuse_worse: bool = False) -> Promotion:
+    """Point ``alias`` at the version ``spec`` names, comparing it with the version the alias names now on the
+    figure the quality gate compares (``compared_figures``). With ``refuse_worse``, a version worse than that
+    holder is refused (a RegistryError giving both figures) and the alias left as it is. The comparison is made
+    against the holder the conditional write replaces (``move_alias``): one that moves meanwhile is compared again."""
     check_alias(alias)
     name, version = resolve(store, spec)
-    set_alias(store, name, alias, version)
-    return version
+    card = read_card(store, model_prefix(name, version))
+    done: list[Promotion] = []
+
+    def decide(holder: int | None) -> int:
+        done.clear()
+        promotion = _compared(store, card, alias, holder)
+        if promotion.worse and refuse_worse:
+            raise RegistryError(_worse_text(promotion))
+        done.append(promotion)
+        return version
+
+    move_alias(store, name, alias, decide)
+    return done[-1]
+
+
+def compared_figures(candidate: ModelCard, holder: ModelCard) -> tuple[str, float | None, float | None]:
+    """The figure two versions compare on, and each one's: the candidate's gate metric (its config's
+    ``registry.gate_metric``) when both cards record it, else bits per byte; ('', None, None) when neither."""
+    asked = ((candidate.config.get("registry") or {}).get("gate_metric")) or DEFAULT_GATE_METRIC
+    for metric in dict.fromkeys((asked, DEFAULT_GATE_METRIC)):
+        ours, theirs = candidate.metrics.get(metric), holder.metrics.get(metric)
+        measured = [v for v in (ours, theirs) if isinstance(v, int | float) and not isinstance(v, bool)]
+        # A negative bits per byte: not measurable (another tokenizer), as the gate reads it.
+        if len(measured) == 2 and not (metric == DEFAULT_GATE_METRIC and min(measured) < 0):
+            return metric, float(ours), float(theirs)
+    return "", None, None
+
+
+def _compared(store: Store, card: ModelCard, alias: str, holder: int | None) -> Promotion:
+    """The promotion of ``card``'s version to ``alias`` over ``holder``, with the two figures compared."""
+    name, version = card.name, card.version
+    if holder is None or holder == version:
+        return Promotion(name, alias, version, holder)
+    try:
+        theirs = read_card(store, model_prefix(name, holder))
+    except (RegistryError, StoreError, ValueError):  # an alias naming a version gone or unreadable: nothing to compare
+        return Promotion(name, alias, version, holder)
+    metric, figure, replaced_figure = compared_figures(card, theirs)
+    if not metric:
+        return Promotion(name, alias, version, holder)
+    promoted, _reason = gate_decision(figure, model_prefix(name, holder), replaced_figure, 0.0, metric)
+    ours_data, theirs_data = card.lineage.dataset_version, theirs.lineage.dataset_version
+    differ = ours_data and theirs_data and ours_data != theirs_data
+    note = f"measured on different validation data (datasets {ours_data} and {theirs_data})" if differ else ""
+    return Promotion(name, alias, version, holder, metric, figure, replaced_figure, not promoted, note)
+
+
+def _worse_text(p: Promotion) -> str:
+    better = "lower" if gate_direction(p.metric) < 0 else "higher"
+    note = f"; {p.note}" if p.note else ""
+    ours, theirs = metric_text(p.metric, p.figure), metric_text(p.metric, p.replaced_figure)
+    return (
+        f"{p.name}:{p.version} ({p.metric} {ours}) is worse than {p.name}:{p.replaced} ({p.metric} {theirs}), which "
+        f"{p.alias} names ({better} is better){note}; {p.alias} left on version {p.replaced}: add --force to move it anyway"
+    )
 
 
 def download(store: Store, spec: str, dest: str | Path) -> Path:
@@ -577,6 +655,6 @@ def download(store: Store, spec: str, dest: str | Path) -> Path:
     except StoreError as e:
         raise RegistryError(f"{name}:{version} holds a key outside its folder, nothing was downloaded: {e}") from e
     for key, rel in planned:
-        if rel not in (COMMIT_MARKER, CLAIM):
+        if rel not in MARKERS:
             store.download(key, target / rel)
     return target

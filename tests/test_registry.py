@@ -154,10 +154,10 @@ def test_cli_list_is_a_table_and_show_prints_counts_as_integers(populated, capsy
     assert lines[0].split()[:2] == ["gpt:1", "latest"] and lines[0].split()[3] == "3.0000"
     assert cli(["registry", "show", "gpt:1", "--store", store.uri]) == 0
     shown = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
-    assert shown["parameters"] == ["1901696"] and shown["world_size"] == ["2"] and shown["mfu"] == ["0.2500"]
+    assert shown["parameters"] == ["1,901,696"] and shown["world_size"] == ["2"] and shown["mfu"] == ["0.2500"]
     assert shown["val_tokens"] == ["100"] and shown["training_steps"] == ["10"] and shown["val_loss"] == ["3.0000"]
     assert shown["base_model"] == ["-"]  # an empty lineage value is a dash, not a blank
-    assert shown["steps_trained"] == ["10"] and shown["tokens_trained"] == ["81920"]  # the budget both ways
+    assert shown["steps_trained"] == ["10"] and shown["tokens_trained"] == ["81,920"]  # the budget both ways
     assert shown["cooldown_from"] == [cooled]  # the card names where the cooldown started
 
 
