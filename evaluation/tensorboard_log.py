@@ -1,6 +1,6 @@
 """An evaluation's figures in the run's TensorBoard, beside the training's per-step scalars.
 
-The training loop writes its periodic held-out points as ``val/loss`` (``training.validator``); the
+The training loop writes its periodic held-out points as ``heldout/loss`` (``training.validator``); the
 evaluation of a committed checkpoint writes its own figures, on more rows: ``eval/loss``, ``eval/perplexity``
 and ``eval/bits_per_byte`` at the checkpoint's step,
 and the run's hparams (TensorBoard's HParams tab): the flattened model and train settings

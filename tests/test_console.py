@@ -17,6 +17,8 @@ from storage import open_store
 from tests.helpers import fresh_copy, mixed_corpus, tiny_data, tiny_model, tiny_tokenizer, write_corpus
 from training.config import ParallelConfig, TrainConfig
 from training.launch import launch
+from training.observe.metrics import flops_per_token, non_embedding_params
+from training.observe.step_lines import _si
 from training.train import train
 
 PROGRESS = re.compile(
@@ -145,9 +147,20 @@ def test_progress_moves_while_one_big_file_is_read(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_training_prints_a_step_line_every_log_every_steps(tiny_dataset, tmp_path, capfd):
+def test_training_prints_what_it_trains_then_a_step_line_every_log_every_steps(tiny_dataset, tmp_path, capfd):
     cfg = TrainConfig(steps=12, log_every=5, micro_batch_size=4, global_batch_size=4, warmup_steps=2, checkpoint_every=12)
     launch(train, 1, fresh_copy(tiny_dataset, tmp_path / "store"), tiny_model(), ParallelConfig(tensor_parallel=1), cfg)
     out = capfd.readouterr().out
     steps = [int(s) for s in re.findall(r"^step\s+(\d+)/12 \| loss \d", out, re.MULTILINE)]
     assert steps == [1, 5, 10, 12], out[-3000:]
+    # Issue 51: before step 1, what trains (its size and cost per token); each line, the step's peak memory;
+    # the held-out points under a name of their own (not the evaluation's val_loss), with their batches.
+    model = tiny_model()
+    (started,) = re.findall(r"^model: (.*)$", out, re.MULTILINE)
+    n = non_embedding_params(model)
+    assert f"({_si(n)} non-embedding)" in started, started
+    assert f"{_si(flops_per_token(n, model.num_layers, model.hidden_size, 32))}FLOPs per token" in started, started
+    assert started.endswith("128 tokens per step on 1 rank (cpu, float32)"), started
+    assert out.index("model: ") < out.index("step     1/12")
+    assert all(re.search(r" \| mem [\d,]+ MiB", line) for line in re.findall(r"^step .*$", out, re.MULTILINE)), out
+    assert "val_loss" not in out

@@ -67,11 +67,12 @@ def test_training_writes_metrics_jsonl_and_tensorboard(tiny_dataset, tmp_path):
     assert events and all(Path(key).name.startswith("events.out.tfevents") for key in events)
     local = store.download_dir(f"{ref.run}/tensorboard", tmp_path / "tb")
     scalars = EventAccumulator(str(local)).Reload()
-    assert set(scalars.Tags()["scalars"]) == {f"train/{tag}" for tag in TENSORBOARD_TAGS} | {"val/loss"}
+    assert set(scalars.Tags()["scalars"]) == {f"train/{tag}" for tag in TENSORBOARD_TAGS} | {"heldout/loss"}
     # The held-out loss the training measured (train.val_every; at the last step at least) is its own curve.
-    held_out = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    held_out = [(r["step"], r["heldout_loss"]) for r in records if "heldout_loss" in r]
+    assert all(r["heldout_batches"] >= 1 and "val_loss" not in r for r in records if "heldout_loss" in r)
     assert held_out and held_out[-1][0] == records[-1]["step"]
-    assert [(e.step, e.value) for e in scalars.Scalars("val/loss")] == [(s, pytest.approx(v)) for s, v in held_out]
+    assert [(e.step, e.value) for e in scalars.Scalars("heldout/loss")] == [(s, pytest.approx(v)) for s, v in held_out]
     assert [e.step for e in scalars.Scalars("train/loss")] == [1, 2, 3, 4]
     assert [e.value for e in scalars.Scalars("train/loss")] == pytest.approx([r["loss"] for r in records])
 

@@ -111,10 +111,10 @@ def test_tensor_parallel_training_learns_and_commits(tp2_run, tp2_facts):
     facts = layout_facts(tp2_facts)
     assert [layout_summary(f) for f in facts] == [built(tp=2)] * 2 and [f["recompute"] for f in facts] == [None] * 2
     assert all(math.isfinite(n) and n > 0 for n in grad_norms(tp2_run))
-    held_out = val_losses(tp2_run)
+    held_out = heldout_losses(tp2_run)
     assert list(held_out) == [4, 8] and all(math.isfinite(v) and v > 0 for v in held_out.values()), held_out
     assert held_out[8] < held_out[4], held_out  # the model learned something that carries to unseen rows
-    assert all(r["val_time_s"] > 0 for r in records(tp2_run) if "val_loss" in r)
+    assert all(r["val_time_s"] > 0 for r in records(tp2_run) if "heldout_loss" in r)
 
 
 @pytest.mark.slow
@@ -226,8 +226,8 @@ def grad_norms(ref) -> list[float]:
     return [r["grad_norm"] for r in records(ref)]
 
 
-def val_losses(ref) -> dict[int, float]:
-    return {r["step"]: r["val_loss"] for r in records(ref) if "val_loss" in r}
+def heldout_losses(ref) -> dict[int, float]:
+    return {r["step"]: r["heldout_loss"] for r in records(ref) if "heldout_loss" in r}
 
 
 def check_built_layout(name: str, facts: list[dict]) -> None:
@@ -316,15 +316,15 @@ def test_parallel_layouts_match_the_tensor_parallel_run(request, tmp_path, name)
             ((moments[k] - tp2_moments[k]).abs().max() / tp2_moments[k].abs().max()).item() for k in moments
         )
     if validate:  # forward only, through LocalStep.evaluate or MegatronStep.evaluate: the same held-out loss
-        assert val_losses(ref).keys() == val_losses(tp2_run).keys(), val_losses(ref)
-        diffs["val_loss"] = max(abs(a - b) for a, b in zip(val_losses(ref).values(), val_losses(tp2_run).values(), strict=True))
+        assert heldout_losses(ref).keys() == heldout_losses(tp2_run).keys(), heldout_losses(ref)
+        diffs["heldout_loss"] = max(abs(a - b) for a, b in zip(heldout_losses(ref).values(), heldout_losses(tp2_run).values(), strict=True))
     else:
-        assert val_losses(ref) == {}
+        assert heldout_losses(ref) == {}
     print(f"{name}: {diffs}, compile_s {ref.summary['compile_s']}")
     assert diffs["loss"] <= LOSS_TOL, diffs
     assert diffs["grad_norm_rel"] <= GRAD_NORM_RTOL, diffs
     assert diffs["weights"] <= WEIGHT_TOL, diffs
-    assert diffs.get("val_loss", 0.0) <= LOSS_TOL, diffs
+    assert diffs.get("heldout_loss", 0.0) <= LOSS_TOL, diffs
     assert diffs.get("moments_rel", 0.0) <= MOMENT_RTOL, diffs
 
 
@@ -347,10 +347,10 @@ def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(tiny_dataset, tp2_run, 
         "loss": max(abs(a - b) for a, b in zip(losses(ref), losses(tp2_run), strict=True)),
         "grad_norm_rel": max(abs(a - b) / b for a, b in zip(grad_norms(ref), grad_norms(tp2_run), strict=True)),
         "weights": max((weights[k] - tp2_weights[k]).abs().max().item() for k in weights),
-        "val_loss": abs(val_losses(ref)[8] - val_losses(tp2_run)[8]),
+        "heldout_loss": abs(heldout_losses(ref)[8] - heldout_losses(tp2_run)[8]),
     }
     print(f"TP=2 step 4 resumed under FSDP: {diffs}")
-    assert diffs["loss"] <= LOSS_TOL and diffs["val_loss"] <= LOSS_TOL, diffs
+    assert diffs["loss"] <= LOSS_TOL and diffs["heldout_loss"] <= LOSS_TOL, diffs
     assert diffs["grad_norm_rel"] <= GRAD_NORM_RTOL and diffs["weights"] <= WEIGHT_TOL, diffs
 
 

@@ -50,9 +50,9 @@ from training.model.step import StepResult, build_step, micro_batches
 from training.observe.diagnostics import write_diagnostics
 from training.observe.goodput import GoodputCallback
 from training.observe.health import BadLossError, LossHealth
-from training.observe.metrics import StepMetrics
+from training.observe.metrics import StepMetrics, non_embedding_params
 from training.observe.profiling import WindowProfiler
-from training.observe.step_lines import StepLines
+from training.observe.step_lines import StepLines, startup_line
 from training.observe.stragglers import StragglerMonitor
 from training.observe.timing import StepTimer, phase_key
 from training.observe.watchdog import Progress, Watchdog, explain
@@ -211,11 +211,16 @@ class Trainer:
         self.timer = StepTimer(param.device, on_phase=self.progress.at)
         self.health = LossHealth.restore(cfg, self.log.metrics)
         self.log.events = self.health.events
+        meter = StepMetrics.for_training(self.model_cfg, cfg, self.seq_len, world, param, self.store, self.run_prefix, self.rank0)
+        parameters = self.step.num_parameters()  # a collective: every rank calls it
+        if self.rank0:  # the seconds before the first step say what they are building
+            n, device = non_embedding_params(self.model_cfg), f"{param.device.type}, {str(param.dtype).removeprefix('torch.')}"
+            print(startup_line(parameters, n, meter.flops_per_token, self.tokens_per_step, world, device), flush=True)
         callbacks = [
             self.health,
             Validator(cfg, self.step, self.val_loader, self.dp_rank, self.dp_size),
             StragglerMonitor(cfg, param.device, self.progress, self.log.add_step_times, self.rank0),
-            StepMetrics.for_training(self.model_cfg, cfg, self.seq_len, world, param, self.store, self.run_prefix, self.rank0),
+            meter,
             self.log,
             WindowProfiler(cfg, self.store, self.run_prefix, rank, param.device),
             *([StepLines(cfg.steps, cfg.log_every)] if self.rank0 else []),

@@ -222,8 +222,8 @@ class StepMetrics(StepCallback):
         for key in TENSORBOARD_TAGS:
             if record.get(key) is not None:
                 self._writer.add_scalar(f"train/{key}", record[key], record["step"])
-        if record.get("val_loss") is not None:  # the Validator's held-out points (training.validator)
-            self._writer.add_scalar("val/loss", record["val_loss"], record["step"])
+        if record.get("heldout_loss") is not None:  # the Validator's held-out points (training.validator)
+            self._writer.add_scalar("heldout/loss", record["heldout_loss"], record["step"])
 
     def upload(self) -> None:
         """Copy the TensorBoard event files to the store (rank 0; others return at once)."""
