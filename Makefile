@@ -15,9 +15,10 @@ $(INSTALLED): pyproject.toml requirements.lock
 
 venv: $(INSTALLED)
 
+# `pretrain run` is `pyflyte run workflows/pretrain.py pretrain` (the same local execution) with every setting checked
+# first; it ends with the run's summary, whose commands work as printed without activating the venv.
 demo: venv
-	$(BIN)/pyflyte run workflows/pretrain.py pretrain
-	$(BIN)/pretrain registry list --json
+	$(BIN)/pretrain run
 
 # Continue an imported open model: a tiny random Llama 3 built here (no download), imported, trained on.
 TINY_LLAMA ?= $(or $(TMPDIR),/tmp)/pretrain-tiny-llama

@@ -4,7 +4,11 @@ evaluation, the registered version, and where to look next."""
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
+import sys
+from pathlib import Path
 
 from common.contracts import MANIFEST, VALIDATION_RESULT, ModelCard, ModelRef, dataset_prefix, validation_prefix
 from registry.card import metric_text
@@ -49,52 +53,95 @@ def _validation_line(store: Store, card: ModelCard) -> str:
     return "  validation  " + "; ".join(verdicts)
 
 
+def _rows_evaluated(card: ModelCard) -> str:
+    """`` on 32,768 tokens (8 batches of 16 sequences)``: what the evaluation's figures read (its ``val_tokens``)."""
+    tokens = card.metrics.get("val_tokens")
+    seq_len = card.config.get("data", {}).get("seq_len")
+    batch = card.config.get("evaluation", {}).get("batch_size")
+    if not tokens or not seq_len or not batch:
+        return ""
+    batches = math.ceil(int(tokens) // int(seq_len) / int(batch))
+    return f" on {int(tokens):,} held-out tokens ({batches} batch{'es' if batches != 1 else ''} of {batch} sequences)"
+
+
+def _when(iso: str) -> str:
+    """``2026-12-07T03:09:17+00:00`` as ``2026-12-07 03:09 UTC``."""
+    return iso[:16].replace("T", " ") + " UTC" if iso.endswith("+00:00") else iso
+
+
 def _entry_name(prefix: str) -> str:
     """``models/<name>/<version>`` as ``<name>:<version>``."""
     _, name, version = prefix.rsplit("/", 2)
     return f"{name}:{version}"
 
 
-def run_summary(store: Store, model: ModelRef, mlflow_run: str = "") -> list[str]:
+def run_summary(store: Store, model: ModelRef, mlflow_run: str = "", stages: str = "", from_cache: bool = False) -> list[str]:
     """The end-of-run summary of the execution that registered ``model`` (``mlflow_run``: its MLflow run id,
-    '' when it has none)."""
+    '' when it has none; ``stages``: the line of the tasks that ran and came from cache, '' when unknown;
+    ``from_cache``: the registration itself came from the cache, an earlier execution's)."""
     entry = show(store, f"{model.name}:{model.version}")
     card, m = entry.card, entry.card.metrics
     aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
-    lines = [f"pretrain: registered {card.name}:{card.version}{aliases}"]
+    when = _when(card.registered_at)
+    said = f"registered {card.name}:{card.version}"
+    if from_cache:
+        said = f"{card.name}:{card.version} again, from the cache (registered {when})"
+    lines = [f"pretrain: {said}{aliases}"]
+    if stages:
+        lines.append(stages)
     lines.append(_data_line(store, card.lineage.dataset_version))
     lines.append(_validation_line(store, card))
     train = f"  training    {card.lineage.training_steps} steps"
     if "tokens_trained" in m:  # the budget both ways (train.steps or train.tokens)
         train += f" ({_count(m['tokens_trained'])} tokens)"
     if "first_train_loss" in m and "final_train_loss" in m:
-        train += f", loss {m['first_train_loss']:.3f} → {m['final_train_loss']:.3f}"
+        train += f", loss {m['first_train_loss']:.3f} (step 1) → {m['final_train_loss']:.3f} (mean of the last 10 steps)"
     if "tokens_per_second" in m:
-        train += f", {m['tokens_per_second']:,.0f} tokens/s"
+        train += f", {m['tokens_per_second']:,.0f} tokens/s (median step)"
     if "mfu" in m:
         train += f", MFU {m['mfu']:.1%}"
     lines.append(train + (f"; {card.layouts[-1].describe()}" if card.layouts else ""))
     if card.lineage.cooldown_from:
         lines.append(f"  cooldown    from {card.lineage.cooldown_from}")
     figures = [f"{k} {metric_text(k, m[k])}" for k in ("val_loss", "perplexity", "bits_per_byte") if k in m]
-    lines.append(f"  evaluation  {', '.join(figures)}")
+    lines.append(f"  evaluation  {', '.join(figures)}{_rows_evaluated(card)}")
     base = [f"{k} {metric_text(k, m['base.' + k])}" for k in ("val_loss", "perplexity", "bits_per_byte") if "base." + k in m]
     if card.lineage.base_model:  # what continuing changed: the base's figures on the same rows
         lines.append(f"  base        {_entry_name(card.lineage.base_model)}: {', '.join(base) or 'not comparable'}")
     lm_eval = [f"{k.removeprefix('lm_eval.')} {metric_text(k, v)}" for k, v in sorted(m.items()) if k.startswith("lm_eval.")]
     if lm_eval:
         lines.append(f"  lm-eval     {', '.join(lm_eval)}")
-    if card.gate is not None:
-        lines.append(f"  gate        {card.gate.reason}")
+    if card.gate is not None:  # decided once, when the version was registered: a cached rerun says so
+        lines.append(f"  gate        {card.gate.reason}" + (f" (decided {when}, at its registration)" if from_cache else ""))
     run_id = card.lineage.training_run.rsplit("/", 1)[-1]
     default = default_store_uri()  # the store the commands read without --store (not opened: nothing is made)
     store_flag = "" if store.uri in (default, os.path.abspath(os.path.expanduser(default))) else f" --store {store.uri}"
-    ui = f"pretrain ui --run {mlflow_run}" if mlflow_run else "pretrain ui"
+    cli, activate = pretrain_command()
+    ui = f"{cli} ui --run {mlflow_run}" if mlflow_run else f"{cli} ui"
     lines += [
-        "next:",
-        f"  pretrain runs show {run_id}{store_flag}   (step times, ranks, health, traces)",
-        f"  pretrain runs report {run_id}{store_flag}   (the run's Decks as one HTML page)",
-        f"  pretrain registry show {card.name}:{card.version}{store_flag}   (the card, lineage, files)",
+        "next:" + (f" (or `source {activate}` once, then `pretrain …`)" if activate else ""),
+        f"  {cli} runs show {run_id}{store_flag}   (step times, ranks, health, traces)",
+        f"  {cli} runs report {run_id}{store_flag}   (the run's Decks as one HTML page)",
+        f"  {cli} registry show {card.name}:{card.version}{store_flag}   (the card, lineage, files)",
         f"  {ui}   (MLflow: this run, every run, comparisons)",
     ]
     return lines
+
+
+def pretrain_command() -> tuple[str, str]:
+    """How to call this installation's ``pretrain`` from the shell the run was started in: ``pretrain`` when
+    that is the one on $PATH; else its path (relative to this folder when under it: ``.venv/bin/pretrain``
+    after ``make demo``, whose venv is not active), and the activate script that would put it on $PATH."""
+    bin_dir = Path(sys.executable).parent  # the venv's bin, not resolved: its python is a link out of it
+    ours = bin_dir / "pretrain"
+    found = shutil.which("pretrain")
+    if not ours.exists() or (found and Path(found).resolve() == ours.resolve()):
+        return "pretrain", ""
+    return _shown(ours), _shown(bin_dir / "activate") if (bin_dir / "activate").exists() else ""
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path.absolute())

@@ -19,6 +19,7 @@ from pipeline.summary import run_summary
 from registry.card import code_revision, read_card
 from reports.run_artifacts import run_artifacts
 from storage import Store, open_store
+from tasks import stage_log
 from tasks.decks import FIELDS as DECK_FIELDS
 from tasks.placement import registry_task
 from tasks.register import flyte_execution_id
@@ -102,6 +103,10 @@ def _comparison_deck(store: Store, model: ModelRef) -> None:
     Deck("Comparison", run_comparison(views, labels))
 
 
+CACHED_STAGES = ["prepare_data", "validate_data", "train_model", "evaluate_model", "register_model"]
+"""The cached tasks every execution of the pipeline calls: those of them that did not run came from the cache."""
+
+
 @task(enable_deck=True, deck_fields=DECK_FIELDS, **registry_task())
 @as_messages
 def track_run(tracking: TrackingRef, model: ModelRef, config: PipelineConfig) -> None:
@@ -116,8 +121,11 @@ def track_run(tracking: TrackingRef, model: ModelRef, config: PipelineConfig) ->
     except Exception as e:  # a Deck is a view: never worth the execution
         _warn(f"no comparison Deck ({describe(e)})")
     mlflow_run = _mirror(tracking, store, model, config)
+    stages = stage_log.stages_line(CACHED_STAGES)
+    again = bool(stages) and "register_model" not in {name for name, _ in stage_log.ran()}
     try:
-        print("\n".join(run_summary(store, model, mlflow_run)), flush=True)
+        print("\n".join(run_summary(store, model, mlflow_run, stages=stages, from_cache=again)), flush=True)
+        stage_log.end()
     except Exception as e:  # the summary is a view too
         _warn(f"no summary ({describe(e)})")
     _local.ref = None  # a success: nothing for the failure handler
@@ -175,6 +183,7 @@ def fail_tracking(config: PipelineConfig, err: FlyteError | None = None) -> None
     """The workflow's failure handler (``on_failure``): end this execution's MLflow run FAILED, with the
     task that failed and its error as tags. One attempt; MLflow unreachable or no run: one WARNING line.
     It never raises: the workflow's own error is what the person must see."""
+    stage_log.end()  # no summary will read it
     ref, _local.ref = getattr(_local, "ref", None), None
     settings = config.tracking
     if not settings.enabled:

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -94,6 +95,16 @@ def assert_summary(output: str, registered: dict, store) -> None:
     summary = lines[start:-1]
     assert summary[0] == f"pretrain: registered {card.name}:{card.version} ({', '.join(entry.aliases)})", summary
     assert "latest" in entry.aliases
+    # Issue 51: which stages ran, with their times (a fresh store: none from cache), each also said as it ended.
+    stages = summary.pop(1)
+    ran = re.fullmatch(r"  stages      ran: (.*)", stages)
+    assert ran and "from cache" not in stages, stages
+    *named, brief = ran.group(1).split(", ")
+    timed = dict(re.fullmatch(r"(\w+) ([\d,.]+) s(?: \(\d+×\))?", part).groups() for part in named)
+    assert {"prepare_mixture", "train_model", "evaluate_model"} <= timed.keys() and "track_run" not in timed, stages
+    assert all(float(t.replace(",", "")) >= 0.5 for t in timed.values()) and re.fullmatch(r"\d+ more under 0.5 s", brief)
+    assert f"stage train_model: {timed['train_model']} s" in lines and re.search(r"^stage check_settings: [\d.]+ s$", output, re.M)
+    assert "  stage prepare_data:" in output and "stage scan_partition" not in output, stages  # nested, then left out
     labels = [line.split()[0] for line in summary[1:] if line.startswith("  ") and not line.startswith("  pretrain")]
     assert labels == ["data", "validation", "training", "evaluation", "gate"], summary  # no lm-eval tasks here
     assert_data_lines(store, card.lineage.dataset_version, summary[1], summary[2])
@@ -101,7 +112,9 @@ def assert_summary(output: str, registered: dict, store) -> None:
     run_id = card.lineage.training_run.rsplit("/", 1)[-1]
     view = load_run(store, run_id)
     training = re.fullmatch(
-        r"  training    (\d+) steps \(([\d,]+) tokens\), loss (\S+) → (\S+), ([\d,]+) tokens/s, MFU ([\d.]+)%; (.*)", summary[3]
+        r"  training    (\d+) steps \(([\d,]+) tokens\), loss (\S+) \(step 1\) → (\S+) \(mean of the last 10 steps\), "
+        r"([\d,]+) tokens/s \(median step\), MFU ([\d.]+)%; (.*)",
+        summary[3],
     )
     assert training, summary[3]
     steps, tokens, first, final, tokens_per_s, mfu, layout = training.groups()
@@ -118,10 +131,17 @@ def assert_summary(output: str, registered: dict, store) -> None:
     assert m["tokens_per_second"] in [r["tokens_per_s"] for r in view.metrics] and m["mfu"] in [r["mfu"] for r in view.metrics]
     assert layout == card.layouts[-1].describe() and layout.startswith("steps 1-12: tensor_parallel=2,"), summary[3]
 
-    evaluation = re.fullmatch(r"  evaluation  val_loss (\S+), perplexity (\S+), bits_per_byte (\S+)", summary[4])
+    evaluation = re.fullmatch(
+        r"  evaluation  val_loss (\S+), perplexity (\S+), bits_per_byte (\S+) on ([\d,]+) held-out tokens "
+        r"\((\d+) batch(?:es)? of (\d+) sequences\)",
+        summary[4],
+    )
     assert evaluation, summary[4]
+    tokens, batches, batch_size = (int(g.replace(",", "")) for g in evaluation.groups()[3:])
+    assert tokens == m["val_tokens"] and batch_size == card.config["evaluation"]["batch_size"], summary[4]
+    assert batches == -(-tokens // card.config["data"]["seq_len"] // batch_size), summary[4]
     (evaluated,) = [e for e in view.evaluations if e["uri"] == store.url(card.lineage.evaluation)]  # the one registered
-    printed = dict(zip(("val_loss", "perplexity", "bits_per_byte"), map(float, evaluation.groups()), strict=True))
+    printed = dict(zip(("val_loss", "perplexity", "bits_per_byte"), map(float, evaluation.groups()[:3]), strict=True))
     for key, value in printed.items():
         assert abs(value - evaluated[key]) <= 0.5e-4 and abs(value - m[key]) <= 0.5e-4, (key, summary[4], evaluated, m)
     assert math.isclose(printed["perplexity"], math.exp(printed["val_loss"]), rel_tol=1e-3), summary[4]
@@ -131,14 +151,19 @@ def assert_summary(output: str, registered: dict, store) -> None:
     assert card.gate.promoted == (card.gate.alias in entry.aliases) and card.gate.candidate_bits_per_byte == m["bits_per_byte"]
     assert card.gate.promoted and card.gate.baseline == "", card.gate  # a fresh store: nothing held the alias
 
-    assert summary[6] == "next:", summary
+    # The commands work as printed from the folder the run started in (ROOT), the venv active or not.
+    on_path = shutil.which("pretrain") and Path(shutil.which("pretrain")).resolve() == (BIN / "pretrain").resolve()
+    cli = "pretrain" if on_path else str((BIN / "pretrain").relative_to(ROOT))
+    assert summary[6] == "next:" + ("" if on_path else f" (or `source {BIN.relative_to(ROOT)}/activate` once, then `pretrain …`)")
     commands = [line.split("   (")[0].strip() for line in summary[7:]]  # $PRETRAIN_STORE is the store: no --store
     assert commands[:3] == [
-        f"pretrain runs show {run_id}",
-        f"pretrain runs report {run_id}",
-        f"pretrain registry show {card.name}:{card.version}",
+        f"{cli} runs show {run_id}",
+        f"{cli} runs report {run_id}",
+        f"{cli} registry show {card.name}:{card.version}",
     ]
-    assert commands[3:] == [f"pretrain ui --run {mlflow_run_of(store, f'{card.name}:{card.version}')}"], summary
+    assert commands[3:] == [f"{cli} ui --run {mlflow_run_of(store, f'{card.name}:{card.version}')}"], summary
+    shown = subprocess.run(commands[0].split(), cwd=ROOT, env={**os.environ, "PRETRAIN_STORE": store.uri}, capture_output=True)
+    assert shown.returncode == 0 and run_id in shown.stdout.decode(), shown
     assert not any(line.startswith("{") for line in lines[:-1])  # no JSON but the --json line
 
 
