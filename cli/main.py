@@ -335,7 +335,7 @@ def cmd_runs_compare(args: argparse.Namespace) -> int:
         raise UserError(
             f"--out {args.out}: {out.suffix or 'no suffix'} is not an image format here; name a .png, .svg or .pdf file"
         )
-    curves = [charts.Curve(name, v.loss.steps, v.loss.loss, v.loss.validation) for name, v in zip(names, views, strict=True)]
+    curves = [charts.Curve.of(name, v.loss) for name, v in zip(names, views, strict=True)]
     image = plotting.save(charts.loss_figure(curves, "training loss by run"), out).resolve()
     compared = {"store": store.uri, **catalog.compare(views), "image": str(image), "image_bytes": image.stat().st_size}
     if args.json:

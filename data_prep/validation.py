@@ -169,16 +169,29 @@ def great_expectations():
     return gx
 
 
+def _set_by(*settings: str) -> dict[str, str]:
+    """An expectation's meta naming the ``validation.*`` settings its threshold comes from: the report says which to
+    change (fixed thresholds, such as the two shards at least, have none)."""
+    return {"setting": ", ".join(f"validation.{name}" for name in settings)}
+
+
 def _suites(config: ValidationConfig, manifest: dict) -> dict[str, list]:
     gx = great_expectations()
 
     E = gx.expectations
     return {
         "documents": [
-            E.ExpectTableRowCountToBeBetween(min_value=config.min_documents),
+            E.ExpectTableRowCountToBeBetween(min_value=config.min_documents, meta=_set_by("min_documents")),
             # Every kept document has a row: a doc_stats file that lost rows cannot vouch for the data.
-            E.ExpectTableRowCountToEqual(value=manifest["stats"]["documents_kept"]),
-            E.ExpectColumnValuesToBeBetween(column="tokens", min_value=config.min_doc_tokens, max_value=config.max_doc_tokens),
+            E.ExpectTableRowCountToEqual(
+                value=manifest["stats"]["documents_kept"], meta={"setting": "the manifest (documents_kept)"}
+            ),
+            E.ExpectColumnValuesToBeBetween(
+                column="tokens",
+                min_value=config.min_doc_tokens,
+                max_value=config.max_doc_tokens,
+                meta=_set_by("min_doc_tokens", "max_doc_tokens"),
+            ),
             E.ExpectColumnValuesToBeUnique(column="sha256"),
             E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "val"]),
         ],
@@ -188,22 +201,37 @@ def _suites(config: ValidationConfig, manifest: dict) -> dict[str, list]:
             E.ExpectColumnPairValuesToBeEqual(column_A="stored_bytes", column_B="manifest_bytes"),
             E.ExpectColumnPairValuesToBeEqual(column_A="stored_sequences", column_B="manifest_sequences"),
             E.ExpectColumnValuesToBeBetween(
-                column="stored_bytes", min_value=config.min_shard_bytes, max_value=config.max_shard_bytes
+                column="stored_bytes",
+                min_value=config.min_shard_bytes,
+                max_value=config.max_shard_bytes,
+                meta=_set_by("min_shard_bytes", "max_shard_bytes"),
             ),
             E.ExpectColumnValuesToBeBetween(column="manifest_sequences", min_value=1),
             E.ExpectColumnValuesToBeInSet(column="named_for_split", value_set=[True]),
         ],
         "dataset": [
-            E.ExpectColumnMaxToBeBetween(column="duplicate_fraction", max_value=config.max_duplicate_fraction),
-            E.ExpectColumnMaxToBeBetween(column="skipped_fraction", max_value=config.max_skipped_fraction),
-            E.ExpectColumnMaxToBeBetween(column="byte_fallback_ratio", max_value=config.max_byte_fallback_ratio),
+            E.ExpectColumnMaxToBeBetween(
+                column="duplicate_fraction", max_value=config.max_duplicate_fraction, meta=_set_by("max_duplicate_fraction")
+            ),
+            E.ExpectColumnMaxToBeBetween(
+                column="skipped_fraction", max_value=config.max_skipped_fraction, meta=_set_by("max_skipped_fraction")
+            ),
+            E.ExpectColumnMaxToBeBetween(
+                column="byte_fallback_ratio", max_value=config.max_byte_fallback_ratio, meta=_set_by("max_byte_fallback_ratio")
+            ),
             E.ExpectColumnMaxToBeBetween(column="train_val_overlap", max_value=0),
             E.ExpectColumnMinToBeBetween(column="val_documents", min_value=1),
             E.ExpectColumnMinToBeBetween(column="train_documents", min_value=1),
-            E.ExpectColumnMaxToBeBetween(column="language_fraction", max_value=config.max_language_fraction),
-            E.ExpectColumnMaxToBeBetween(column="pii_fraction", max_value=config.max_pii_fraction),
+            E.ExpectColumnMaxToBeBetween(
+                column="language_fraction", max_value=config.max_language_fraction, meta=_set_by("max_language_fraction")
+            ),
+            E.ExpectColumnMaxToBeBetween(
+                column="pii_fraction", max_value=config.max_pii_fraction, meta=_set_by("max_pii_fraction")
+            ),
             *(
-                E.ExpectColumnMaxToBeBetween(column=key, max_value=config.max_quality_fraction)
+                E.ExpectColumnMaxToBeBetween(
+                    column=key, max_value=config.max_quality_fraction, meta=_set_by("max_quality_fraction")
+                )
                 for key in sorted(manifest["stats"])
                 if key.startswith(QUALITY_PREFIX)
             ),
@@ -258,6 +286,7 @@ def _run_suites(tables: dict[str, pd.DataFrame], suites: dict[str, list]) -> lis
                     success=bool(r.success),
                     observed=_observed(r.result),
                     expected=_expected(kwargs),
+                    setting=str((r.expectation_config.meta or {}).get("setting", "")),
                 )
             )
     return outcomes

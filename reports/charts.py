@@ -1,4 +1,4 @@
-"""Charts of training runs drawn with matplotlib: the loss (raw, smoothed, validation points) of one run or
+"""Charts of training runs drawn with matplotlib: the loss (raw, smoothed, held-out and evaluation points) of one run or
 several (one run's with its learning rate on a second y axis), one metric against the step, and several series
 as lines (a log axis for the step time's phases).
 
@@ -7,7 +7,8 @@ Used by ``pretrain runs compare`` (PNG/SVG files) and by the Decks and ``pretrai
 ``png``, ``save``) are ``reports.plotting``'s, the dataset's charts are ``reports.data_charts``.
 
 Every drawn series carries an SVG id (matplotlib's ``gid``) naming what it is, so that a test, or a person
-reading the SVG, can find it: ``raw-<i>``, ``smooth-<i>``, ``validation-<i>`` for run ``i``'s loss, ``lr``
+reading the SVG, can find it: ``raw-<i>``, ``smooth-<i>`` for run ``i``'s loss, ``heldout-<i>`` for the held-out
+points its training measured, ``evaluation-<i>`` for its evaluations' val_loss, ``lr``
 for the learning rate beside it, ``series`` for a single metric, ``line-<i>`` for series ``i`` of a line chart,
 ``goodput-<part>`` for a part of the goodput bar.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from reports.plotting import COLORS, SIZE, axes, integer_steps, text, twin
 from runs.ledger import PARTS as GOODPUT_PARTS
-from runs.view import RunView
+from runs.view import LossHistory, RunView
 
 SMOOTHING_FRACTION = 0.05
 """The moving average spans this fraction of a run's steps (at least ``MIN_WINDOW``, odd)."""
@@ -34,12 +35,31 @@ LR_COLOR = "#555555"
 
 @dataclass
 class Curve:
-    """One run's loss for a chart: its steps, their losses, and its evaluations' (step, val_loss)."""
+    """One run's loss for a chart: its steps, their losses, the held-out points its training measured and its
+    evaluations' (step, val_loss), with how many batches (or tokens) each kind of point read, for the legend."""
 
     label: str
     steps: list[int]
     loss: list[float]
-    validation: list[tuple[int, float]] = field(default_factory=list)
+    heldout: list[tuple[int, float]] = field(default_factory=list)
+    evaluation: list[tuple[int, float]] = field(default_factory=list)
+    heldout_batches: int | None = None
+    evaluation_batches: int | None = None
+    evaluation_tokens: int | None = None
+
+    @classmethod
+    def of(cls, label: str, history: LossHistory) -> Curve:
+        """The curve of a run's ``LossHistory`` (``RunView.loss``)."""
+        return cls(
+            label,
+            history.steps,
+            history.loss,
+            heldout=list(history.heldout),
+            evaluation=list(history.evaluation),
+            heldout_batches=history.heldout_batches,
+            evaluation_batches=history.evaluation_batches,
+            evaluation_tokens=history.evaluation_tokens,
+        )
 
 
 # -- smoothing --------------------------------------------------------------------------------------
@@ -47,6 +67,12 @@ def window_for(n: int) -> int:
     """The moving average's width for a run of ``n`` steps: ~5% of them, odd (so it is centered), ≥ 3."""
     width = max(MIN_WINDOW, round(n * SMOOTHING_FRACTION))
     return width if width % 2 else width + 1
+
+
+def shared_window(curves: list[Curve]) -> int:
+    """One moving average's width for every curve of a chart, from the longest run: runs smoothed over different
+    spans would differ in noise for no reason of their own, and a chart can name only one window."""
+    return window_for(max((len(c.loss) for c in curves), default=0))
 
 
 def smooth(values: list[float], width: int | None = None) -> list[float]:
@@ -65,41 +91,56 @@ def smooth(values: list[float], width: int | None = None) -> list[float]:
 
 
 # -- charts -----------------------------------------------------------------------------------------
+HELDOUT_MARKER = {"marker": "o", "markersize": 5}
+EVALUATION_MARKER = {"marker": "D", "markersize": 6}
+"""The two kinds of validation point in two shapes: a held-out point (few batches, during training) is not an
+evaluation (a checkpoint on many batches), and the legend tells them apart by shape."""
+
+
+def heldout_label(curves: list[Curve]) -> str:
+    """'held-out loss during training (2 batches)': the batches when every curve that has points says the same."""
+    return _sized("held-out loss during training", {c.heldout_batches for c in curves if c.heldout}, ("batch", "batches"))
+
+
+def evaluation_label(curves: list[Curve]) -> str:
+    """'evaluation val_loss (40 batches)', or its tokens when the evaluations do not record their batches."""
+    shown = [c for c in curves if c.evaluation]
+    batches = {c.evaluation_batches for c in shown}
+    if None not in batches:
+        return _sized("evaluation val_loss", batches, ("batch", "batches"))
+    return _sized("evaluation val_loss", {c.evaluation_tokens for c in shown}, ("token", "tokens"))
+
+
+def _sized(name: str, sizes: set[int | None], units: tuple[str, str]) -> str:
+    """``name`` with the one size every curve read ('(2 batches)'); none when they differ or one is not recorded."""
+    if len(sizes) != 1 or None in sizes:
+        return name
+    (n,) = sizes
+    return f"{name} ({n:,} {units[n != 1]})"
+
+
 def loss_figure(curves: list[Curve], title: str = "training loss", lr: list[tuple[int, float]] | None = None) -> Any:
-    """One or more runs' loss on one axes: each run in its color, raw faint, smoothed solid, its
-    validation losses as markers at their steps; a legend names the runs and the three kinds of line.
+    """One or more runs' loss on one axes: each run in its color, raw faint, smoothed solid (one moving-average
+    window for every run, from the longest, named in the legend), its held-out points as circles and its
+    evaluations as diamonds at their steps. The legend's swatches are the lines drawn: with one run, each kind
+    in the run's color; with several, a line per run in its color, then the kinds in black under a heading
+    that says they take each run's color.
     ``lr``: one run's learning rate at each step, (step, lr), drawn on a second y axis (right, from 0) so that its
     schedule is seen against the loss it gave; none (a run that did not record it, or several runs): no second axis."""
-    from matplotlib.lines import Line2D
-
     fig, ax = axes(title, "step", "loss")
-    widths = set()
+    width = shared_window(curves)
     for i, curve in enumerate(curves):
         color = COLORS[i % len(COLORS)]
-        width = window_for(len(curve.loss))
-        widths.add(width)
         ax.plot(curve.steps, curve.loss, color=color, alpha=RAW_ALPHA, linewidth=1.0, gid=f"raw-{i}")
-        ax.plot(curve.steps, smooth(curve.loss, width), color=color, linewidth=1.8, gid=f"smooth-{i}", label=text(curve.label))
-        if curve.validation:
-            steps, values = zip(*curve.validation, strict=True)
-            ax.plot(
-                steps,
-                values,
-                linestyle="none",
-                marker="o",
-                markersize=6,
-                color=color,
-                markeredgecolor="black",
-                gid=f"validation-{i}",
-            )
-    window = "/".join(str(w) for w in sorted(widths))
-    kinds = [
-        Line2D([], [], color="gray", alpha=RAW_ALPHA, label="raw (each step)"),
-        Line2D([], [], color="gray", linewidth=1.8, label=f"centered moving average ({window} steps)"),
-    ]
-    if any(c.validation for c in curves):
-        kinds.append(Line2D([], [], color="gray", linestyle="none", marker="o", markeredgecolor="black", label="validation loss"))
-    handles = ax.get_legend_handles_labels()[0] + kinds
+        ax.plot(curve.steps, smooth(curve.loss, width), color=color, linewidth=1.8, gid=f"smooth-{i}")
+        for points, marker, gid in (
+            (curve.heldout, HELDOUT_MARKER, f"heldout-{i}"),
+            (curve.evaluation, EVALUATION_MARKER, f"evaluation-{i}"),
+        ):
+            if points:
+                steps, values = zip(*points, strict=True)
+                ax.plot(steps, values, linestyle="none", color=color, markeredgecolor="black", gid=gid, **marker)
+    handles = _legend_handles(curves, width)
     if lr:
         handles.append(_lr_axis(ax, lr))
         # Right of the second axis' ticks and label: constrained layout makes room for a legend "outside".
@@ -108,6 +149,33 @@ def loss_figure(curves: list[Curve], title: str = "training loss", lr: list[tupl
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     integer_steps(ax)
     return fig
+
+
+KINDS_HEADING = "in each run's colour:"
+
+
+def _legend_handles(curves: list[Curve], width: int) -> list[Any]:
+    """The legend of ``loss_figure``: swatches drawn as the lines are (one run: in its color; several: a line per run
+    in its color, then the kinds of line in black under ``KINDS_HEADING``)."""
+    from matplotlib.lines import Line2D
+
+    one = len(curves) == 1
+    kind_color = COLORS[0] if one else "black"
+    kinds = [
+        Line2D([], [], color=kind_color, alpha=RAW_ALPHA, label="loss at each step"),
+        Line2D([], [], color=kind_color, linewidth=1.8, label=f"centered moving average over {width} steps"),
+    ]
+    for label, has_points, marker in (
+        (heldout_label(curves), any(c.heldout for c in curves), HELDOUT_MARKER),
+        (evaluation_label(curves), any(c.evaluation for c in curves), EVALUATION_MARKER),
+    ):
+        if has_points:
+            kinds.append(Line2D([], [], color=kind_color, linestyle="none", markeredgecolor="black", label=label, **marker))
+    if one:
+        return kinds
+    runs = [Line2D([], [], color=COLORS[i % len(COLORS)], linewidth=1.8, label=text(c.label)) for i, c in enumerate(curves)]
+    heading = Line2D([], [], color="none", linestyle="none", label=KINDS_HEADING)  # a line of text, no swatch
+    return [*runs, heading, *kinds]
 
 
 def _lr_axis(ax: Any, lr: list[tuple[int, float]]) -> Any:
@@ -246,7 +314,7 @@ def run_charts(view: RunView) -> RunCharts:
     """The charts of the run ``view`` shows."""
     loss = None
     if view.loss.steps:
-        loss = loss_figure([Curve("loss", view.loss.steps, view.loss.loss, list(view.loss.validation))], lr=lr_history(view))
+        loss = loss_figure([Curve.of("loss", view.loss)], lr=lr_history(view))
     series = []
     for key, title, y_label, scale in TRAINING_CURVES:
         points = [m for m in view.metrics if isinstance(m.get(key), (int, float))]

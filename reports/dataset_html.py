@@ -14,11 +14,9 @@ import io
 from common.contracts import DatasetRef, dataset_prefix
 from data_prep.manifest import load_manifest, read_recorded
 from reports import data_charts
-from reports.deck_html import chart, table
+from reports.dataset_table import SKIPPED, SKIPPED_TOTAL, dataset_table
+from reports.deck_html import STYLE, chart
 from storage import Store
-
-SKIPPED = "skipped_"
-SKIPPED_TOTAL = "skipped_total"
 
 
 def skipped_by_reason(stats: dict) -> list[tuple[str, int]]:
@@ -27,10 +25,11 @@ def skipped_by_reason(stats: dict) -> list[tuple[str, int]]:
     return sorted(((r, n) for r, n in reasons if n > 0), key=lambda rn: (-rn[1], rn[0]))
 
 
-def dataset_section(version: str, uri: str, stats: dict, lengths: list[int] | None = None) -> str:
-    """The figures of the dataset as a table, then charts: read against kept (and skipped), the skipped
-    documents by reason, and, given ``lengths`` (tokens of each kept document), their distribution."""
-    parts = [table({"version": version, "uri": uri, **stats}, "Dataset")]
+def dataset_section(version: str, uri: str, stats: dict, lengths: list[int] | None = None, splits: dict | None = None) -> str:
+    """The figures of the dataset as a table for people (``reports.dataset_table``; ``splits``: the manifest's, for
+    the shards), then charts: read against kept (and skipped), the skipped documents by reason, and, given
+    ``lengths`` (tokens of each kept document), their distribution."""
+    parts = [STYLE, dataset_table(version, uri, stats, splits)]
     if "documents_read" in stats and "documents_kept" in stats:
         read, kept = int(stats["documents_read"]), int(stats["documents_kept"])
         skipped = int(stats.get(SKIPPED_TOTAL, read - kept))
@@ -63,4 +62,5 @@ def dataset_html(store: Store, version: str) -> str:
     """``dataset_section`` of the committed dataset ``version`` in ``store`` (its manifest checked to be that version)."""
     ref = DatasetRef(store=store.uri, version=version, prefix=dataset_prefix(version))
     manifest = load_manifest(store, ref)
-    return dataset_section(version, store.url(ref.prefix), manifest["stats"], doc_tokens(store, ref, manifest))
+    stats, lengths = manifest["stats"], doc_tokens(store, ref, manifest)
+    return dataset_section(version, store.url(ref.prefix), stats, lengths, manifest.get("splits"))

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-SIZE = (7.5, 3.6)
-"""Inches; 100 dpi in PNG, 72 pt per inch in SVG: about 750×360 on screen."""
+SIZE = (11.0, 4.2)
+"""Inches; 100 dpi in PNG, 72 pt per inch in SVG: about 1,050×400 on screen, the width of a report page
+(``reports.deck_html.chart`` scales an inline chart to the page's width: at about its own size, its text
+stays the size it was drawn at)."""
 DPI = 100
 _RC = {
     "svg.fonttype": "none",  # text as <text> elements: searchable, smaller, escaped by the SVG writer

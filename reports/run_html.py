@@ -1,5 +1,5 @@
 """A training run as HTML, rendered from its view (``runs.view.RunView``, read once from the store): its curves
-(loss with its validation points and the learning rate beside it, and the other per-step series), where its
+(loss with its held-out and evaluation points and the learning rate beside it, and the other per-step series), where its
 wall time goes (the goodput ledger's bar) and its step time (the phase table and every rank, as ``pretrain runs
 show`` prints them, and charts), its warnings; and runs side by side.
 
@@ -24,8 +24,8 @@ TRAIN_DECKS = ("Training curves", "Step time", "Warnings")
 
 
 def run_sections(view: RunView, figures: charts.RunCharts) -> dict[str, str]:
-    """The HTML of each of ``TRAIN_DECKS`` for one run: its curves (the loss chart's validation points: those the
-    training measured, ``train.val_every``, and those of its committed evaluations), the goodput ledger's bar
+    """The HTML of each of ``TRAIN_DECKS`` for one run: its curves (the loss chart's held-out points, those the
+    training measured every ``train.val_every`` steps, and its committed evaluations' val_loss apart), the goodput ledger's bar
     heading its step time, and its warnings. ``figures``: the run's charts (``charts.run_charts``)."""
     return {
         "Training curves": training_curves(view, figures),
@@ -36,7 +36,7 @@ def run_sections(view: RunView, figures: charts.RunCharts) -> dict[str, str]:
 
 # --- the curves ----------------------------------------------------------------------------------
 def training_curves(view: RunView, figures: charts.RunCharts) -> str:
-    """The loss (raw, smoothed, and the held-out points) with the learning rate on a second y axis, then one chart
+    """The loss (raw, smoothed, the held-out and the evaluation points) with the learning rate on a second y axis, then one chart
     per other series; a series missing from the records (older runs, MFU on an unknown GPU) is left out (the loss
     chart then has no second axis), as are skipped steps' losses (they may be NaN; their learning rate is drawn)."""
     parts = [chart(fig) for fig in ([figures.loss] if figures.loss is not None else []) + figures.series]
@@ -156,7 +156,8 @@ def run_comparison(views: list[RunView], labels: list[str]) -> str:
     """The comparison ``pretrain runs compare`` prints, as HTML: the config keys that differ (one row each,
     the runs side by side), the figures of each run (final train loss, the latest evaluation's validation
     loss, bits per byte and perplexity, median tokens/s and MFU) and their loss curves on one chart (raw,
-    smoothed, validation points). ``labels``: the column name of each run (e.g. 'this execution', 'production v3')."""
+    smoothed over one window, held-out and evaluation points). ``labels``: the column name of each run (e.g. 'this
+    execution', 'production v3')."""
     if len(views) != len(labels):
         raise ValueError(f"run_comparison: {len(views)} runs but {len(labels)} labels")
     compared = compare(views)
@@ -174,7 +175,7 @@ def run_comparison(views: list[RunView], labels: list[str]) -> str:
         f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{escape(v)}</td>" for v in values) + "</tr>"
         for name, values in figure_rows(compared["runs"])
     )
-    curves = [charts.Curve(label, v.loss.steps, v.loss.loss, v.loss.validation) for label, v in zip(labels, views, strict=True)]
+    curves = [charts.Curve.of(label, v.loss) for label, v in zip(labels, views, strict=True)]
     links = "".join(f"<li>{escape(n)}: {escape(view.uri)}</li>" for n, view in zip(names, views, strict=True))
     return (
         f"{STYLE}<h3>runs</h3><ul>{links}</ul>"

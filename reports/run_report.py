@@ -1,7 +1,7 @@
 """One training run as one self-contained HTML page (``pretrain runs report``; the tracking mirror uploads the
-same page as an artifact): its figures, the train task's Decks (training curves with the validation points of
-its evaluations, step time by phase and by rank, warnings) and, when its dataset is in the store, the
-dataset's Deck and its validation report.
+same page as an artifact), its contents first: its figures, the train task's Decks (training curves with the
+held-out points of its training and its evaluations', step time by phase and by rank, warnings) and, when its
+dataset is in the store, the dataset's Deck and its validation report.
 
 No external asset, no script, no Flyte: charts are inline SVG (``reports.charts``), every value is escaped,
 and the validation report is rendered from its stored ``result.json`` (never HTML read back from the store,
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from common.contracts import VALIDATION_RESULT, dataset_prefix, validation_prefix
 from data_prep.validation_report import Outcome, report_section
-from reports.charts import RunCharts
+from reports.charts import Curve, RunCharts, heldout_label
 from reports.dataset_html import dataset_html
 from reports.deck_html import num, page, table
 from reports.run_html import run_sections
@@ -74,9 +74,12 @@ def _overview(view: RunView) -> str:
         "peak memory (MiB)": num(view.peak_memory_mib, ",.0f"),
         "skipped steps": view.skipped_steps,
     }
+    if view.loss.heldout:
+        step, loss = view.loss.heldout[-1]
+        rows[heldout_label([Curve.of("", view.loss)])] = f"{num(loss, '.4f')} at step {step} (the latest)"
     for e in view.evaluations:
-        rows[f"validation at step {e.get('step')}"] = (
-            f"loss {num(e.get('val_loss'), '.4f')}, perplexity {num(e.get('perplexity'), '.1f')}, "
+        rows[f"evaluation at step {e.get('step')}"] = (
+            f"val_loss {num(e.get('val_loss'), '.4f')}, perplexity {num(e.get('perplexity'), '.1f')}, "
             f"bits/byte {num(e.get('bits_per_byte'), '.3f')}"
         )
     return table(rows, "figures")

@@ -37,11 +37,23 @@ _PHASE_KEY = re.compile(r"^time_(?P<phase>.+)_s$")
 
 @dataclass(frozen=True)
 class LossHistory:
-    """What a loss chart draws: the loss per applied step and the held-out points (step, val_loss)."""
+    """What a loss chart draws: the loss per applied step and two kinds of validation points, kept apart because
+    they are measured differently: the training's held-out loss (every ``train.val_every`` steps, on a few batches)
+    and the committed evaluations' ``val_loss`` (a checkpoint, on more of the validation split)."""
 
     steps: list[int]
     loss: list[float]
-    validation: list[tuple[int, float]]
+    heldout: list[tuple[int, float]]
+    """(step, loss) the training measured on ``heldout_batches`` batches of the validation split."""
+    evaluation: list[tuple[int, float]]
+    """(step, val_loss) of each committed evaluation."""
+    heldout_batches: int | None = None
+    """Batches each held-out point read (the records' ``heldout_batches``, else the run's ``train.val_batches``;
+    None: not recorded)."""
+    evaluation_batches: int | None = None
+    """Batches the latest evaluation read (its ``batches``; None: not recorded)."""
+    evaluation_tokens: int | None = None
+    """Tokens the latest evaluation read (its ``tokens_evaluated``; None: not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,7 @@ def build_view(
         stragglers=stragglers(metrics),
         health=health,
         evaluations=evaluations,
-        loss=loss_history(metrics, evaluations),
+        loss=loss_history(metrics, evaluations, (meta.get("train") or {}).get("val_batches")),
         files=files or {},
         metrics=metrics,
         step_times=step_times,
@@ -307,13 +319,38 @@ def stragglers(metrics: list[dict]) -> dict[str, Any]:
     }
 
 
-def loss_history(metrics: list[dict[str, Any]], evaluations: list[dict[str, Any]]) -> LossHistory:
-    """The loss per step (steps whose update was skipped are left out: their loss may be NaN) and the held-out
-    points as (step, val_loss): those the training measured (``train.val_every``) and those of the committed
-    ``evaluations``; at a step that has both, the evaluation's (it reads more rows)."""
+HELDOUT_KEYS = ("heldout_loss", "val_loss")
+"""A step record's held-out loss: ``heldout_loss``, or ``val_loss`` in the records of runs from before it was named."""
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def loss_history(metrics: list[dict[str, Any]], evaluations: list[dict[str, Any]], val_batches: object = None) -> LossHistory:
+    """The loss per step (steps whose update was skipped are left out: their loss may be NaN), the training's
+    held-out points (step, loss) and the committed ``evaluations``' (step, val_loss), each series on its own: a
+    held-out point reads a few batches, an evaluation many, so the two are not one curve. ``val_batches``: the
+    run's ``train.val_batches``, the held-out batch count of records that do not carry ``heldout_batches``."""
     records = [m for m in metrics if "skipped" not in m and isinstance(m.get("loss"), (int, float))]
-    validation = {int(m["step"]): float(m["val_loss"]) for m in records if isinstance(m.get("val_loss"), (int, float))}
-    validation |= {
-        int(e["step"]): float(e["val_loss"]) for e in evaluations if e.get("step") is not None and e.get("val_loss") is not None
-    }
-    return LossHistory([int(m["step"]) for m in records], [float(m["loss"]) for m in records], sorted(validation.items()))
+    heldout, batches = {}, None
+    for m in records:
+        key = next((k for k in HELDOUT_KEYS if _number(m.get(k))), None)
+        if key is not None:
+            heldout[int(m["step"])] = float(m[key])
+            batches = _count(m.get("heldout_batches")) or batches
+    evaluated = [e for e in evaluations if e.get("step") is not None and _number(e.get("val_loss"))]
+    latest = max(evaluated, key=lambda e: int(e["step"]), default={})
+    return LossHistory(
+        steps=[int(m["step"]) for m in records],
+        loss=[float(m["loss"]) for m in records],
+        heldout=sorted(heldout.items()),
+        evaluation=sorted({int(e["step"]): float(e["val_loss"]) for e in evaluated}.items()),
+        heldout_batches=batches or (_count(val_batches) if heldout else None),
+        evaluation_batches=_count(latest.get("batches")),
+        evaluation_tokens=_count(latest.get("tokens_evaluated")),
+    )

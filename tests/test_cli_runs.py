@@ -255,11 +255,11 @@ def test_report_is_one_offline_page_of_the_runs_decks_its_dataset_and_validation
     store.put_json(f"{validation_prefix(profiled_run.dataset.prefix)}/result.json", VALIDATION_RESULT)
     store.commit(validation_prefix(profiled_run.dataset.prefix))
 
-    # The train task's Decks take the run's committed evaluations as the loss chart's validation points.
+    # The train task's Decks take the run's committed evaluations as the loss chart's evaluation points.
     decks = run_decks(load_run(store, run.removeprefix("runs/")))
     assert list(decks) == ["Training curves", "Step time", "Warnings"]
     (loss, *_) = html_charts(decks["Training curves"])
-    assert len(svg_marks(svg_group(loss, "validation-0"))) == 2
+    assert len(svg_marks(svg_group(loss, "evaluation-0"))) == 2
 
     out = tmp_path / "reports" / "run.html"
     status, printed, _ = pretrain(capsys, "runs", "report", run_id(profiled_run)[:6], "--out", str(out), "--store", store.uri)
@@ -267,10 +267,12 @@ def test_report_is_one_offline_page_of_the_runs_decks_its_dataset_and_validation
     html = out.read_text()
     sections = re.findall(r"<h2>(.*?)</h2>", html)
     assert sections[:5] == ["Run", "Training curves", "Step time", "Warnings", "Dataset"] and "Data validation" in sections
-    # The loss chart with the two validation points, the higher loss (step 4) drawn higher up.
-    (loss,) = [c for c in html_charts(html) if svg_group(c, "validation-0") is not None]
-    (early, late) = svg_marks(svg_group(loss, "validation-0"))
-    assert early[0] < late[0] and early[1] < late[1] and "validation loss" in svg_texts(loss)
+    # The contents link to every section.
+    assert all(f"<a href='#{section_id}'>" in html for section_id in re.findall(r"<section id='([^']+)'>", html))
+    # The loss chart with the two evaluation points, the higher loss (step 4) drawn higher up.
+    (loss,) = [c for c in html_charts(html) if svg_group(c, "evaluation-0") is not None]
+    (early, late) = svg_marks(svg_group(loss, "evaluation-0"))
+    assert early[0] < late[0] and early[1] < late[1] and "evaluation val_loss" in svg_texts(loss)
     # The phase table `runs show` prints and a row per rank.
     phases = [row[0] for row in html_table(html, "phases")[1:]]
     assert phases == ["data", "forward+backward", "collective", "optimizer", "checkpoint", "other"]

@@ -39,7 +39,10 @@ def widths(root, n: int) -> list[float]:
 def test_skipped_documents_by_reason_and_kept_against_read_are_bars():
     assert skipped_by_reason(STATS) == [("duplicate", 25), ("too_short", 10), ("near_duplicate", 5)]
     html = dataset_section("abc123", "s3://bucket/datasets/abc123", STATS)
-    assert "<th>skipped_duplicate</th><td>25</td>" in html  # the figures' table stays
+    # The figures' table stays, in words: a reason under the documents skipped, with its share of those read.
+    assert (
+        "<th class='part'>duplicate: exact duplicates of an earlier document</th><td class='num'>25 (25.0% of read)</td>" in html
+    )
     documents, reasons = html_charts(html)
 
     assert svg_ids(documents, "bar-") == ["bar-0", "bar-1", "bar-2"]

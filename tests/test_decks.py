@@ -111,16 +111,19 @@ def test_a_run_without_a_breakdown_or_exchanges_says_so():
     assert not svg_marks(svg_group(single, "line-4"))  # the checkpoint phase took no time: nothing to draw
 
 
-def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_the_other_series():
+def test_training_curves_draw_the_loss_raw_smoothed_with_heldout_and_evaluation_points_and_the_other_series():
     records = [
         {"step": s, "loss": 6.0 - s / 10 + (0.3 if s % 2 else 0.0), "lr": 1e-3 * s, "grad_norm": 1.0, "tokens_per_s": 900.0 + s}
         for s in range(1, 21)
     ]
     records[9] |= {"loss": math.nan, "skipped": True}  # a refused step: its NaN is not drawn
+    records[4] |= {"heldout_loss": 5.7, "heldout_batches": 2}  # the training's held-out points, steps 5 and 15
+    records[14] |= {"heldout_loss": 4.6, "heldout_batches": 2}
     html = curves_html(view_of(records, evaluations=[{"step": 10, "val_loss": 5.5}, {"step": 20, "val_loss": 4.2}]))
     loss, *others = html_charts(html)
     assert len(others) == 2  # grad norm, tokens/s (the lr is on the loss chart); no MFU in these records
-    assert {"step", "loss"} <= set(svg_texts(loss)) and "validation loss" in svg_texts(loss)
+    texts = svg_texts(loss)
+    assert {"step", "loss", "held-out loss during training (2 batches)", "evaluation val_loss"} <= set(texts)
     assert svg_ids(loss, "lr") == ["lr"] and svg_texts(loss).count("learning rate") == 2  # axis label, legend
     assert len(svg_lines(svg_group(loss, "lr"))[0]) == 20  # every step's rate, the skipped step's too
     (raw,) = svg_lines(svg_group(loss, "raw-0"))
@@ -132,10 +135,15 @@ def test_training_curves_draw_the_loss_raw_smoothed_with_validation_points_and_t
     means = [sum(ys[max(0, i - 1) : i + 2]) / len(ys[max(0, i - 1) : i + 2]) for i in range(len(ys))]
     assert [y for _, y in smoothed] == pytest.approx(means, abs=1e-3)
     assert [x for x, _ in smoothed] == [x for x, _ in raw]
-    # The validation markers sit at steps 10 and 20: x interpolated from the raw line's ends (steps 1 and 20).
+    # Each kind of point at its steps, apart: x interpolated from the raw line's ends (steps 1 and 20).
     (x1, _), (x20, _) = raw[0], raw[-1]
-    marks = svg_marks(svg_group(loss, "validation-0"))
-    assert [round(x, 2) for x, _ in marks] == [round(x1 + (s - 1) * (x20 - x1) / 19, 2) for s in (10, 20)]
+
+    def xs(gid: str) -> list[float]:
+        return [round(x, 2) for x, _ in svg_marks(svg_group(loss, gid))]
+
+    assert xs("evaluation-0") == [round(x1 + (s - 1) * (x20 - x1) / 19, 2) for s in (10, 20)]
+    assert xs("heldout-0") == [round(x1 + (s - 1) * (x20 - x1) / 19, 2) for s in (5, 15)]
+    marks = svg_marks(svg_group(loss, "evaluation-0"))
     assert marks[0][1] < marks[1][1]  # 5.5 above 4.2
     assert [svg_texts(c)[-1] for c in others] == ["gradient norm", "tokens/s"]  # titles
     assert curves_html(view_of([])).count("no data") == 1

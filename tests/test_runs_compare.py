@@ -113,7 +113,7 @@ def test_compare_json_has_the_same_content(two_runs, tmp_path, capsys):
     assert result["image"] == str(out_file) and result["image_bytes"] == out_file.stat().st_size
     root = svg_root(out_file.read_text())
     assert svg_ids(root, "smooth-") == ["smooth-0", "smooth-1"]
-    assert [len(svg_marks(svg_group(root, f"validation-{i}"))) for i in (0, 1)] == [2, 2]
+    assert [len(svg_marks(svg_group(root, f"evaluation-{i}"))) for i in (0, 1)] == [2, 2]
 
     status, _, err = pretrain(capsys, "runs", "compare", a, "nosuchrun", "--store", store.uri)
     assert status == 2 and err.startswith("error: no run 'nosuchrun' in ") and len(err.strip().splitlines()) == 1
@@ -129,24 +129,26 @@ def test_the_comparison_deck_shows_the_same(two_runs):
     assert f"<tr><th>validation loss (step {STEPS})</th><td>5.7000</td><td>5.8000</td></tr>" in figures
     (svg,) = re.findall(r"<svg.*?</svg>", html, re.DOTALL)
     texts = svg_texts(svg_root(svg))
-    assert {"this execution", "production v1", "step", "loss", "validation loss"} <= set(texts)
+    assert {"this execution", "production v1", "step", "loss", "evaluation val_loss"} <= set(texts)
     with pytest.raises(ValueError, match="2 runs but 1 labels"):
         run_html.run_comparison(load_runs(store, [a, b]), ["one"])
 
 
-def test_the_loss_chart_draws_each_run_raw_and_smoothed_with_its_validation_points():
+def test_the_loss_chart_draws_each_run_raw_and_smoothed_with_its_evaluation_points():
     steps = list(range(1, 41))
     curves = [
-        charts.Curve("lr 3e-3", steps, [5 - s / 20 + (0.2 if s % 3 == 0 else 0) for s in steps], [(20, 4.1), (40, 3.2)]),
-        charts.Curve("lr 1e-3", steps[:30], [5 - s / 40 for s in steps[:30]], [(30, 4.3)]),
+        charts.Curve(
+            "lr 3e-3", steps, [5 - s / 20 + (0.2 if s % 3 == 0 else 0) for s in steps], evaluation=[(20, 4.1), (40, 3.2)]
+        ),
+        charts.Curve("lr 1e-3", steps[:30], [5 - s / 40 for s in steps[:30]], evaluation=[(30, 4.3)]),
     ]
     fig = charts.loss_figure(curves)
     root = svg_root(plotting.svg(fig))
     assert svg_ids(root, "raw-") == ["raw-0", "raw-1"] and svg_ids(root, "smooth-") == ["smooth-0", "smooth-1"]
-    assert svg_ids(root, "validation-") == ["validation-0", "validation-1"]
+    assert svg_ids(root, "evaluation-") == ["evaluation-0", "evaluation-1"] and svg_ids(root, "heldout-") == []
     texts = svg_texts(root)
-    assert {"step", "loss", "training loss", "lr 3e-3", "lr 1e-3", "validation loss"} <= set(texts)
-    assert "centered moving average (3 steps)" in texts
+    assert {"step", "loss", "training loss", "lr 3e-3", "lr 1e-3", "evaluation val_loss"} <= set(texts)
+    assert "centered moving average over 3 steps" in texts
     (raw0,) = svg_lines(svg_group(root, "raw-0"))
     (raw1,) = svg_lines(svg_group(root, "raw-1"))
     assert (len(raw0), len(raw1)) == (40, 30)
@@ -156,8 +158,8 @@ def test_the_loss_chart_draws_each_run_raw_and_smoothed_with_its_validation_poin
     def x_of(step: int) -> float:
         return round(x1 + (step - 1) * (x40 - x1) / 39, 2)
 
-    assert [round(x, 2) for x, _ in svg_marks(svg_group(root, "validation-0"))] == [x_of(20), x_of(40)]
-    assert [round(x, 2) for x, _ in svg_marks(svg_group(root, "validation-1"))] == [x_of(30)]
+    assert [round(x, 2) for x, _ in svg_marks(svg_group(root, "evaluation-0"))] == [x_of(20), x_of(40)]
+    assert [round(x, 2) for x, _ in svg_marks(svg_group(root, "evaluation-1"))] == [x_of(30)]
     assert round(raw1[-1][0], 2) == x_of(30)  # the shorter run ends at its own last step
 
     png = plotting.png(fig)
