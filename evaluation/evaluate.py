@@ -116,6 +116,7 @@ def baseline_for(store, ckpt: CheckpointRef, holder: str) -> str:
 
 
 def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, baseline: str) -> EvalReport:
+    started = time.monotonic()
     store = open_store(ckpt.store)
     baseline = baseline_for(store, ckpt, baseline)
     rows, manifest = load_split(ckpt.dataset, "val")
@@ -130,12 +131,17 @@ def _evaluate(ckpt: CheckpointRef, model_cfg: ModelConfig, cfg: EvalConfig, base
     else:
         val_loss, count = _mean_loss(model, rows, cfg)
         cfg_all, components = cfg, {}
+    # What the quiet seconds after the last step are doing: each part of the evaluation says it is done.
+    print(f"evaluation: val_loss {val_loss:.4f} on {count:,} held-out tokens ({time.monotonic() - started:.1f} s)", flush=True)
     tokenizer_json = read_recorded(store, ckpt.dataset, "tokenizer", manifest).decode()
     tokenizer = Tokenizer.from_str(tokenizer_json)
     shape = (manifest["seq_len"], manifest["vocab_size"])
     # The gate's baseline and the base continued from, each scored once on these rows (often the same entry).
     entries = {baseline, ckpt.base_model} - {""}
     figures = {entry: _entry_figures(store, entry, model_cfg, manifest, rows, cfg_all) for entry in entries}
+    for entry, theirs in figures.items():
+        if theirs:
+            print(f"evaluation: {entry} (to compare) bits_per_byte {theirs['bits_per_byte']:.4f} on the same rows", flush=True)
     report = EvalReport(
         checkpoint=ckpt,
         val_loss=val_loss,
@@ -214,6 +220,7 @@ def _lm_eval(report: EvalReport, store, cfg: EvalConfig, rows, tokenizer: Tokeni
     with tempfile.TemporaryDirectory(prefix="pretrain-eval-baseline-") as tmp:
         if report.baseline and (baseline := baseline_export(store, report.baseline, Path(tmp) / HF_EXPORT)):
             models["baseline"] = baseline
+        print(f"lm-eval: {', '.join(cfg.lm_eval_tasks)} on {' and '.join(models)} (a process of its own)…", flush=True)
         scored = lm_eval_suite.run_suite(models, files, cfg.batch_size, cfg.lm_eval_seed)
     seconds = time.monotonic() - started
     print(f"lm-eval: {', '.join(cfg.lm_eval_tasks)} on {' and '.join(models)} in {seconds:.1f}s", flush=True)

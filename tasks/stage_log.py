@@ -74,29 +74,30 @@ def finished(task: str, seconds: float) -> None:
         return
     try:
         with open(path, "a", encoding="utf-8") as log:
-            log.write(json.dumps({"task": task, "seconds": round(seconds, 3), "at": time.time()}) + "\n")
+            log.write(json.dumps({"task": task, "seconds": round(seconds, 3), "depth": depth, "at": time.time()}) + "\n")
     except OSError:  # a view of the execution: never worth a task
         pass
 
 
-def ran() -> list[tuple[str, float]]:
-    """The tasks of this execution that ran so far, in the order they ended, with their seconds."""
+def ran(top_level: bool = False) -> list[tuple[str, float]]:
+    """The tasks of this execution that ran so far, in the order they ended, with their seconds (``top_level``:
+    only the workflow's own, not those a dynamic workflow ran: its time holds theirs)."""
     path = os.environ.get(ENV)
     if not path or not os.path.exists(path):
         return []
     rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [(row["task"], float(row["seconds"])) for row in rows]
+    return [(row["task"], float(row["seconds"])) for row in rows if not top_level or row.get("depth", 1) == 1]
 
 
 def stages_line(expected_cached: list[str]) -> str:
-    """``stages  ran: a 0.1 s, b 12.0 s; from cache: c, d``: the tasks that ran and those of
-    ``expected_cached`` (the cached tasks this execution called) that did not."""
+    """``stages  ran: a 0.1 s, b 12.0 s; from cache: c, d``: the workflow's tasks that ran and those of
+    ``expected_cached`` (the cached tasks this execution called, at any depth) that did not."""
     done = ran()
     if not done:
         return ""
     names = {name for name, _ in done}
     totals: dict[str, list[float]] = {}
-    for name, seconds in done:  # a map task's instances, a mixture's components: one entry, their count
+    for name, seconds in ran(top_level=True):  # a map task's instances, a mixture's components: one entry, their count
         totals.setdefault(name, []).append(seconds)
     long = {name: s for name, s in totals.items() if sum(s) >= BRIEF_S}
     parts = [f"{name} {sum(s):,.1f} s" + (f" ({len(s)}×)" if len(s) > 1 else "") for name, s in long.items()]

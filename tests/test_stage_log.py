@@ -58,13 +58,19 @@ def test_each_task_says_its_time_nested_under_the_dynamic_workflow_that_ran_it(e
 
 
 def test_the_summary_names_what_ran_and_which_cached_tasks_did_not(execution):
-    for name, seconds in [("check_settings", 0.01), ("prepare_data", 2.0), ("prepare_data", 1.5), ("train_model", 12.25)]:
-        with stage_log.entered():
-            stage_log.finished(name, seconds)
-    line = stage_log.stages_line(["prepare_data", "train_model", "evaluate_model", "register_model"])
+    with stage_log.entered():
+        stage_log.finished("check_settings", 0.01)
+    with stage_log.entered():  # a dynamic workflow: its tasks' time is inside its own
+        for seconds in (2.0, 1.5):
+            with stage_log.entered():
+                stage_log.finished("prepare_data", seconds)
+        stage_log.finished("prepare_mixture", 3.75)
+    with stage_log.entered():
+        stage_log.finished("train_model", 12.25)
+    line = stage_log.stages_line(["prepare_data", "validate_data", "train_model", "evaluate_model", "register_model"])
     assert line == (
-        "  stages      ran: prepare_data 3.5 s (2×), train_model 12.2 s, 1 more under 0.5 s; "
-        "from cache: evaluate_model, register_model"
+        "  stages      ran: prepare_mixture 3.8 s, train_model 12.2 s, 1 more under 0.5 s; "
+        "from cache: validate_data, evaluate_model, register_model"
     )
 
 

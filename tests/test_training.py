@@ -317,7 +317,8 @@ def test_parallel_layouts_match_the_tensor_parallel_run(request, tmp_path, name)
         )
     if validate:  # forward only, through LocalStep.evaluate or MegatronStep.evaluate: the same held-out loss
         assert heldout_losses(ref).keys() == heldout_losses(tp2_run).keys(), heldout_losses(ref)
-        diffs["heldout_loss"] = max(abs(a - b) for a, b in zip(heldout_losses(ref).values(), heldout_losses(tp2_run).values(), strict=True))
+        ours, theirs = heldout_losses(ref).values(), heldout_losses(tp2_run).values()
+        diffs["heldout_loss"] = max(abs(a - b) for a, b in zip(ours, theirs, strict=True))
     else:
         assert heldout_losses(ref) == {}
     print(f"{name}: {diffs}, compile_s {ref.summary['compile_s']}")
