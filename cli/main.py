@@ -140,14 +140,16 @@ def cmd_registry_list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no models registered in {_store(args).uri}")
         return 0
-    print("\n".join(_table(["MODEL", "ALIASES", "REGISTERED", "VAL_LOSS", "WHERE"], [_registry_row(r) for r in rows])))
+    header = ["MODEL", "ALIASES", "REGISTERED", "VAL_LOSS", "RUN NAME", "WHERE"]
+    print("\n".join(_table(header, [_registry_row(r) for r in rows])))
     return 0
 
 
 def _registry_row(row: dict) -> list[str]:
-    """One ``registry list`` row: MODEL, ALIASES, REGISTERED, VAL_LOSS, WHERE."""
+    """One ``registry list`` row: MODEL, ALIASES, REGISTERED, VAL_LOSS, RUN NAME, WHERE."""
     loss = metric_text("val_loss", row["metrics"]["val_loss"]) if "val_loss" in row["metrics"] else "-"
-    return [f"{row['name']}:{row['version']}", ",".join(row["aliases"]) or "-", row["registered_at"], loss, row["uri"]]
+    registered, name = row["registered_at"], row.get("run_name") or "-"
+    return [f"{row['name']}:{row['version']}", ",".join(row["aliases"]) or "-", registered, loss, name, row["uri"]]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -165,6 +167,8 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
     dirty = " (dirty tree)" if card.code.dirty else ""
     aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
     print(f"{card.name}:{card.version}{aliases}  registered {card.registered_at}  commit {card.code.commit}{dirty}")
+    if card.run_name:
+        print(f"run name: {card.run_name}")
     width = max(map(len, [*card.metrics, *vars(card.lineage)]))
     for key, value in sorted(card.metrics.items()):
         print(f"  {key:<{width}}  {metric_text(key, value)}")
@@ -329,8 +333,9 @@ def cmd_runs_compare(args: argparse.Namespace) -> int:
         raise UserError(f"runs compare needs two runs or more, got {len(args.runs)}; `pretrain runs list` lists them")
     store = _store(args)
     views = catalog.load_runs(store, args.runs)
-    names = run_text.column_names([view.id for view in views])
-    out = Path(args.out) if args.out else Path.cwd() / f"loss-{'-'.join(n[:12] for n in names[:4])}{_more(len(names))}.png"
+    names = run_text.column_names(views)
+    ids = run_text.short_ids([view.id for view in views])
+    out = Path(args.out) if args.out else Path.cwd() / f"loss-{'-'.join(ids[:4])}{_more(len(ids))}.png"
     if out.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UserError(
             f"--out {args.out}: {out.suffix or 'no suffix'} is not an image format here; name a .png, .svg or .pdf file"

@@ -345,6 +345,8 @@ class TrackingRef:
     """The pipeline execution this run mirrors (Flyte's execution id; a fresh id for a local run)."""
     run_id: str = ""
     """MLflow run id ('' = not created yet: the server was unreachable; the last task creates it)."""
+    run_name: str = ""
+    """The execution's name for people (``common.run_names``): the MLflow run's, and the training run's record."""
 
 
 @dataclass
@@ -492,6 +494,9 @@ class ModelCard:
     """None when registered outside the workflow's gate."""
     hf_export: str = ""
     """Folder of the Hugging Face export inside the entry ('' = none)."""
+    run_name: str = ""
+    """The run's name for people (``common.run_names``: model, data, the settings that differ); '' on cards of before
+    and on imported models."""
     format: int = CARD_FORMAT
 
     def model_config(self, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -543,6 +548,7 @@ class ModelCard:
                 code=CodeRevision(**d["code"]),
                 gate=GateDecision(**d["gate"]) if d.get("gate") else None,
                 hf_export=d.get("hf_export", ""),
+                run_name=d.get("run_name", ""),
                 format=version,
             )
         except KeyError as e:

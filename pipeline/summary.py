@@ -75,10 +75,13 @@ def _entry_name(prefix: str) -> str:
     return f"{name}:{version}"
 
 
-def run_summary(store: Store, model: ModelRef, mlflow_run: str = "", stages: str = "", from_cache: bool = False) -> list[str]:
+def run_summary(
+    store: Store, model: ModelRef, mlflow_run: str = "", stages: str = "", from_cache: bool = False, mlflow_page: str = ""
+) -> list[str]:
     """The end-of-run summary of the execution that registered ``model`` (``mlflow_run``: its MLflow run id,
     '' when it has none; ``stages``: the line of the tasks that ran and came from cache, '' when unknown;
-    ``from_cache``: the registration itself came from the cache, an earlier execution's)."""
+    ``from_cache``: the registration itself came from the cache, an earlier execution's; ``mlflow_page``: the run's
+    page on a tracking server, '' for a local database, which ``pretrain ui`` serves)."""
     entry = show(store, f"{model.name}:{model.version}")
     card, m = entry.card, entry.card.metrics
     aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
@@ -117,7 +120,7 @@ def run_summary(store: Store, model: ModelRef, mlflow_run: str = "", stages: str
     default = default_store_uri()  # the store the commands read without --store (not opened: nothing is made)
     store_flag = "" if store.uri in (default, os.path.abspath(os.path.expanduser(default))) else f" --store {store.uri}"
     cli, activate = pretrain_command()
-    ui = f"{cli} ui --run {mlflow_run}" if mlflow_run else f"{cli} ui"
+    ui = mlflow_page or (f"{cli} ui --run {mlflow_run}" if mlflow_run else f"{cli} ui")
     lines += [
         "next:" + (f" (or `source {activate}` once, then `pretrain …`)" if activate else ""),
         f"  {cli} runs show {run_id}{store_flag}   (step times, ranks, health, traces)",

@@ -237,6 +237,7 @@ def register(
     execution_id: str = "",
     aliases: tuple[str, ...] = (LATEST,),
     gate_metric: str | None = None,
+    run_name: str = "",
 ) -> ModelRef:
     """Register the evaluated checkpoint of ``report`` as a new version of ``name``: copy its
     weights, the tokenizer and the evaluation outputs (``report.outputs``, when set), write the
@@ -278,7 +279,7 @@ def register(
         _check_same_registration(store, prefix, identity)
         card = read_card(store, prefix)
     else:
-        card = _write_entry(store, name, version, report, config, gate_alias, gate_tolerance, execution_id, gate_metric)
+        card = _write_entry(store, name, version, report, config, gate_alias, gate_tolerance, execution_id, gate_metric, run_name)
         try:
             store.commit(prefix, {"version": version, "registration": identity})
         except AlreadyCommitted:
@@ -341,6 +342,7 @@ def _write_entry(
     gate_tolerance: float,
     execution_id: str,
     gate_metric: str = "",
+    run_name: str = "",
 ) -> ModelCard:
     """Every object of the uncommitted entry ``version`` that is not there yet; returns its card
     (the one already there, if an identical registration wrote it first)."""
@@ -360,6 +362,7 @@ def _write_entry(
         evaluation = (config or {}).get("evaluation")
         decision = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, evaluation, gate_metric)
     card = _entry_card(store, name, version, report, manifest, config, execution_id, decision, hf_export)
+    card = dataclasses.replace(card, run_name=run_name)
     if not _create(store, card_key(prefix), _json(card.to_dict())):
         card = read_card(store, prefix)  # the identical registration's: its time and gate decision
     _create(store, f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode())
@@ -493,6 +496,7 @@ def list_models(store: Store) -> list[dict[str, Any]]:
                     "aliases": sorted(a for a, v in aliases.items() if v == version),
                     "registered_at": card.registered_at,
                     "dataset": card.lineage.dataset_version,
+                    "run_name": card.run_name,
                     "metrics": card.metrics,
                     "trained_by": describe_layouts(card.layouts),
                     "uri": store.url(model_prefix(name, version)),

@@ -46,7 +46,7 @@ def report_pages(store: Store, version: str, view: RunView | None = None, figure
             sections.append(("Dataset", dataset_html(store, version)))
             if validation is not None:
                 sections.append(("Data validation", validation))
-        run_page = page(f"Training run {view.id}", sections)
+        run_page = page(f"Training run {view.name} ({view.id})" if view.name else f"Training run {view.id}", sections)
     own_page = page(f"Validation of dataset {version}", [("Data validation", validation)]) if validation is not None else None
     return ReportPages(run_page, own_page)
 
@@ -62,7 +62,7 @@ def _overview(view: RunView) -> str:
     """The figures ``pretrain runs show`` starts with, and each committed evaluation's."""
     planned = view.steps_planned if view.steps_planned is not None else "?"
     rows: dict[str, object] = {
-        "run": view.id,
+        "run": f"{view.name} ({view.id})" if view.name else view.id,
         "where": view.uri,
         "steps": f"{view.steps_done}/{planned}",
         "layout": view.layout or "-",

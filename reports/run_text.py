@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import textwrap
 import time
+from collections import Counter
 from typing import Any
 
 from common.settings import value_text
@@ -33,7 +34,8 @@ def list_line(view: RunView) -> str:
     dataset = (view.dataset or "?")[:SHORT_ID]
     goodput = view.goodput.fraction if view.goodput is not None else None
     return (
-        f"{view.id}  steps {view.steps_done}/{planned}  checkpoint {checkpoint}  loss {_num(view.final_loss, '.4f')}  "
+        f"{view.id}  {view.name + '  ' if view.name else ''}steps {view.steps_done}/{planned}  checkpoint {checkpoint}  "
+        f"loss {_num(view.final_loss, '.4f')}  "
         f"{_num(view.tokens_per_s, ',.0f')} tok/s  MFU {_num(view.mfu, '.1%')}  goodput {_num(goodput, '.1%')}  "
         f"{layout}  dataset {dataset}" + (f"  {_when(view.modified)}" if view.modified is not None else "")
     )
@@ -57,7 +59,8 @@ def run_lines(run: RunView) -> list[str]:
     """``pretrain runs show`` in words, section by section."""
     planned = run.steps_planned if run.steps_planned is not None else "?"
     checkpoints = ", ".join(str(c["step"]) for c in run.checkpoints) or "none committed"
-    out = [f"run {run.id}  {run.uri}" + (f"  updated {_when(run.modified)}" if run.modified is not None else "")]
+    named = f" ({run.name})" if run.name else ""
+    out = [f"run {run.id}{named}  {run.uri}" + (f"  updated {_when(run.modified)}" if run.modified is not None else "")]
     out.append(f"  steps {run.steps_done}/{planned}, checkpoints at {checkpoints}; dataset {run.dataset or '?'}")
     out += _mixture_lines(run.meta)
     out.append("layout:")
@@ -229,7 +232,7 @@ def figure_rows(runs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     return [
         ("steps", [f"{r['steps_done']}/{r['steps_planned'] if r['steps_planned'] is not None else '?'}" for r in runs]),
         (f"final train loss (last {FINAL_LOSS_STEPS})", [_fmt(r["final_loss"], ".4f") for r in runs]),
-        (f"validation loss{at}", [_fmt(r["val_loss"], ".4f") for r in runs]),
+        (f"evaluation val_loss{at}", [_fmt(r["val_loss"], ".4f") for r in runs]),
         ("bits per byte", [_fmt(r["bits_per_byte"], ".4f") for r in runs]),
         ("perplexity", [_fmt(r["perplexity"], ".2f") for r in runs]),
         ("tokens/s (median)", [_fmt(r["tokens_per_s"], ",.0f") for r in runs]),
@@ -237,8 +240,19 @@ def figure_rows(runs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     ]
 
 
-def column_names(ids: list[str]) -> list[str]:
-    """Short names for runs side by side: the first ``SHORT_ID`` characters of each id, more where two share them."""
+def column_names(views: list[RunView]) -> list[str]:
+    """Names for runs side by side: each run's name for people (``common.run_names``) with the short id that keeps
+    two of the same name apart, or the short id alone for a run that recorded no name."""
+    ids = short_ids([view.id for view in views])
+    counts = Counter(view.name for view in views)
+    return [
+        (f"{view.name} ({short})" if counts[view.name] > 1 else view.name) if view.name else short
+        for view, short in zip(views, ids, strict=True)
+    ]
+
+
+def short_ids(ids: list[str]) -> list[str]:
+    """The first ``SHORT_ID`` characters of each id, more where two share them."""
     width = SHORT_ID
     while len({i[:width] for i in ids}) < len(set(ids)) and width < max(map(len, ids)):
         width += 4

@@ -82,6 +82,8 @@ class RunView:
     layout_history: list[dict[str, Any]]
     """The latest checkpoint's layout history: which layout trained which steps."""
     dataset: str | None
+    name: str
+    """The run's name for people (``common.run_names``: model, data, settings that differ), '' when not recorded."""
     config: dict[str, Any]
     """{"model": ..., "train": ...} as the latest checkpoint recorded them."""
     meta: dict[str, Any]
@@ -116,6 +118,7 @@ class RunView:
         """One row of ``pretrain runs list --json``: progress, final figures, goodput fraction, layout, dataset."""
         return {
             "id": self.id,
+            "name": self.name,
             "uri": self.uri,
             "steps_done": self.steps_done,
             "steps_planned": self.steps_planned,
@@ -195,6 +198,7 @@ def build_view(
         goodput=goodput,
         layout_history=layouts_of(meta),
         dataset=meta.get("dataset"),
+        name=meta.get("name") or "",
         config={"model": meta.get("model"), "train": meta.get("train")},
         meta=meta,
         modified=modified,

@@ -9,6 +9,7 @@ from flytekit import Cache, current_context, task
 
 from common.contracts import EvalReport, ModelRef, model_prefix
 from common.errors import ConfigError
+from common.run_names import run_name
 from common.settings import read_settings
 from common.stages import mark_stage
 from pipeline.config import PipelineConfig
@@ -110,6 +111,7 @@ def register_model(report: EvalReport, registry: RegistryConfig, config: Pipelin
         gate_alias=registry.gate_alias,
         gate_tolerance=registry.gate_tolerance,
         execution_id=flyte_execution_id(),
+        run_name=run_name(dataclasses.asdict(config), dataclasses.asdict(PipelineConfig())),
     )
     decision = read_card(store, ref.prefix).gate
     holder = _entry(report.checkpoint.store, f"{registry.model_name}:{registry.gate_alias}")

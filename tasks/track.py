@@ -14,6 +14,7 @@ from flytekit import Deck, task
 from flytekit.types.error import FlyteError
 
 from common.contracts import ModelRef, TrackingRef
+from common.run_names import run_name
 from pipeline.config import PipelineConfig
 from pipeline.summary import run_summary
 from registry.card import code_revision, read_card
@@ -34,12 +35,12 @@ from tracking.client import (
     find_run,
     fresh_execution_id,
     mark_failed,
+    open_command,
+    run_opener,
     start_run,
-    ui_path,
     where,
 )
 from tracking.mirror import record_execution, with_retry
-from tracking.params import run_name
 from tracking.uri import resolve_uri
 
 # A local execution (``pretrain run``, ``pyflyte run``) has no execution id the failure handler could find
@@ -60,11 +61,13 @@ def start_tracking(config: PipelineConfig) -> TrackingRef:
     for a local execution) with the flattened config as params. One attempt with a short timeout: if
     MLflow is unreachable the run id is '' (one WARNING line) and the last task creates the run."""
     settings = config.tracking
+    name = config_run_name(config)
     if not settings.enabled:
         print("tracking: off (tracking.enabled: false)")
-        return TrackingRef()
+        return TrackingRef(run_name=name)
     uri = resolve_uri(settings.uri)
-    ref = TrackingRef(uri=uri, experiment=settings.experiment, execution=fresh_execution_id(flyte_execution_id()))
+    execution = fresh_execution_id(flyte_execution_id())
+    ref = TrackingRef(uri=uri, experiment=settings.experiment, execution=execution, run_name=name)
     _local.ref = ref
     code = code_revision()
     tags = {STORE_TAG: open_store(config.store).uri, "pretrain.code_commit": code.commit}
@@ -72,7 +75,7 @@ def start_tracking(config: PipelineConfig) -> TrackingRef:
     try:
         mlflow = client(uri, settings.request_timeout_s)
         exp = experiment_id(mlflow, settings.experiment, uri)
-        run_id = start_run(mlflow, exp, ref.execution, dataclasses.asdict(config), tags, name=config_run_name(config))
+        run_id = start_run(mlflow, exp, ref.execution, dataclasses.asdict(config), tags, name=name)
     except Exception as e:  # MLflow never fails the pipeline
         _warn(f"MLflow at {where(uri)} unreachable ({describe(e)}); training goes on, the last step records the run")
         return ref
@@ -82,7 +85,7 @@ def start_tracking(config: PipelineConfig) -> TrackingRef:
 
 
 def config_run_name(config: PipelineConfig) -> str:
-    """The MLflow run's name: the model name and the settings that differ from the embedded defaults."""
+    """The execution's name for people: the model, the data and the settings that differ from the embedded defaults."""
     return run_name(dataclasses.asdict(config), dataclasses.asdict(PipelineConfig()))
 
 
@@ -120,22 +123,24 @@ def track_run(tracking: TrackingRef, model: ModelRef, config: PipelineConfig) ->
         _comparison_deck(store, model)
     except Exception as e:  # a Deck is a view: never worth the execution
         _warn(f"no comparison Deck ({describe(e)})")
-    mlflow_run = _mirror(tracking, store, model, config)
+    mlflow_run, page = _mirror(tracking, store, model, config)
     stages = stage_log.stages_line(CACHED_STAGES)
     again = bool(stages) and "register_model" not in {name for name, _ in stage_log.ran()}
     try:
-        print("\n".join(run_summary(store, model, mlflow_run, stages=stages, from_cache=again)), flush=True)
+        summary = run_summary(store, model, mlflow_run, stages=stages, from_cache=again, mlflow_page=page)
+        print("\n".join(summary), flush=True)
         stage_log.end()
     except Exception as e:  # the summary is a view too
         _warn(f"no summary ({describe(e)})")
     _local.ref = None  # a success: nothing for the failure handler
 
 
-def _mirror(tracking: TrackingRef, store: Store, model: ModelRef, config: PipelineConfig) -> str:
+def _mirror(tracking: TrackingRef, store: Store, model: ModelRef, config: PipelineConfig) -> tuple[str, str]:
     """The execution's MLflow run made whole and the registry mirrored: its run id ('' when tracking is off
-    or MLflow did not take it)."""
+    or MLflow did not take it) and the address of its page on a tracking server ('' for a local database:
+    ``pretrain ui`` serves it)."""
     if not tracking.uri:
-        return ""
+        return "", ""
     settings = config.tracking
     # The model section that trained (the card's): a continued run's is its base's, not the config's defaults.
     config_dict = {**dataclasses.asdict(config), "model": read_card(store, model.prefix).config.get("model", {})}
@@ -167,15 +172,15 @@ def _mirror(tracking: TrackingRef, store: Store, model: ModelRef, config: Pipeli
             f"MLflow at {where(tracking.uri)} did not record execution {tracking.execution} ({describe(e)}); "
             f"the store has everything: `pretrain tracking sync {model.name}:{model.version}` replays it"
         )
-        return ""
+        return "", ""
     folded = tracking.run_id and run_id != tracking.run_id  # the run this execution opened was folded into it
     again = f" (an earlier execution's run: {model.name}:{model.version} again)" if folded else ""
+    opener = run_opener(tracking.uri, found[0], run_id)
     print(
         f"tracking: execution {tracking.execution} recorded as MLflow run {run_id}{again} at {where(tracking.uri)}; "
-        f"{model.name}:{model.version} mirrored to its registered models; in the MLflow UI (pretrain ui): "
-        f"{ui_path(found[0], run_id)}"
+        f"{model.name}:{model.version} mirrored to its registered models; open it: {opener}"
     )
-    return run_id
+    return run_id, "" if opener == open_command(run_id) else opener
 
 
 @task(**registry_task())

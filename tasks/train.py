@@ -112,7 +112,8 @@ def train_model(
 
     train_cfg = dataclasses.replace(train_cfg, max_restarts=max_restarts, keep_local_checkpoints=keep_local_checkpoints)
     try:
-        ref = train(dataset, model, parallel, train_cfg, base_model, on_record=sender.send if sender else None)
+        on_record = sender.send if sender else None
+        ref = train(dataset, model, parallel, train_cfg, base_model, on_record=on_record, name=tracking.run_name)
     finally:
         if sender is not None:
             sender.close()  # bounded; what is left is replayed by the last task

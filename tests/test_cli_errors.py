@@ -47,7 +47,7 @@ def test_an_error_inside_a_task_is_one_line_with_its_traceback_logged(tmp_path: 
     # Issue 33: its MLflow run stayed RUNNING; the workflow's failure handler ends it FAILED, saying where and why.
     run_id = re.search(r"is MLflow run (\w+)", result.stdout).group(1)
     run = client(os.environ["MLFLOW_TRACKING_URI"]).get_run(run_id)
-    assert run.info.status == "FAILED" and run.info.run_name == "gpt-tiny", (run.info, result.stderr[-2000:])
+    assert run.info.status == "FAILED" and run.info.run_name == "gpt-tiny on corpus", (run.info, result.stderr[-2000:])
     assert run.data.tags["pretrain.failed_task"] == "prepare_mixture"  # the workflow's node: the data stage
     shown = lines[-1].removeprefix("error: ")  # what the CLI printed, up to the log's path
     assert run.data.tags["pretrain.error"].startswith(shown.split(" (full traceback")[0][:200]), (run.data.tags, shown)

@@ -146,12 +146,16 @@ def test_cli_list_is_a_table_and_show_prints_counts_as_integers(populated, capsy
     summary = {"parameters": 1901696.0, "world_size": 2.0, "mfu": 0.25, "steps_trained": 10.0, "tokens_trained": 81920.0}
     cooled = "runs/r0/checkpoints/step-0000008"  # a WSD cooldown's starting checkpoint (docs/recipe.md)
     register(store, "gpt", replace(counted, checkpoint=replace(counted.checkpoint, summary=summary, cooled_from=cooled)))
-    register(store, "gpt-longer-name", report(2.5))
+    register(store, "gpt-longer-name", report(2.5), run_name="gpt-longer-name on corpus lr=0.001")  # issue 51
     assert cli(["registry", "list", "--store", store.uri]) == 0
     header, *lines = capsys.readouterr().out.splitlines()
-    assert header.split() == ["MODEL", "ALIASES", "REGISTERED", "VAL_LOSS", "WHERE"]
+    assert header.split() == ["MODEL", "ALIASES", "REGISTERED", "VAL_LOSS", "RUN", "NAME", "WHERE"]
     assert len(lines) == 2 and {line.index(store.url("models")) for line in lines} == {header.index("WHERE")}  # aligned
     assert lines[0].split()[:2] == ["gpt:1", "latest"] and lines[0].split()[3] == "3.0000"
+    assert lines[0][header.index("RUN NAME") :].startswith("- ")  # a card of before: no name recorded
+    assert lines[1][header.index("RUN NAME") :].startswith("gpt-longer-name on corpus lr=0.001 ")
+    assert cli(["registry", "show", "gpt-longer-name:1", "--store", store.uri]) == 0
+    assert "\nrun name: gpt-longer-name on corpus lr=0.001\n" in capsys.readouterr().out
     assert cli(["registry", "show", "gpt:1", "--store", store.uri]) == 0
     shown = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
     assert shown["parameters"] == ["1,901,696"] and shown["world_size"] == ["2"] and shown["mfu"] == ["0.2500"]

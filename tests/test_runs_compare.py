@@ -8,12 +8,13 @@ import re
 import statistics
 import struct
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from cli.main import main as cli
 from common.contracts import eval_prefix
-from reports import charts, plotting, run_html
+from reports import charts, plotting, run_html, run_text
 from runs.catalog import load_runs
 from runs.view import final_loss
 from storage import open_store
@@ -80,12 +81,13 @@ def test_compare_prints_the_lr_difference_the_figures_and_writes_the_loss_png(tw
     header, row = section(lines, "config differences", "figures:")
     assert header.split() == ["setting", a[:12], b[:12]] and row.split() == ["train.lr", "0.003", "0.001"]
 
-    figures = {line[:30].strip(): line[30:].split() for line in section(lines, "figures:", "loss curves:")[1:]}
+    rows = [re.split(r"\s{2,}", line.strip()) for line in section(lines, "figures:", "loss curves:")[1:]]
+    figures = {row[0]: row[1:] for row in rows}
     metrics = [run_metrics(store, f"runs/{run}") for run in (a, b)]
     assert figures["steps"] == [f"{STEPS}/{STEPS}"] * 2
     assert figures["final train loss (last 10)"] == [f"{final_loss(m):.4f}" for m in metrics]
     assert final_loss(metrics[0]) != final_loss(metrics[1])  # the lr really changed the run
-    assert figures[f"validation loss (step {STEPS})"] == ["5.7000", "5.8000"]  # the later evaluation, not step 3's
+    assert figures[f"evaluation val_loss (step {STEPS})"] == ["5.7000", "5.8000"]  # the later evaluation, not step 3's
     assert figures["bits per byte"] == ["2.5200", "2.5700"]
     assert figures["tokens/s (median)"] == [f"{statistics.median(r['tokens_per_s'] for r in m):,.0f}" for m in metrics]
     assert figures["MFU (median)"] == [f"{statistics.median(r['mfu'] for r in m):.2%}" for m in metrics]
@@ -119,6 +121,24 @@ def test_compare_json_has_the_same_content(two_runs, tmp_path, capsys):
     assert status == 2 and err.startswith("error: no run 'nosuchrun' in ") and len(err.strip().splitlines()) == 1
 
 
+def test_runs_are_shown_by_their_names_with_the_short_id_only_where_two_share_one():
+    """Issue 51: a run's name for people (model, data, settings that differ) labels it; its id keys it."""
+    views = [
+        SimpleNamespace(id="a" * 16, name="gpt-tiny on python-stdlib"),
+        SimpleNamespace(id="b" * 16, name="gpt-tiny on python-stdlib lr=0.001"),
+        SimpleNamespace(id="c" * 12 + "1111", name="gpt-tiny on code+docs"),
+        SimpleNamespace(id="c" * 12 + "2222", name="gpt-tiny on code+docs"),
+        SimpleNamespace(id="d" * 16, name=""),  # a run of before names, or a direct launch
+    ]
+    assert run_text.column_names(views) == [
+        "gpt-tiny on python-stdlib",
+        "gpt-tiny on python-stdlib lr=0.001",
+        "gpt-tiny on code+docs (cccccccccccc1111)",
+        "gpt-tiny on code+docs (cccccccccccc2222)",
+        "d" * 16,  # the ids as wide as the two that share their first 12 characters need
+    ]
+
+
 def test_the_comparison_deck_shows_the_same(two_runs):
     store, (a, b) = two_runs
     html = run_html.run_comparison(load_runs(store, [f"runs/{a}", b[:8]]), ["this execution", "production v1"])
@@ -126,7 +146,7 @@ def test_the_comparison_deck_shows_the_same(two_runs):
     assert len(rows) == 2 and "this execution" in rows[0] and "production v1" in rows[0]
     assert rows[1] == "<tr><th>train.lr</th><td>0.003</td><td>0.001</td>"
     figures = re.search(r"<table class='figures'>(.*?)</table>", html).group(1)
-    assert f"<tr><th>validation loss (step {STEPS})</th><td>5.7000</td><td>5.8000</td></tr>" in figures
+    assert f"<tr><th>evaluation val_loss (step {STEPS})</th><td>5.7000</td><td>5.8000</td></tr>" in figures
     (svg,) = re.findall(r"<svg.*?</svg>", html, re.DOTALL)
     texts = svg_texts(svg_root(svg))
     assert {"this execution", "production v1", "step", "loss", "evaluation val_loss"} <= set(texts)

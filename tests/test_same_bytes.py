@@ -166,6 +166,8 @@ def assert_summary(output: str, registered: dict, store) -> None:
     assert commands[3:] == [f"{cli} ui --run {mlflow_run_of(store, f'{card.name}:{card.version}')}"], summary
     shown = subprocess.run(commands[0].split(), cwd=ROOT, env={**os.environ, "PRETRAIN_STORE": store.uri}, capture_output=True)
     assert shown.returncode == 0 and run_id in shown.stdout.decode(), shown
+    # One name for people (issue 51): the card's, the training run's (runs show), the MLflow run's.
+    assert card.run_name.startswith(f"{card.name} on ") and f"run {run_id} ({card.run_name})" in shown.stdout.decode()
     assert not any(line.startswith("{") for line in lines[:-1])  # no JSON but the --json line
 
 

@@ -8,6 +8,8 @@ import base64
 import contextlib
 import copy
 import dataclasses
+import email.message
+import html
 import json
 import math
 import os
@@ -15,8 +17,10 @@ import re
 import signal
 import stat
 import subprocess
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from hashlib import sha256
@@ -25,8 +29,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cli.main import main
+from cli.main import cmd_ui, main, parser
 from common.contracts import metrics_key
+from common.run_names import MAX_RUN_NAME, run_name
 from pipeline.config import PipelineConfig
 from registry.registry import promote, register
 from storage import open_store
@@ -34,19 +39,27 @@ from tests.helpers import BIN, CKPT, DATASET, DATASET_VERSION, TOKENIZER_JSON, f
 from tracking.client import (
     CLASSIC_ML,
     EXPERIMENT_KIND_TAG,
+    FIGURE_STEP,
+    HELDOUT_LOSS,
+    RUNS_VIEW_ID,
+    RUNS_VIEW_TAG,
+    TRAIN_LOSS,
     client,
     experiment_id,
     failure,
     log_points,
+    open_command,
+    run_opener,
+    runs_view,
     start_run,
     step_metrics,
     ui_path,
 )
 from tracking.feed import FeedWriter, relay
 from tracking.mirror import mirror_promotion, record_execution
-from tracking.params import MAX_PARAM_VALUE, MAX_RUN_NAME, batches, flatten, run_name
-from tracking.sender import LiveSender
-from tracking.ui import ui_pages
+from tracking.params import MAX_PARAM_VALUE, batches, flatten
+from tracking.sender import SYSTEM_METRICS_S, LiveSender
+from tracking.ui import Pages, ui_pages
 from tracking.uri import resolve_uri
 
 
@@ -105,11 +118,40 @@ def test_live_points_and_replays_give_one_point_per_step(mlflow_tracking_uri):
     assert sender.close() == 0 and sender.sent == 5
     for _ in range(2):  # the replay of metrics.jsonl, twice: every step, the first five again
         log_points(mlflow, run_id, [p for r in steps for p in step_metrics(r)])
-    history = mlflow.get_metric_history(run_id, "loss")
+    history = mlflow.get_metric_history(run_id, TRAIN_LOSS)
     assert sorted((m.step, m.value) for m in history) == [(r["step"], r["loss"]) for r in steps]
     assert len(mlflow.get_metric_history(run_id, "time_forward_backward_s")) == 7
     assert mlflow.get_run(run_id).data.params == {"train.lr": "0.002"}
     assert "mfu" not in mlflow.get_run(run_id).data.metrics  # unknown (None): not a point
+
+
+def test_the_live_sender_samples_the_machine_into_the_runs_system_metrics(mlflow_tracking_uri):
+    """Issue 51 item 4: the run page's "System metrics" tab was empty. The sender of the step records has MLflow
+    sample this machine's use while training (every 10 s in the pipeline; 0.2 s here), from its first record on."""
+    mlflow, run_id = fresh_run(mlflow_tracking_uri)
+    assert SYSTEM_METRICS_S == 10.0
+    sender = LiveSender(mlflow_tracking_uri, run_id, flush_s=60, system_metrics_s=0.2)
+    time.sleep(0.6)
+    assert not any(k.startswith("system/") for k in mlflow.get_run(run_id).data.metrics)  # no record yet: no samples
+    sender.send(records(1)[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(mlflow.get_metric_history(run_id, "system/cpu_utilization_percentage")) < 2:
+        time.sleep(0.2)
+    assert sender.close() == 0
+    steps = [m.step for m in mlflow.get_metric_history(run_id, "system/cpu_utilization_percentage")]
+    assert steps[:2] == [0, 1], steps
+    assert {"system/system_memory_usage_megabytes", "system/disk_usage_percentage"} <= set(mlflow.get_run(run_id).data.metrics)
+    count = len(steps)
+    time.sleep(0.6)  # stopped with the sender
+    assert len(mlflow.get_metric_history(run_id, "system/cpu_utilization_percentage")) == count
+    again = LiveSender(mlflow_tracking_uri, run_id, flush_s=60, system_metrics_s=0.2)  # a retried task: steps go on
+    again.send(records(2)[1])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(mlflow.get_metric_history(run_id, "system/cpu_utilization_percentage")) <= count:
+        time.sleep(0.2)
+    assert again.close() == 0
+    steps = sorted(m.step for m in mlflow.get_metric_history(run_id, "system/cpu_utilization_percentage"))
+    assert steps == list(range(len(steps))), steps  # one point per step, no step twice
 
 
 def test_rank_zeros_records_reach_mlflow_through_the_launchers_feed(mlflow_tracking_uri):
@@ -129,7 +171,7 @@ def test_rank_zeros_records_reach_mlflow_through_the_launchers_feed(mlflow_track
             os._exit(0)
         assert os.waitpid(pid, 0)[1] == 0
     assert not os.path.exists(path)
-    history = mlflow.get_metric_history(run_id, "loss")
+    history = mlflow.get_metric_history(run_id, TRAIN_LOSS)
     assert sorted((m.step, m.value) for m in history) == [(r["step"], r["loss"]) for r in steps]
 
 
@@ -184,7 +226,7 @@ def test_registry_mirror_follows_versions_and_aliases(tmp_path, mlflow_tracking_
         mv.tags["pretrain.version"]: mv.tags.get("pretrain.aliases") for mv in mlflow.search_model_versions(f"name = '{name}'")
     }
     assert tags == {"1": "production", "2": "latest"}
-    assert len(mlflow.get_metric_history(run_id, "loss")) == 10
+    assert len(mlflow.get_metric_history(run_id, TRAIN_LOSS)) == 10
     run = mlflow.get_run(run_id)
     assert run.data.tags["pretrain.run_prefix"] == "runs/r1"
     assert run.data.tags["pretrain.tokenizer_sha256"] == sha256(TOKENIZER_JSON).hexdigest()
@@ -225,15 +267,78 @@ def http(url: str, password: str | None = None, body: dict | None = None, raw: b
         return e.code, e.read()
 
 
+def browser_get(
+    url: str, cookie: str = "", headers: dict[str, str] | None = None, method: str = "GET"
+) -> tuple[int, email.message.Message, str]:
+    """(status, headers, text) of a request as a browser sends it: no password, the session ``cookie`` if any."""
+    sent = {**(headers or {}), **({"Cookie": cookie} if cookie else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=sent, method=method), timeout=30) as answer:
+            return answer.status, answer.headers, answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode()
+
+
+def check_sign_in(base: str, link: str, landing: str, api: str, port: int) -> None:
+    """Issue 51 item 4: the link ``pretrain ui`` prints signs a browser in once (a session cookie the UI's own
+    pages send instead of a password) and opens ``landing``; used again, it is refused with a page saying what to do."""
+    status, _, text = browser_get(link, method="HEAD")  # a link preview's HEAD: refused, the token not spent
+    assert status == 405, (status, text)
+    status, headers, text = browser_get(link)
+    assert status == 200, (status, text[:300])
+    assert f'http-equiv="refresh" content="0; url={html.escape(landing)}"' in text, text  # then the page it leads to
+    assert headers["Cache-Control"] == "no-store" and headers["Referrer-Policy"] == "no-referrer"
+    cookie = headers["Set-Cookie"]
+    assert cookie.startswith(f"pretrain-ui-{port}=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie, cookie
+    session = cookie.partition(";")[0]
+    assert browser_get(f"{base}/")[0] == 401  # control: no session, no password
+    status, _, page = browser_get(f"{base}/", session)  # the UI's page, signed in without a password
+    assert status == 200 and "<html" in page.lower(), (status, page[:200])
+    own = {"Sec-Fetch-Site": "same-origin", "Origin": base}
+    status, _, found = browser_get(api, session, own)  # the UI's own request for a run, as its page sends it
+    assert status == 200 and json.loads(found)["run"], (status, found[:200])
+    native = f"{base}/ajax-api/3.0/mlflow/assistant/config"  # a FastAPI route: MLflow asks the same function
+    assert browser_get(native, session, own)[0] == 200 and browser_get(native)[0] == 401
+    # A page another local user serves on another port of 127.0.0.1 gets the cookie too (one site for SameSite).
+    for headers in ({"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:1"}, {"Origin": "http://127.0.0.1:1"}):
+        status, _, text = browser_get(api, session, headers)
+        assert status == 401 and "open the link `pretrain ui` printed" in text, (headers, status, text[:200])
+    status, _, text = browser_get(link, session)  # the same link again (a second browser, someone reading over a shoulder)
+    assert status == 403 and "does not work any more" in text and "Run <code>pretrain ui</code> again" in text, text
+    assert 'href="/">open the MLflow UI' in text  # this browser is signed in already
+    assert browser_get(link)[0] == 403
+
+
+def lines_until(process: subprocess.Popen, prefix: str, timeout_s: float) -> list[str]:
+    """The lines ``process`` prints up to the first that starts with ``prefix``, within ``timeout_s`` (else the
+    test fails, rather than waiting for a line that never comes)."""
+    lines: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith(prefix):
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(timeout_s) and lines and lines[-1].startswith(prefix), lines
+    return lines
+
+
 @pytest.mark.slow
 def test_ui_serves_the_tracking_database_to_its_user_only_and_stops_with_its_workers(mlflow_tracking_uri, tmp_path):
     """Issue 32 item 3: ``pretrain ui`` ran ``mlflow server`` with no authentication, and another local user
     made an experiment whose artifacts were the owner's home, then read ``~/.aws/credentials`` through
-    ``/get-artifact``. Now every request needs the password in a file only the owner can read, and an
-    artifact read must name a file inside the tracking root (links resolved)."""
+    ``/get-artifact``. Now every request needs the password in a file only the owner can read (or a session of
+    a browser that signed in with the link it prints), and an artifact read must name a file inside the
+    tracking root (links resolved). Issue 51 item 4: the password had to be copied from a file into the
+    browser's prompt; now the printed link signs in, once (``check_sign_in``)."""
     mlflow = client(mlflow_tracking_uri)
     name = f"ui-{uuid.uuid4().hex[:8]}"
-    experiment_id(mlflow, name, mlflow_tracking_uri)
+    exp = experiment_id(mlflow, name, mlflow_tracking_uri)
+    opened = mlflow.create_run(exp).info.run_id
     folder = Path(mlflow_tracking_uri.removeprefix("sqlite:///")).parent
     victim = tmp_path / "victim"
     (victim / ".aws").mkdir(parents=True)
@@ -241,41 +346,53 @@ def test_ui_serves_the_tracking_database_to_its_user_only_and_stops_with_its_wor
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [str(BIN / "pretrain"), "ui", "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True,
-        start_new_session=True,
+        [str(BIN / "pretrain"), "ui", "--port", str(port), "--run", opened], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        announced = process.stdout.readline().strip()  # once the server answers, not before
+        announced, *lines = lines_until(process, "  server log: ", timeout_s=180)  # once the server answers
         assert announced == f"MLflow UI: http://127.0.0.1:{port} over {mlflow_tracking_uri} (Ctrl-C stops it)", announced
+        link = re.fullmatch(r"  open \(signs this browser in; works once, within 10 minutes\): (\S+)", lines[0])[1]
+        assert re.fullmatch(rf"http://127\.0\.0\.1:{port}/login\?token=[\w-]{{40,}}", link), link
+        assert urllib.parse.urlsplit(link).password is None and "@" not in link  # no credentials in an address
+        run_page = f"/#/experiments/{exp}/runs/{opened}?workflowType=machine_learning"  # --run: the link opens it
+        assert f"  run {opened}: http://127.0.0.1:{port}{run_page}" in lines, lines
         password_file = folder / "ui" / "password"
-        assert (
-            process.stdout.readline().strip()
-            == f"sign in as 'pretrain' with the password in {password_file} (readable by you only)"
-        )
+        password = password_file.read_text().strip()
+        assert len(password) >= 32 and not any(password in line for line in [announced, *lines])
+        assert f"  scripts and API clients: user 'pretrain', password in {password_file} (readable by you only)" in lines
         for path, mode in [
             (folder / "ui", 0o700),
             (password_file, 0o600),
             (folder / "ui" / "auth.ini", 0o600),
             (folder / "ui" / "auth.db", 0o600),
+            (folder / "ui" / "sign-in", 0o700),
         ]:
             assert stat.S_IMODE(path.stat().st_mode) == mode, (path, oct(path.stat().st_mode))
-        password = password_file.read_text().strip()
-        assert len(password) >= 32
-        assert process.stdout.readline().startswith("  server log: ")
-        pages = process.stdout.readline().rstrip()  # the page of the default experiment's training runs
-        assert pages.startswith("  no experiment 'pretrain' yet") or re.fullmatch(
-            rf"  runs of experiment 'pretrain': http://127\.0\.0\.1:{port}/#/experiments/\d+/runs\?workflowType=machine_learning",
-            pages,
+        pages = [line for line in lines if line.startswith(("  runs of experiment 'pretrain'", "  no experiment 'pretrain'"))]
+        assert len(pages) == 1 and (
+            pages[0].startswith("  no experiment 'pretrain' yet")
+            or re.fullmatch(
+                rf"  runs of experiment 'pretrain': http://127\.0\.0\.1:{port}/#/experiments/\d+/runs"
+                r"\?viewStateShareKey=pretrain-v1&workflowType=machine_learning",
+                pages[0],
+            )
         ), pages
         # An experiment of before (no kind: MLflow 3 opens it on its GenAI view) is tagged, its runs' page named.
         before = mlflow.create_experiment(f"{name}-before")
         run_id = mlflow.create_run(before).info.run_id
-        assert ui_pages(port, password, f"{name}-before", run_id) == [
-            f"  runs of experiment '{name}-before': http://127.0.0.1:{port}/#/experiments/{before}/runs?workflowType=machine_learning",
-            f"  run {run_id}: http://127.0.0.1:{port}/#/experiments/{before}/runs/{run_id}?workflowType=machine_learning",
-        ]
-        assert mlflow.get_experiment(before).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML
+        assert ui_pages(port, password, f"{name}-before", run_id) == Pages(
+            [
+                f"  runs of experiment '{name}-before': http://127.0.0.1:{port}/#/experiments/{before}/runs"
+                "?viewStateShareKey=pretrain-v1&workflowType=machine_learning",
+                f"  run {run_id}: http://127.0.0.1:{port}/#/experiments/{before}/runs/{run_id}?workflowType=machine_learning",
+            ],
+            f"/#/experiments/{before}/runs/{run_id}?workflowType=machine_learning",
+        )
+        tags = mlflow.get_experiment(before).tags
+        assert tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML and tags[RUNS_VIEW_TAG] == runs_view()
         base, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api/2.0/mlflow"
+        check_sign_in(base, link, run_page, f"{base}/ajax-api/2.0/mlflow/runs/get?run_id={opened}", port)
 
         search = f"{api}/experiments/get-by-name?experiment_name={name}"
         for who in (None, "wrong-password"):  # another local user: no password, or a guess
@@ -351,7 +468,7 @@ def test_tracking_sync_replays_a_registered_model_once(tmp_path, mlflow_tracking
     assert len(lines) == 2 and lines[0] == lines[1] and lines[0].startswith(f"{name}:1 recorded in MLflow run ")
     mlflow = client(mlflow_tracking_uri)
     (run,) = mlflow.search_runs([mlflow.get_experiment_by_name(experiment).experiment_id])
-    assert len(mlflow.get_metric_history(run.info.run_id, "loss")) == 6 and run.data.params == {"train.lr": "0.002"}
+    assert len(mlflow.get_metric_history(run.info.run_id, TRAIN_LOSS)) == 6 and run.data.params == {"train.lr": "0.002"}
     assert run.info.run_name == name  # named as the pipeline names runs: lr 0.002 is the default's
     assert mlflow.get_registered_model(name).aliases == {"latest-registered": 1, "production": 1}
 
@@ -362,16 +479,20 @@ def test_tracking_sync_replays_a_registered_model_once(tmp_path, mlflow_tracking
 
 def test_run_names_say_what_differs_from_the_defaults():
     defaults = dataclasses.asdict(PipelineConfig())
-    assert run_name(defaults, defaults) == "gpt-tiny"
+    assert run_name(defaults, defaults) == "gpt-tiny on python-stdlib"  # the data, always (issue 51)
     config = copy.deepcopy(defaults)
     config["train"]["lr"], config["registry"]["model_name"] = 0.001, "gpt-small"
-    config["store"], config["data"]["sources"], config["train"]["log_every"] = "/elsewhere", ["/corpus"], 5  # not named
-    assert run_name(config, defaults) == "gpt-small lr=0.001"
+    config["store"], config["data"]["sources"], config["train"]["log_every"] = "/elsewhere", ["/data/corpus/"], 5  # not named
+    assert run_name(config, defaults) == "gpt-small on corpus lr=0.001"
     config["model"]["num_layers"], config["parallel"]["tensor_parallel"], config["train"]["init_from"] = 8, 1, "gpt-tiny:3"
-    assert run_name(config, defaults) == "gpt-small layers=8 from=gpt-tiny:3 lr=0.001 tp=1"  # size, data, optimiser, layout
+    assert run_name(config, defaults) == "gpt-small on corpus layers=8 from=gpt-tiny:3 lr=0.001 tp=1"  # size, optimiser, layout
+    config["data"]["sources"] = ["s3://bucket/wiki/*.jsonl.gz", "/a/b.parquet", "python-stdlib", "/c/", "/d"]
+    assert run_name(config, defaults).startswith("gpt-small on wiki+b+python-stdlib+2 layers=8")  # the first three, counted
+    config["data"]["mixture"] = [{"name": "code", "sources": ["/x"], "weight": 3.0}, {"name": "docs", "sources": ["/y"]}]
+    assert run_name(config, defaults).startswith("gpt-small on code+docs layers=8")  # a mixture by its components
     config["train"]["init_from"] = "x" * 200
     named = run_name(config, defaults)
-    assert len(named) <= MAX_RUN_NAME and named == "gpt-small layers=8 +3", named  # bounded, saying how many more
+    assert len(named) <= MAX_RUN_NAME and named == "gpt-small on code+docs layers=8 +3", named  # bounded, saying how many more
 
 
 def test_failure_names_the_task_and_the_error_as_the_cli_does():
@@ -389,18 +510,76 @@ def test_failure_names_the_task_and_the_error_as_the_cli_does():
 
 
 def test_experiments_open_on_training_runs(mlflow_tracking_uri):
-    """MLflow 3 opens an experiment without a kind on its GenAI view (traces): ours say they hold training runs."""
+    """MLflow 3 opens an experiment without a kind on its GenAI view (traces): ours say they hold training runs.
+    Issue 51 item 4: its runs table showed no metric and its charts the two losses apart; ours carry a saved view
+    (MLflow 3.17's "saved views", experiment tags its UI lists and opens by ``viewStateShareKey``) with the metric
+    columns and the training and held-out loss on one chart."""
     mlflow = client(mlflow_tracking_uri)
     made = experiment_id(mlflow, f"kind-{uuid.uuid4().hex[:8]}", mlflow_tracking_uri)
     assert mlflow.get_experiment(made).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML
+    assert mlflow.get_experiment(made).tags[RUNS_VIEW_TAG] == runs_view()
     before = mlflow.create_experiment(f"kind-{uuid.uuid4().hex[:8]}")  # made by an earlier release: no kind
     assert experiment_id(mlflow, mlflow.get_experiment(before).name, mlflow_tracking_uri) == before
     assert mlflow.get_experiment(before).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML
+    assert mlflow.get_experiment(before).tags[RUNS_VIEW_TAG] == runs_view()
     chosen = mlflow.create_experiment(f"kind-{uuid.uuid4().hex[:8]}", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    mlflow.set_experiment_tag(chosen, RUNS_VIEW_TAG, "edited in the UI")
     experiment_id(mlflow, mlflow.get_experiment(chosen).name, mlflow_tracking_uri)
     assert mlflow.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"  # a person's choice stays
+    assert mlflow.get_experiment(chosen).tags[RUNS_VIEW_TAG] == "edited in the UI"  # and so does their view
     view = "workflowType=machine_learning"  # MLflow 3's UI opens on its GenAI view otherwise
     assert ui_path("7") == f"#/experiments/7/runs?{view}" and ui_path("7", "ab12") == f"#/experiments/7/runs/ab12?{view}"
+    assert ui_path("7", view=RUNS_VIEW_ID) == f"#/experiments/7/runs?viewStateShareKey={RUNS_VIEW_ID}&{view}"
+
+    # The view as MLflow's UI reads one (mlflow/server/js, module 53787): an envelope whose state is JSON.
+    envelope = json.loads(runs_view())
+    assert set(envelope) == {"name", "createdAt", "updatedAt", "state"} and len(runs_view()) <= 20000
+    assert isinstance(envelope["name"], str) and isinstance(envelope["createdAt"], int)
+    state = json.loads(envelope["state"])
+    assert state["selectedColumns"] == [
+        "metrics.`loss/train`",
+        "metrics.`val_loss`",
+        "metrics.`bits_per_byte`",
+        "metrics.`tokens_per_s`",
+    ]
+    charts = {chart["uuid"]: chart for chart in state["compareRunCharts"]}
+    both = charts["pretrain-loss-train-heldout"]
+    assert both["type"] == "LINE" and both["selectedMetricKeys"] == [TRAIN_LOSS, HELDOUT_LOSS] and not both["deleted"]
+    assert charts["pretrain-loss-heldout"]["deleted"] and charts["pretrain-loss-heldout"]["metricKey"] == HELDOUT_LOSS
+    sections = {section["uuid"]: section["name"] for section in state["compareRunSections"]}
+    assert sections[both["metricSectionId"]] == "loss" and {"Model metrics", "System metrics"} <= set(sections.values())
+
+
+def test_what_opens_a_run_is_a_command_or_a_whole_address_never_a_fragment():
+    """Issue 51 item 4: the pipeline printed ``#/experiments/1/runs/<id>?…``, which opens nothing. For a database on
+    this machine it is the command that starts the UI on that run (which prints a link that signs in); for a
+    tracking server, the run's whole address there."""
+    assert open_command("ab12") == "pretrain ui --run ab12" and open_command() == "pretrain ui"
+    program, *args = run_opener("sqlite:////home/u/mlflow.db", "7", "ab12").split()  # a database on this machine
+    parsed = parser().parse_args(args)  # a command `pretrain` takes as it is
+    assert program == "pretrain" and parsed.fn is cmd_ui and parsed.run == "ab12"
+    page = "#/experiments/7/runs/ab12?workflowType=machine_learning"
+    for uri, address in [  # a tracking server: its page's whole address, without the credentials a URI may hold
+        ("https://alice:s3cret@mlflow.example.org/team/", f"https://mlflow.example.org/team/{page}"),
+        ("http://10.0.0.5:5000", f"http://10.0.0.5:5000/{page}"),
+        ("http://[fd00::5]:5000/", f"http://[fd00::5]:5000/{page}"),
+    ]:
+        assert run_opener(uri, "7", "ab12") == address, uri
+    assert run_opener("databricks://profile", "7", "ab12") == "run ab12 in the MLflow UI of databricks://profile"
+
+
+def test_train_and_heldout_loss_share_a_section_and_old_records_keep_their_points():
+    """Issue 51 item 4: the training loss (``loss``) and the held-out loss (``val/loss``) were charted in two
+    places; MLflow 3's UI groups a run's charts by the part of the name before its last ``/``, so they are
+    ``loss/train`` and ``loss/heldout`` now. A record written before the held-out key was renamed (``val_loss``,
+    replayed from an old run's metrics.jsonl) gives the same metric."""
+    assert TRAIN_LOSS.rpartition("/")[0] == HELDOUT_LOSS.rpartition("/")[0] == "loss"
+    new = {"step": 5, "loss": 2.0, "heldout_loss": 2.4, "heldout_batches": 4, "lr": 0.1}
+    assert step_metrics(new) == [(TRAIN_LOSS, 2.0, 5000, 5), (HELDOUT_LOSS, 2.4, 5000, 5), ("lr", 0.1, 5000, 5)]
+    old = {"step": 5, "loss": 2.0, "val_loss": 2.5}
+    assert step_metrics(old) == [(TRAIN_LOSS, 2.0, 5000, 5), (HELDOUT_LOSS, 2.5, 5000, 5)]
+    both = {"step": 5, "heldout_loss": 2.4, "val_loss": 2.5}  # never written so: the new key's point, one point
+    assert step_metrics(both) == [(HELDOUT_LOSS, 2.4, 5000, 5)]
 
 
 def test_a_run_holds_summaries_apart_its_charts_and_its_reports(tmp_path, mlflow_tracking_uri):
@@ -410,7 +589,8 @@ def test_a_run_holds_summaries_apart_its_charts_and_its_reports(tmp_path, mlflow
 
     store = registry_inputs(open_store(str(tmp_path / "store")))
     steps = [{**r, "mfu": 0.1404} for r in records(10)]
-    steps[4]["val_loss"], steps[9]["val_loss"] = 2.5, 2.2  # the training's held-out points (train.val_every)
+    # The training's held-out points (train.val_every): one of a record written before the key was renamed.
+    steps[4]["val_loss"], steps[9]["heldout_loss"], steps[9]["heldout_batches"] = 2.5, 2.2, 4
     store.put_bytes(metrics_key("runs/r1"), "".join(json.dumps(r) + "\n" for r in steps).encode())
     # The validation's record; its stored HTML is planted to show that the artifact is rendered from the record.
     outcome = {
@@ -437,8 +617,14 @@ def test_a_run_holds_summaries_apart_its_charts_and_its_reports(tmp_path, mlflow
     assert metrics["summary.mfu"] == 0.2246 and metrics["summary.tokens_per_s"] == 6025.0 and metrics["tokens_per_s"] == 1010.0
     assert metrics["summary.final_train_loss"] == 0.5 and "tokens_per_second" not in metrics
     assert metrics["val_loss"] == 2.0 and metrics["bits_per_byte"] == 2.0 / math.log(2)  # evaluation figures: their names
-    assert [(m.step, m.value) for m in mlflow.get_metric_history(run_id, "val/loss")] == [(5, 2.5), (10, 2.2)]
+    assert [(m.step, m.value) for m in mlflow.get_metric_history(run_id, HELDOUT_LOSS)] == [(5, 2.5), (10, 2.2)]
+    assert mlflow.get_metric_history(run_id, "val/loss") == [] and "heldout_batches" not in metrics
     assert [m.value for m in mlflow.get_metric_history(run_id, "val_loss")] == [2.0]  # the evaluation's alone
+    # Issue 51 item 4: a figure logged once was a line chart of one point at the last step; at step 0 MLflow's run
+    # page shows its value (a bar), and the Overview's table and the runs table list it as a metric still.
+    for name in ("val_loss", "bits_per_byte", "summary.mfu", "summary.tokens_per_s"):
+        assert [(m.step, m.timestamp) for m in mlflow.get_metric_history(run_id, name)] == [(FIGURE_STEP, 10_000)], name
+    assert FIGURE_STEP == 0
     listed = {a.path for folder in ("", "links", "charts", "validation") for a in mlflow.list_artifacts(run_id, folder or None)}
     assert {"links/store.json", "charts/loss.png", "validation/report.html", "report.html"} <= listed, listed
     chart = Path(mlflow.download_artifacts(run_id, "charts/loss.png", str(tmp_path))).read_bytes()

@@ -21,6 +21,7 @@ import pytest
 
 from storage import open_store
 from tests.helpers import BIN, ROOT, MlflowServer, run_metrics, training_run_of, write_config
+from tracking.client import TRAIN_LOSS
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "e2e"
@@ -45,7 +46,7 @@ def pipeline_env(tmp_path: Path, server: MlflowServer) -> dict[str, str]:
 def check_history(server: MlflowServer, run_id: str, store, training_run: str) -> list[dict]:
     """The run's loss history against metrics.jsonl: one point per step, the same values."""
     expected = run_metrics(store, training_run)
-    history = sorted(server.metric_history(run_id, "loss"), key=lambda m: m["step"])
+    history = sorted(server.metric_history(run_id, TRAIN_LOSS), key=lambda m: m["step"])
     assert [int(m["step"]) for m in history] == [r["step"] for r in expected]
     assert [m["value"] for m in history] == [r["loss"] for r in expected]
     return history
@@ -114,10 +115,10 @@ def test_pipeline_in_a_real_mlflow_server_down_mid_training_then_back(server, tm
         # The first steps reach the server live; then it goes away with its workers.
         run_id = output.wait_for("is MLflow run", 600).split("is MLflow run ")[1].split()[0]
         deadline = time.monotonic() + 600
-        while not server.metric_history(run_id, "loss"):
+        while not server.metric_history(run_id, TRAIN_LOSS):
             assert time.monotonic() < deadline and process.poll() is None, "".join(output.lines)[-4000:]
             time.sleep(0.2)
-        live = len(server.metric_history(run_id, "loss"))
+        live = len(server.metric_history(run_id, TRAIN_LOSS))
         server.stop()
         killed_at = time.monotonic()
         assert not any(f"step {steps:>5}/{steps}" in line for line in output.lines), "training ended before the outage"

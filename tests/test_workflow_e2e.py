@@ -178,13 +178,14 @@ def test_pipeline_end_to_end_on_s3(pipeline, tmp_path):
     # figures, the loss chart and the validation report among its files, its page in the UI printed.
     mlflow, run = pipeline.mlflow_run(1)
     assert run.info.run_id == pipeline.opened_run(pipeline.cold_output) and run.info.status == "FINISHED"
-    assert run.info.run_name.startswith(f"{NAME} layers=2 hidden=64 ") and "steps=12" in run.info.run_name, run.info.run_name
+    named = run.info.run_name  # issue 51: the data too, and the same name on the card
+    assert named.startswith(f"{NAME} on corpus layers=2 hidden=64 ") and "steps=12" in named and card["run_name"] == named, named
     assert run.data.metrics["summary.tokens_per_s"] == card["metrics"]["tokens_per_second"]
     assert "tokens_per_second" not in run.data.metrics and run.data.metrics["val_loss"] == card["metrics"]["val_loss"]
     files = {a.path for folder in ("charts", "validation") for a in mlflow.list_artifacts(run.info.run_id, folder)}
     assert files == {"charts/loss.png", "validation/report.html"}, files
     assert "report.html" in {a.path for a in mlflow.list_artifacts(run.info.run_id)}  # the run's Decks, one page
-    assert f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in pipeline.cold_output
+    assert f"open it: pretrain ui --run {run.info.run_id}" in pipeline.cold_output and "#/experiments" not in pipeline.cold_output
 
 
 def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):

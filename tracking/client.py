@@ -11,6 +11,7 @@ keeps one of identical (key, step, timestamp, value) points (``SqlAlchemyStore._
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -20,18 +21,26 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from common.errors import peel_flyte
 from common.redact import redact
 from tracking.params import batches, flatten
 from tracking.uri import artifact_root, is_remote, prepare_database, sqlite_path
 
-STEP_KEYS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu", "step_time_s", "peak_memory_mib", "data_wait_fraction")
+TRAIN_LOSS = "loss/train"
+HELDOUT_LOSS = "loss/heldout"
+"""The training loss and the held-out loss measured every ``train.val_every`` steps, as MLflow metrics: MLflow 3's
+UI files a run's charts in sections by the name's part before its last ``/``, so both sit in the section ``loss``."""
+STEP_KEYS = (
+    "loss", "heldout_loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu", "step_time_s", "peak_memory_mib",
+    "data_wait_fraction",
+)  # fmt: skip
 """The per-step figures of a metrics.jsonl record that become MLflow metrics, with the step-time breakdown."""
-STEP_NAMES = {"val_loss": "val/loss"}
-"""Record keys logged under another metric name: the held-out points the training measures every
-``train.val_every`` steps are ``val/loss`` (as in TensorBoard), apart from the evaluation's ``val_loss`` of the
-final checkpoint (more rows; the gate's figure), which would otherwise share its last step."""
+STEP_NAMES = {"loss": TRAIN_LOSS, "heldout_loss": HELDOUT_LOSS, "val_loss": HELDOUT_LOSS}
+"""Record keys logged under another metric name. A record's ``val_loss`` is the held-out loss of a record written
+before it was named ``heldout_loss`` (a run of before, replayed): the same metric. The evaluation's ``val_loss`` of
+the final checkpoint (more rows; the gate's figure) is a card figure and keeps its name (``figure_metrics``)."""
 BREAKDOWN = re.compile(r"time_\w+_s")
 """The step-time breakdown's keys (``training.observe.timing.phase_key``; matched here so as not to import torch)."""
 MAX_METRICS_PER_BATCH = 1000
@@ -54,6 +63,9 @@ EVALUATION_FIGURES = frozenset({"val_loss", "perplexity", "bits_per_byte", "val_
 SUMMARY_PREFIX = "summary."
 SUMMARY_NAMES = {"tokens_per_second": "tokens_per_s"}
 """A summary figure named as its per-step metric is: ``summary.tokens_per_s`` beside ``tokens_per_s``."""
+FIGURE_STEP = 0
+"""The MLflow step of a card's figures (one value each, logged once at the end): MLflow's run page draws a metric
+whose latest step is 0 as a bar with its value, where a figure at the last step was a line chart of one point."""
 VERSION_TAG = "pretrain.version"
 """On a registered-model version: our registry's version number (MLflow numbers its versions itself)."""
 STEP_MS = 1000
@@ -104,21 +116,70 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:200]}"
 
 
+RUNS_VIEW_ID = "pretrain-v1"
+"""Our saved view of an experiment's runs (its id in the page's address, ``viewStateShareKey``); a new version of
+the view gets a new id, so a view someone edited in the UI is never overwritten."""
+RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW_ID}"
+"""Where MLflow 3's UI keeps an experiment's saved views of its runs page: an experiment tag per view."""
+RUNS_VIEW_NAME = "pretrain: losses and figures"
+RUNS_COLUMNS = (TRAIN_LOSS, "val_loss", "bits_per_byte", "tokens_per_s")
+"""The metric columns of our saved view's runs table (MLflow's default view shows no metric at all)."""
+RUNS_VIEW_CREATED_MS = 1_767_225_600_000
+"""The view's creation time as the UI shows it (fixed: the tag's value is the same from any process)."""
+_LOSS_SECTION, _MODEL_SECTION, _SYSTEM_SECTION = "pretrain-loss", "pretrain-model-metrics", "pretrain-system-metrics"
+
+
+def runs_view() -> str:
+    """The value of ``RUNS_VIEW_TAG``: a saved view as MLflow 3.17's UI writes one (an envelope ``{name,
+    createdAt, updatedAt, state}``, ``state`` the page's state as JSON): the runs table with ``RUNS_COLUMNS``,
+    and in the chart view the training and held-out loss on one chart. The UI adds a chart for every other
+    metric itself (``updateChartAndSectionConfigs``), in the section its name's prefix names."""
+    both = {  # the fields of MLflow's line chart card (RunsChartsLineCardConfig), as its UI saves one
+        "uuid": "pretrain-loss-train-heldout", "type": "LINE", "runsCountToCompare": 10,
+        "metricSectionId": _LOSS_SECTION, "deleted": False, "isGenerated": False,
+        "displayName": "loss: train and held-out", "metricKey": TRAIN_LOSS, "selectedMetricKeys": [TRAIN_LOSS, HELDOUT_LOSS],
+        "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear", "range": {}, "xAxisKey": "step",
+        "selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [], "ignoreOutliers": False,
+        "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True,
+    }  # fmt: skip
+    # The held-out loss's own chart, made and deleted: the UI adds a chart for a metric no card names.
+    heldout = {key: value for key, value in both.items() if key != "selectedMetricKeys"}
+    heldout |= {"uuid": "pretrain-loss-heldout", "isGenerated": True, "deleted": True, "metricKey": HELDOUT_LOSS}
+    heldout["displayName"] = "heldout"
+    sections = [
+        {"uuid": uuid, "name": name, "display": True, "isReordered": False, "deleted": False, "isGenerated": True}
+        for uuid, name in ((_LOSS_SECTION, "loss"), (_MODEL_SECTION, "Model metrics"), (_SYSTEM_SECTION, "System metrics"))
+    ]  # the UI's own two sections too: a section it adds while ordering them by name would be dropped
+    state = {
+        "selectedColumns": [f"metrics.`{name}`" for name in RUNS_COLUMNS],
+        "compareRunCharts": [both, heldout],
+        "compareRunSections": sections,
+        "isAccordionReordered": False,
+    }
+    envelope = {"name": RUNS_VIEW_NAME, "createdAt": RUNS_VIEW_CREATED_MS, "updatedAt": RUNS_VIEW_CREATED_MS}
+    return json.dumps({**envelope, "state": json.dumps(state, separators=(",", ":"))}, separators=(",", ":"))
+
+
+def missing_experiment_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
+    """The tags an experiment of ours lacks (a kind or a view a person changed is kept): its kind, the runs
+    of model training (``CLASSIC_ML``), and our saved view of its runs (``runs_view``)."""
+    wanted = {EXPERIMENT_KIND_TAG: CLASSIC_ML, RUNS_VIEW_TAG: runs_view()}
+    return {key: value for key, value in wanted.items() if key not in (tags or {})}
+
+
 def experiment_id(mlflow, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created if absent (artifacts beside a SQLite database), of the kind
-    MLflow's UI shows as training runs (``CLASSIC_ML``; set on an existing one that has no kind yet)."""
+    """The id of experiment ``name``, created if absent (artifacts beside a SQLite database), with the tags
+    ``missing_experiment_tags`` names (set on an existing one made before we set them)."""
     found = mlflow.get_experiment_by_name(name)
     if found is None:
         try:
-            return mlflow.create_experiment(
-                name, artifact_location=artifact_root(uri) or None, tags={EXPERIMENT_KIND_TAG: CLASSIC_ML}
-            )
+            return mlflow.create_experiment(name, artifact_location=artifact_root(uri) or None, tags=missing_experiment_tags({}))
         except Exception:
             found = mlflow.get_experiment_by_name(name)  # another execution created it meanwhile
             if found is None:
                 raise
-    if EXPERIMENT_KIND_TAG not in (found.tags or {}):  # made before we set it: a kind a person chose is kept
-        mlflow.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML)
+    for key, value in missing_experiment_tags(found.tags).items():
+        mlflow.set_experiment_tag(found.experiment_id, key, value)
     return found.experiment_id
 
 
@@ -127,11 +188,35 @@ UI_VIEW = "workflowType=machine_learning"
 for the model-training one (its ``workflowType`` query; the choice is then remembered by the browser)."""
 
 
-def ui_path(experiment: str, run_id: str = "") -> str:
+def ui_path(experiment: str, run_id: str = "", view: str = "") -> str:
     """The MLflow UI's page (the part after the server's address) of experiment ``experiment``'s runs, or
-    of the run ``run_id`` in it, in the model-training view: ``#/experiments/1/runs/<run id>?workflowType=…``."""
+    of the run ``run_id`` in it, in the model-training view: ``#/experiments/1/runs/<run id>?workflowType=…``;
+    ``view``: the runs page opens on that saved view (``RUNS_VIEW_ID``)."""
     page = f"#/experiments/{experiment}/runs"
-    return f"{page}/{run_id}?{UI_VIEW}" if run_id else f"{page}?{UI_VIEW}"
+    if run_id:
+        return f"{page}/{run_id}?{UI_VIEW}"
+    return f"{page}?viewStateShareKey={view}&{UI_VIEW}" if view else f"{page}?{UI_VIEW}"
+
+
+def open_command(run_id: str = "") -> str:
+    """The command that opens the MLflow UI of this machine's database, on the run ``run_id``'s page (``pretrain ui``
+    starts the server and prints a link that signs a browser in and opens the page)."""
+    return f"pretrain ui --run {run_id}" if run_id else "pretrain ui"
+
+
+def run_opener(uri: str, experiment: str, run_id: str) -> str:
+    """What to print to open the run ``run_id`` (of the experiment with id ``experiment``) tracked at ``uri``: never a
+    bare ``#/experiments/…`` (it opens nothing). A tracking server's page of the run, its whole address without
+    credentials (the browser signs in as the server asks); a Databricks workspace's run, by id; else
+    ``open_command``, as a database on this machine has no server until ``pretrain ui`` starts one."""
+    if uri.startswith(("http://", "https://")):
+        parts = urlsplit(uri)
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
+        address = f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path.rstrip('/')}"
+        return f"{address}/{ui_path(experiment, run_id)}"
+    if is_remote(uri):
+        return f"run {run_id} in the MLflow UI of {redact(uri)}"
+    return open_command(run_id)
 
 
 def fresh_execution_id(execution: str) -> str:
@@ -198,31 +283,35 @@ def _number(value: Any) -> float | None:
 
 
 def step_metrics(record: Mapping[str, Any]) -> list[tuple[str, float, int, int]]:
-    """(key, value, timestamp ms, step) of each per-step figure a metrics.jsonl record holds."""
+    """(key, value, timestamp ms, step) of each per-step figure a metrics.jsonl record holds (``STEP_NAMES``
+    names some); one point per name and step: a record with both held-out keys gives ``heldout_loss``'s."""
     step = int(record["step"])
     keys = [*STEP_KEYS, *sorted(k for k in record if BREAKDOWN.fullmatch(k))]
-    out = []
+    out: dict[str, tuple[str, float, int, int]] = {}
     for key in keys:
         value = _number(record.get(key))
-        if value is not None:
-            out.append((STEP_NAMES.get(key, key), value, timestamp_ms(step), step))
-    return out
+        name = STEP_NAMES.get(key, key)
+        if value is not None and name not in out:
+            out[name] = (name, value, timestamp_ms(step), step)
+    return list(out.values())
 
 
 def figure_name(key: str) -> str:
     """The metric name of a card figure: an evaluation figure's own (``val_loss``, a mixture component's
     ``val_loss.<component>``, ``lm_eval.<task>.<metric>``),
-    a training summary figure's under ``summary.`` (``summary.mfu``): logged at the last step, under the
-    per-step name it would replace that step's point in MLflow's latest value and chart."""
+    a training summary figure's under ``summary.`` (``summary.mfu``): under the per-step name it would be one
+    more point among that metric's steps (the run's mean MFU among the steps' MFU)."""
     if key in EVALUATION_FIGURES or key.partition(".")[0] in EVALUATION_FIGURES or key.startswith("lm_eval."):
         return metric_name(key)
     return metric_name(SUMMARY_PREFIX + SUMMARY_NAMES.get(key, key))
 
 
 def figure_metrics(figures: Mapping[str, Any], step: int) -> list[tuple[str, float, int, int]]:
-    """(name, value, timestamp ms, step) of each numeric figure of a card (``figure_name``), at the run's last step."""
+    """(name, value, timestamp ms, step) of each numeric figure of a card (``figure_name``): metrics, so that the
+    run's Overview lists them and the runs table can show and sort them, at step ``FIGURE_STEP`` (shown as a
+    value, not as a line of one point), stamped at the run's last step ``step``."""
     numbers = {figure_name(k): _number(v) for k, v in sorted(figures.items())}
-    return [(k, v, timestamp_ms(step), step) for k, v in numbers.items() if v is not None]
+    return [(k, v, timestamp_ms(step), FIGURE_STEP) for k, v in numbers.items() if v is not None]
 
 
 def goodput_metrics(goodput: Mapping[str, Any] | None, step: int) -> list[tuple[str, float, int, int]]:

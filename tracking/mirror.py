@@ -8,10 +8,12 @@ What one execution's MLflow run gets (``record_execution``):
 * params: the flattened pipeline config (``tracking.params``);
 * tags: Flyte execution id, store, run prefix, dataset version, tokenizer sha256, code commit, model;
 * metrics: every record of the run's metrics.jsonl with its step (one point per step, see
-  ``tracking.client``), and the card's numeric figures at the last step: the evaluation's under their
-  own names (val_loss, perplexity, bits_per_byte, lm-eval results), the training summary's under
-  ``summary.`` (``tracking.client.figure_name``), and the run's goodput ledger at the last step (``goodput``, the
-  productive fraction of its wall time, ``goodput_<part>_s`` per ``runs.ledger.PARTS`` and ``goodput_skew_s``);
+  ``tracking.client``; the training and held-out losses as ``loss/train`` and ``loss/heldout``, one section of
+  MLflow's charts), and the card's numeric figures once, at step 0 (a value each, not a chart of one point): the
+  evaluation's under their own names (val_loss, perplexity, bits_per_byte, lm-eval results), the training
+  summary's under ``summary.`` (``tracking.client.figure_name``), and the run's goodput ledger at the last step
+  (``goodput``, the productive fraction of its wall time, ``goodput_<part>_s`` per ``runs.ledger.PARTS`` and
+  ``goodput_skew_s``);
 * small artifacts: ``links/store.json``, the store keys and URLs of the checkpoint, the evaluation
   outputs, the Hugging Face export, the registry entry and its card (links, never copies of
   checkpoints), and what the caller renders (the loss chart, the validation report: ``tasks.track``).
@@ -36,6 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from common.contracts import HF_EXPORT, ModelCard, ModelRef, card_key, metrics_key, model_prefix
+from common.run_names import run_name
 from registry.card import is_url, location_url, read_card
 from registry.registry import list_models
 from runs.ledger import load_goodput
@@ -61,7 +64,6 @@ from tracking.client import (
     step_metrics,
     where,
 )
-from tracking.params import run_name
 from tracking.uri import sqlite_path
 
 LINKS_ARTIFACT = "links/store.json"
@@ -313,7 +315,9 @@ def sync_model(
     the settings that differ from ``defaults`` (the pipeline's; None: by the model). Returns the run id."""
     model = ModelRef(store=store.uri, name=spec_name, version=version, prefix=model_prefix(spec_name, version))
     card = read_card(store, model.prefix)
-    name = run_name(card.config, defaults, model.name) if defaults is not None else f"{model.name}:{model.version}"
+    name = card.run_name or (
+        run_name(card.config, defaults, model.name) if defaults is not None else f"{model.name}:{model.version}"
+    )
 
     def attempt() -> str:
         mlflow = client(uri, timeout_s)

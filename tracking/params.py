@@ -37,51 +37,6 @@ def batches(params: Mapping[str, str], size: int = MAX_PARAMS_PER_BATCH) -> Iter
         yield dict(items[start : start + size])
 
 
-NAMED_SETTINGS = {
-    "model.num_layers": "layers",
-    "model.hidden_size": "hidden",
-    "model.num_attention_heads": "heads",
-    "model.num_query_groups": "groups",
-    "model.ffn_hidden_size": "ffn",
-    "model.kernels": "kernels",
-    "tokenizer.vocab_size": "vocab",
-    "data.seq_len": "seq",
-    "data.max_documents": "docs",
-    "train.init_from": "from",
-    "train.steps": "steps",
-    "train.lr": "lr",
-    "train.min_lr": "min_lr",
-    "train.warmup_steps": "warmup",
-    "train.global_batch_size": "batch",
-    "train.micro_batch_size": "micro",
-    "train.weight_decay": "wd",
-    "train.recompute": "recompute",
-    "train.seed": "seed",
-    "parallel.tensor_parallel": "tp",
-    "parallel.pipeline_parallel": "pp",
-    "parallel.sequence_parallel": "sp",
-}
-"""The settings a run's name shows when they differ from the defaults, in this order, by these short names:
-what a reader compares runs by (size, data, optimisation, layout). Paths, stores, sources and the
-bookkeeping settings are left out: the params hold every setting."""
-MAX_RUN_NAME = 100
-
-
-def run_name(config: Mapping[str, Any], defaults: Mapping[str, Any], model: str = "") -> str:
-    """A run's name in MLflow: the registry's model name (``model`` when the config names none) and the named
-    settings that differ from ``defaults``, e.g. ``gpt-tiny lr=0.001 steps=12``; at most MAX_RUN_NAME
-    characters (then ``+N`` says how many more differ)."""
-    ours, theirs = flatten(config), flatten(defaults)
-    name = ours.get("registry.model_name") or model or "pretrain"
-    changes = [f"{short}={ours[key]}" for key, short in NAMED_SETTINGS.items() if key in ours and ours[key] != theirs.get(key)]
-    for shown, change in enumerate(changes):
-        more = len(changes) - shown - 1
-        if len(f"{name} {change}") + (len(f" +{more}") if more else 0) > MAX_RUN_NAME:
-            return f"{name} +{len(changes) - shown}"
-        name = f"{name} {change}"
-    return name
-
-
 def _by_name(flat: dict[str, Any]) -> dict[str, Any]:
     """A list of named sections (``data.mixture``) as one param per set key of each: ``data.mixture.code.weight``,
     so that MLflow compares two runs' weights key by key (one JSON value would also outgrow a param)."""

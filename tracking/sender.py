@@ -6,10 +6,18 @@ records and tries again with a growing pause (``BACKOFF_S``), so an outage costs
 few numbers per step and no training time. At the end ``close`` waits at most ``flush_s`` for the
 buffer to drain, then warns once with the count left: the pipeline's last task replays the whole
 metrics.jsonl from the store with the same timestamps, so nothing is lost and nothing doubled.
+
+Beside the step records the sender has MLflow sample this machine's use (CPU, memory, disk, network, and GPUs
+where NVIDIA's NVML bindings are installed) every ``SYSTEM_METRICS_S`` into the run's ``system/`` metrics
+(MLflow's ``SystemMetricsMonitor``, the run page's "System metrics" tab), from the first record it delivers:
+the launcher of the node that trains rank 0 gets records, a launcher of another node none (its samples would
+land on the same names).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import queue
 import sys
 import threading
@@ -27,16 +35,29 @@ def to_stderr(line: str) -> None:
 
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 """Pauses between attempts after consecutive failures (the last one repeats)."""
+SYSTEM_METRICS_S = 10.0
+"""Seconds between samples of the machine's use (MLflow's ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` overrides it;
+0 = none): each is a few psutil reads and two small requests, nothing measurable beside training."""
 
 
 class LiveSender:
-    """Sends step records to the MLflow run ``run_id`` at ``uri`` from a daemon thread."""
+    """Sends step records to the MLflow run ``run_id`` at ``uri`` from a daemon thread, and has MLflow sample this
+    machine's use every ``system_metrics_s`` seconds (0: never) once a record reached the run."""
 
     def __init__(
-        self, uri: str, run_id: str, timeout_s: float = 5.0, flush_s: float = 5.0, log: Callable[[str], None] | None = None
+        self,
+        uri: str,
+        run_id: str,
+        timeout_s: float = 5.0,
+        flush_s: float = 5.0,
+        log: Callable[[str], None] | None = None,
+        system_metrics_s: float = SYSTEM_METRICS_S,
     ) -> None:
         self.uri, self.run_id, self.timeout_s, self.flush_s = uri, run_id, timeout_s, flush_s
         self.log = log or to_stderr
+        self.system_metrics_s = system_metrics_s
+        self._system: Any = None  # MLflow's SystemMetricsMonitor, started and stopped by the sending thread only
+        self._system_tried = False
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
         self._pending: list[dict[str, Any]] = []  # taken off the queue, not yet acknowledged by MLflow
         self._stop = threading.Event()
@@ -102,6 +123,37 @@ class LiveSender:
             if self.failures:
                 self.log(f"tracking: MLflow at {where(self.uri)} answers again; buffered step records sent")
                 self.failures = 0
+                self._watch_system()  # MLflow's monitor stops at its first failed request: a new one goes on
+            elif not self._system_tried:
+                self._watch_system()
+        self._stop_system()
+
+    def _watch_system(self) -> None:
+        """(Re)start MLflow's sampling of this machine into the run's ``system/`` metrics, its steps numbered on from
+        the run's last (a retried task's sender goes on where the first one ended). Never fails the sender."""
+        self._stop_system()
+        self._system_tried = True
+        if not self.system_metrics_s > 0:
+            return
+        # MLflow logs its start and stop at INFO and an unreachable server at WARNING: the sender says that once.
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(
+                self.run_id, sampling_interval=self.system_metrics_s, resume_logging=True, tracking_uri=self.uri
+            )
+            monitor.start()
+        except Exception as e:  # no psutil in this image, say: the step records matter, not these
+            self.log(f"tracking: no system metrics for MLflow run {self.run_id} ({describe(e)})")
+            return
+        self._system = monitor
+
+    def _stop_system(self) -> None:
+        if self._system is not None:
+            with contextlib.suppress(Exception):  # waits for its request in flight (request_timeout_s at most)
+                self._system.finish()
+            self._system = None
 
     def close(self) -> int:
         """Wait up to ``flush_s`` for the buffer to drain; warn once if records are left. Returns their count."""

@@ -322,8 +322,9 @@ class TrainConfig:
     """Continue pretraining from a registered model: NAME, NAME:VERSION or NAME:ALIAS
     ('' = from scratch). Its tokenizer is reused and the model section must match it."""
     val_every: int = 100
-    """Measure the validation loss every N steps and at the last step (0 = off): forward only, on the same
-    ``val_batches`` global batches of the validation split each time; the curves get held-out points."""
+    """Measure the held-out loss during training (``heldout_loss``) every N steps and at the last step (0 = off):
+    forward only, on the same ``val_batches`` global batches of the validation split each time; the curves get
+    held-out points. Not the evaluation's ``val_loss``, which reads more rows (``evaluation.max_batches``)."""
     val_batches: int = 2
     """Global batches of the validation split each of those measurements reads."""
     tensorboard: bool = True

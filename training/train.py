@@ -72,6 +72,7 @@ def train(
     cfg: TrainConfig,
     base_model: str = "",
     on_record: Callable[[dict], None] | None = None,
+    name: str = "",
 ) -> CheckpointRef:
     """Train on every rank; catches and labels a rank's error so that it is never lost.
 
@@ -79,13 +80,15 @@ def train(
     weights start the run (continued pretraining); empty means a fresh initialisation.
     ``on_record`` (rank 0 only) hears each step's metrics record once it is final (after the
     step's checkpoint save, if any); it must return at once (e.g. queue it: ``tracking.sender``).
+    ``name`` is the run's name for people (``common.run_names``), recorded in its checkpoints' meta: not part
+    of the run's identity (an identical run under another name is the same run: its latest save's name shows).
     """
     rank = int(os.environ.get("RANK", "0"))
     progress = Progress()
     watchdog = Watchdog(progress, rank).start()
     try:
         with ExitStack() as cleanup:  # the run's lease, released however training ends
-            trainer = Trainer(dataset, model_cfg, parallel, cfg, base_model, progress)
+            trainer = Trainer(dataset, model_cfg, parallel, cfg, base_model, progress, name)
             return trainer.run(cleanup, on_record)
     except Exception as e:
         print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -110,6 +113,7 @@ class Trainer:
         cfg: TrainConfig,
         base_model: str,
         progress: Progress,
+        name: str = "",
     ) -> None:
         """Setup: the process groups, the loader, the model and optimizer, the run's store, log and checkpoints."""
         from megatron.core import parallel_state as ps
@@ -144,7 +148,7 @@ class Trainer:
         progress.world_size = dist.get_world_size()
         progress.diagnose = functools.partial(write_diagnostics, self.store, self.run_prefix, dist.get_rank())
         self.log = RunLog(self.store, self.run_prefix, self.rank0)
-        meta = {"model": asdict(model_cfg), "train": asdict(cfg), "dataset": dataset.version}
+        meta = {"model": asdict(model_cfg), "train": asdict(cfg), "dataset": dataset.version, "name": name}
         if isinstance(self.loader, BlendedLoader):  # what `runs show` and `runs compare` say of a mixture
             meta |= {"mixture": {m["name"]: m["weight"] for m in manifest["mixture"]}, "seq_len": self.seq_len}
             if self.rank0:
