@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -102,7 +101,6 @@ def train_model(
     through the launcher's feed (``live_feed``), or itself where no launcher relays."""
     if os.environ.get("RANK", "0") == "0":  # one line per event: rank 0's (the steps' own markers are training's)
         mark_stage("train")
-    warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
     sender: FeedWriter | LiveSender | None = None
     if tracking.run_id and os.environ.get("RANK", "0") == "0":
         feed = os.environ.get(FEED_ENV)

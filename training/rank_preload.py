@@ -7,12 +7,7 @@ Only what does not depend on the environment a caller sets later: no module of o
 settings at import. The parse cache is keyed by each file's bytes, so an edited file is parsed again.
 """
 
-import warnings
-
-# As train_model does in each rank: megatron warns at import that Apex and Transformer Engine are absent.
-warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
-
-from training import cpu_compat  # noqa: E402
+from training import cpu_compat  # the package's import filters megatron's known warnings (training.known_warnings)
 
 with cpu_compat.fusions_uncompiled():
     import megatron.core  # noqa: F401
