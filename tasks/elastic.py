@@ -106,6 +106,9 @@ class FirstFailureElasticTask(PytorchElasticFunctionTask):
             checkpoint_dest = checkpoint_src = None
         helper_args = (cloudpickle.dumps(self._task_function), ctx.raw_output_prefix, checkpoint_dest, checkpoint_src, kwargs)
         around = self.task_config.around_launch
+        # The seconds before the first step line (ranks forked, process groups, the model built) say what they are.
+        nodes = f" × {self.max_nodes} nodes" if self.max_nodes > 1 else ""
+        print(f"{self.name.rsplit('.', 1)[-1]}: starting {config.nproc_per_node} ranks{nodes} (torch elastic)", flush=True)
         try:
             with around(kwargs) if around is not None else nullcontext():
                 out = elastic_launch(config, from_fork_server)(*fork_server_args(spawn_helper, *helper_args))

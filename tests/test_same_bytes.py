@@ -107,7 +107,11 @@ def assert_summary(output: str, registered: dict, store) -> None:
     assert f"stage train_model: {timed['train_model']} s" in lines, stages
     assert re.search(r"^stage check_settings: [\d.]+ s$", output, re.MULTILINE), stages
     assert "  stage prepare_data:" in output and "stage scan_partition" not in output, stages  # nested, then left out
-    labels = [line.split()[0] for line in summary[1:] if line.startswith("  ") and not line.startswith("  pretrain")]
+    # No silence before step 1: the ranks starting, then what they train (its size and cost), then the steps.
+    starting = re.search(r"^train_model: starting 2 ranks \(torch elastic\)$", output, re.MULTILINE)
+    assert starting and starting.start() < output.index("\nmodel: ") < output.index("\nstep     1/"), output[:3000]
+    figures = summary[1 : next(i for i, line in enumerate(summary) if line.startswith("next:"))]
+    labels = [line.split()[0] for line in figures if line.startswith("  ")]
     assert labels == ["data", "validation", "training", "evaluation", "gate"], summary  # no lm-eval tasks here
     assert_data_lines(store, card.lineage.dataset_version, summary[1], summary[2])
 
