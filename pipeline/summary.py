@@ -86,10 +86,10 @@ def run_summary(
     card, m = entry.card, entry.card.metrics
     aliases = f" ({', '.join(entry.aliases)})" if entry.aliases else ""
     when = _when(card.registered_at)
-    said = f"registered {card.name}:{card.version}"
     if from_cache:
-        said = f"{card.name}:{card.version} again, from the cache (registered {when})"
-    lines = [f"pretrain: {said}{aliases}"]
+        lines = [f"pretrain: {card.name}:{card.version}{aliases} again, from the cache (registered {when})"]
+    else:
+        lines = [f"pretrain: registered {card.name}:{card.version}{aliases}"]
     if stages:
         lines.append(stages)
     lines.append(_data_line(store, card.lineage.dataset_version))

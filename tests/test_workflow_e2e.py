@@ -209,6 +209,11 @@ def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
     assert run.data.tags["pretrain.reexecutions"] == opened.data.tags["pretrain.execution"] != run.data.tags["pretrain.execution"]
     assert run.data.tags["pretrain.reexecution_count"] == "1" and run.info.status == "FINISHED"
     assert f"recorded as MLflow run {run.info.run_id} (an earlier execution's run" in pipeline.output
+    # Issue 51: the summary says so, names every cached stage, and dates the gate's decision to the registration.
+    again = rf"^pretrain: {NAME}:1 \([^)]*\) again, from the cache \(registered [\d-]+ [\d:]+ UTC\)$"
+    assert re.search(again, pipeline.output, re.MULTILINE), pipeline.output[-3000:]
+    assert "; from cache: prepare_data, validate_data, train_model, evaluate_model, register_model\n" in pipeline.output
+    assert re.search(r"^  gate        .* \(decided [\d-]+ [\d:]+ UTC, at its registration\)$", pipeline.output, re.M)
 
 
 def source_tree(dest: Path, edits: list[str]) -> Path:

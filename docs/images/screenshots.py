@@ -3,12 +3,14 @@
     python docs/images/screenshots.py --run RUN_ID --mlflow-run MLFLOW_RUN_ID [--store STORE]
 
 RUN_ID and MLFLOW_RUN_ID are the ones a run's summary prints (``pretrain runs show RUN_ID``, ``pretrain ui
---run MLFLOW_RUN_ID``). It writes ``pretrain runs report``'s page, starts ``pretrain ui`` on a free port
-(signing in with the password it keeps for you), and saves:
+--run MLFLOW_RUN_ID``). It writes ``pretrain runs report``'s page, starts ``pretrain ui`` on a free port,
+opens the sign-in link it prints (as a person would: no password), and saves:
 
 * ``mlflow-run.png``: the run's page in the MLflow UI;
-* ``loss-chart.png``: the report's training curves (loss with its held-out points);
-* ``step-time.png``: the report's step time (phase table, every rank).
+* ``report.png``: the top of the report page (contents, the run's figures, the loss chart);
+* ``loss-chart.png``: the report's training curves (loss with its held-out and evaluation points);
+* ``step-time.png``: the report's step time (phase table, every rank);
+* ``validation.png``: the report's data validation table.
 
 Needs Playwright (``pip install -e .[docs]``) and a Chromium (Debian's ``chromium`` package; set
 ``CHROMIUM`` to another binary). Not part of the tests: pictures are looked at, not asserted.
@@ -36,26 +38,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ui(port: int, mlflow_run: str) -> tuple[subprocess.Popen, str, str]:
-    """``pretrain ui`` in its own session; its run page's URL and the password file it names."""
+def start_ui(port: int, mlflow_run: str) -> tuple[subprocess.Popen, str]:
+    """``pretrain ui`` in its own session, and the sign-in link it prints."""
     ui = subprocess.Popen(
         [str(PRETRAIN), "ui", "--port", str(port), "--run", mlflow_run],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
-    url = password_file = ""
+    sign_in = ""
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (url and password_file):
+    while time.monotonic() < deadline and not sign_in:
         line = ui.stdout.readline()
         if not line:
             raise SystemExit(f"pretrain ui exited with status {ui.wait()}")
-        words = line.split()
-        url = next((w for w in words if w.startswith("http://") and mlflow_run in w), url)
-        password_file = next((w for w in words if w.endswith("/password")), password_file)
-    if not url:
-        raise SystemExit("pretrain ui printed no page for the run")
-    return ui, url, password_file
+        sign_in = next((w for w in line.split() if w.startswith("http://") and "/login?token=" in w), "")
+    if not sign_in:
+        raise SystemExit("pretrain ui printed no sign-in link")
+    return ui, sign_in
 
 
 def main() -> int:
@@ -72,15 +72,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.html"
         subprocess.run([str(PRETRAIN), "runs", "report", args.run, "--out", str(report), *store], check=True)
-        ui, url, password_file = start_ui(free_port(), args.mlflow_run)
+        ui, sign_in = start_ui(free_port(), args.mlflow_run)
         try:
-            password = Path(password_file).read_text().strip()
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"))
-                page = browser.new_page(
-                    viewport={"width": 1400, "height": 900}, http_credentials={"username": "pretrain", "password": password}
-                )
-                page.goto(url)  # the UI polls: the network never idles, so wait for the run's metrics table
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.goto(sign_in)  # signs in, then opens the run's page; the UI polls, so wait for its metrics table
                 page.get_by_text("Metrics", exact=False).first.wait_for(timeout=90_000)
                 page.wait_for_timeout(5000)  # its tables fill in after their requests
                 close = page.get_by_role("button", name="Close")  # MLflow's assistant panel, when it opens itself
@@ -89,13 +86,19 @@ def main() -> int:
                     page.wait_for_timeout(1000)
                 page.screenshot(path=str(out / "mlflow-run.png"))
                 page.goto(report.as_uri())
-                for heading, name in (("Training curves", "loss-chart.png"), ("Step time", "step-time.png")):
+                page.screenshot(path=str(out / "report.png"))
+                sections = (
+                    ("Training curves", "loss-chart.png"),
+                    ("Step time", "step-time.png"),
+                    ("Data validation", "validation.png"),
+                )
+                for heading, name in sections:
                     page.locator("section", has=page.locator("h2", has_text=heading)).screenshot(path=str(out / name))
                 browser.close()
         finally:
             os.killpg(ui.pid, signal.SIGTERM)
             ui.wait(timeout=60)
-    print(f"screenshots in {out}: mlflow-run.png, loss-chart.png, step-time.png")
+    print(f"screenshots in {out}: mlflow-run.png, report.png, loss-chart.png, step-time.png, validation.png")
     return 0
 
 
