@@ -183,4 +183,4 @@ def dataset_table(version: str, uri: str, stats: dict, splits: dict | None = Non
             f"<tr><th{PART if part else ''}>{escape(label)}</th><td class='num'>{escape(value)}</td></tr>"
             for label, value, part in rows
         )
-    return f"{TABLE_STYLE}<h3>Dataset</h3><table class='dataset'>{body}</table>"
+    return f"{TABLE_STYLE}<h3>figures</h3><table class='dataset'>{body}</table>"

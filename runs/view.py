@@ -215,8 +215,10 @@ def build_view(
 
 
 def _median(values: list[float]) -> float | None:
+    """The median step's figure (the higher of the two middle ones): one step's own value, as the card's
+    ``tokens_per_second`` and ``mfu`` are (``training.runlog``), so the summary, the card and the run's view agree."""
     values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return statistics.median(values) if values else None
+    return statistics.median_high(values) if values else None
 
 
 def final_loss(metrics: list[dict]) -> float | None:
