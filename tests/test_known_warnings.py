@@ -22,6 +22,8 @@ for category, module, message in [
     (FutureWarning, "megatron.core.dist_checkpointing.strategies.torch", "`load_state_dict` is deprecated and will be removed"),
     (FutureWarning, "torch.distributed.checkpoint.default_planner", "Please use DTensor instead and we are deprecating "
      "ShardedTensor."),
+    (UserWarning, "megatron.core.tensor_parallel.layers", "When using async grad allreduce it is recommended to set the "
+     "environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1 for maximum speedup"),  # every rank, every step 1
     (UserWarning, "megatron.core.models.backends", "something new the filters do not know"),
 ]:
     warnings.warn_explicit(message, category, "x.py", 1, module=module)

@@ -20,6 +20,9 @@ import warnings
 KNOWN: tuple[tuple[type[Warning], str, str], ...] = (
     # Apex and Transformer Engine absent: megatron falls back to torch's norm, optimizers and multi-tensor ops.
     (UserWarning, r"megatron\.", r"(Transformer Engine and Apex|Apex) (are|is) not installed"),
+    # megatron's advice for overlapping TP communication on GPUs, printed by every rank of every run (filtered by
+    # the train task's module-wide filter until 2026-12-07); on the CPU it means nothing.
+    (UserWarning, r"megatron\.core\.tensor_parallel\.layers", r"When using async grad allreduce it is recommended"),
     # megatron's TransformerConfig warns about its own default cuda_graph_scope.
     (UserWarning, r"megatron\.core\.transformer\.transformer_config", r"full scope is deprecated"),
     # megatron's torch_dist checkpoint loader calls torch's deprecated load_state_dict, with ShardedTensors.
