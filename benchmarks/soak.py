@@ -77,6 +77,7 @@ STARTS = {"prepare": 0, "validate": 0, "train": 2, "checkpoint": 2, "checkpoint-
 POLL_S = 0.05
 MARKER_POLL_S = 0.01  # the marker file is local: reading it costs microseconds
 CHECKPOINT_EVERY = 8
+LOCAL_CHECKPOINT_EVERY = 0  # train.local_checkpoint_every: checkpoints the node keeps between the store's (0 = none)
 CHECKPOINTS = [s for s in range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY)]
 # The stage a marker says is running: its own name, but a step's is the train stage's (common.stages).
 MARKER_STAGES = {"train-step": "train"}
@@ -114,6 +115,7 @@ def soak_config(corpus: Path) -> dict[str, Any]:
             "global_batch_size": 8,
             "warmup_steps": 4,
             "checkpoint_every": CHECKPOINT_EVERY,
+            "local_checkpoint_every": LOCAL_CHECKPOINT_EVERY,
             "keep_checkpoints": 2,
             "log_every": 1,
         },
@@ -1085,7 +1087,7 @@ def schedule(
 
 
 def main() -> int:
-    global STEPS, CHECKPOINT_EVERY, CHECKPOINTS  # the run's shape (--steps, --checkpoint-every), read by the aims and checks
+    global STEPS, CHECKPOINT_EVERY, CHECKPOINTS, LOCAL_CHECKPOINT_EVERY  # the run's shape, read by the aims and checks
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=18)
     parser.add_argument("--per-stage", type=int, default=2, help=f"kills aimed at each stage ({len(STAGES)} stages)")
@@ -1098,6 +1100,12 @@ def main() -> int:
     )
     parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints (default 8)")
     parser.add_argument(
+        "--local-checkpoint-every",
+        type=int,
+        default=LOCAL_CHECKPOINT_EVERY,
+        help="steps between the checkpoints each node keeps between the store's (train.local_checkpoint_every; default 0: none)",
+    )
+    parser.add_argument(
         "--rank-kills", type=int, default=0, help="kills of one rank aimed at each training stage (restarted inside the job)"
     )
     parser.add_argument("--out", type=Path, default=None, help="also write the last line's JSON object to this file")
@@ -1107,7 +1115,9 @@ def main() -> int:
         parser.error(f"--stages: {unknown} are not stages ({', '.join(STAGES)})")
     if args.checkpoint_every < 1 or args.steps < 2 * args.checkpoint_every:
         parser.error("--steps must be at least twice --checkpoint-every (a kill needs a save before it and after it)")
-    STEPS, CHECKPOINT_EVERY = args.steps, args.checkpoint_every
+    if args.local_checkpoint_every < 0:
+        parser.error("--local-checkpoint-every must be >= 0 (0 = none)")
+    STEPS, CHECKPOINT_EVERY, LOCAL_CHECKPOINT_EVERY = args.steps, args.checkpoint_every, args.local_checkpoint_every
     CHECKPOINTS = list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))
     # Ctrl-C and a plain kill both unwind through the finally below, which stops every process started.
     signal.signal(signal.SIGINT, signal.default_int_handler)

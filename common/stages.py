@@ -14,7 +14,8 @@ last one written before it. The names it knows (``NAMES``):
   (``tasks/``: prepare_data, validate_data, train_model, evaluate_model, register_model);
 - ``train-step``: a training step starts; ``checkpoint``: the synchronous part of a checkpoint
   save starts (steps wait); ``checkpoint-upload``: a save's asynchronous upload starts (steps go on
-  while it runs, until the save's commit marker is in the store).
+  while it runs, until the save's commit marker is in the store); ``checkpoint-node``: the synchronous part of a
+  save to this node's disk only starts (``train.local_checkpoint_every``: no upload, no commit in the store).
 
 One line per event: a marker that every rank would write is written by one process (rank 0), so that
 the n-th line of a name is the n-th event.
@@ -28,7 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "PRETRAIN_STAGE_MARKERS"
-NAMES = ("prepare", "validate", "train", "train-step", "checkpoint", "checkpoint-upload", "evaluate", "register")
+NAMES = (
+    "prepare",
+    "validate",
+    "train",
+    "train-step",
+    "checkpoint",
+    "checkpoint-upload",
+    "checkpoint-node",
+    "evaluate",
+    "register",
+)
 
 
 def mark_stage(name: str) -> None:

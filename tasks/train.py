@@ -31,7 +31,7 @@ from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.cooldown import plan_steps
 
 VERSION = cache_version(__name__)
-RECOVERY = ("max_restarts", "keep_local_checkpoints")
+RECOVERY = ("max_restarts", "keep_local_checkpoints", "local_checkpoint_every")
 """Train settings that say how a failure is recovered, not what is trained: inputs of the train task of their
 own (``train_model``), outside its cache key (a retry with more restarts finds its cached result)."""
 
@@ -94,6 +94,7 @@ def train_model(
     tracking_cfg: TrackingConfig,
     max_restarts: int = TrainConfig.max_restarts,
     keep_local_checkpoints: int = TrainConfig.keep_local_checkpoints,
+    local_checkpoint_every: int = TrainConfig.local_checkpoint_every,
 ) -> CheckpointRef:
     """Train the GPT on every rank; a retry resumes from the run's latest committed checkpoint, and so does a
     restart of the ranks inside the task (up to ``max_restarts``, ``training.restarts``).
@@ -108,7 +109,12 @@ def train_model(
         sender = FeedWriter(feed) if feed else LiveSender(tracking.uri, tracking.run_id, *timeouts)
     from training.train import train  # here, not at the top: only ranks train (megatron-core is 3 s of imports)
 
-    train_cfg = dataclasses.replace(train_cfg, max_restarts=max_restarts, keep_local_checkpoints=keep_local_checkpoints)
+    train_cfg = dataclasses.replace(
+        train_cfg,
+        max_restarts=max_restarts,
+        keep_local_checkpoints=keep_local_checkpoints,
+        local_checkpoint_every=local_checkpoint_every,
+    )
     try:
         on_record = sender.send if sender else None
         ref = train(dataset, model, parallel, train_cfg, base_model, on_record=on_record, name=tracking.run_name)

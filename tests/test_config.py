@@ -240,6 +240,11 @@ RULES = [
     ({"train": {"recompute": "some"}}, "train.recompute is 'some': use one of none, selective, full"),
     ({"train": {"seed": -1}}, "train.seed is -1: must be ≥ 0"),
     ({"train": {"checkpoint_every": 0}}, "train.checkpoint_every is 0: must be ≥ 1"),
+    ({"train": {"local_checkpoint_every": -1}}, "train.local_checkpoint_every is -1: must be ≥ 0 (0 = off)"),
+    (
+        {"train": {"local_checkpoint_every": 25, "keep_local_checkpoints": 0}},
+        "train.local_checkpoint_every=25 saves checkpoints that only this node keeps, but train.keep_local_checkpoints=0",
+    ),
     ({"train": {"shuffle_window_shards": 0}}, "train.shuffle_window_shards is 0: must be ≥ 1"),
     ({"train": {"peak_flops": -1.0}}, "train.peak_flops is -1.0: must be ≥ 0"),
     ({"train": {"init_from": "gpt tiny:latest"}}, "train.init_from is 'gpt tiny:latest': use NAME, NAME:VERSION or NAME:ALIAS"),

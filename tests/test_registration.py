@@ -10,6 +10,7 @@ import pytest
 from flyteidl.admin import launch_plan_pb2, task_pb2, workflow_pb2
 from google.protobuf.json_format import MessageToDict
 
+from tasks.train import RECOVERY
 from training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def test_train_task_is_a_pytorchjob_with_the_profiles_replicas(gpu_cluster):
     assert elastic["maxRestarts"] == TrainConfig.max_restarts == 3
     assert template["custom"]["runPolicy"]["backoffLimit"] == TrainConfig.max_restarts
     inputs = gpu_cluster["tasks.train.train_model"]["template"]["interface"]["inputs"]["variables"]
-    assert {"max_restarts", "keep_local_checkpoints"} <= set(inputs)  # outside the cache key: tasks/train.RECOVERY
+    assert set(RECOVERY) == {"max_restarts", "keep_local_checkpoints", "local_checkpoint_every"} <= set(inputs)  # no cache key
     pod = template["k8sPod"]
     assert pod["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "pretrain", "kueue.x-k8s.io/priority-class": "production"}
     resources = pod["podSpec"]["containers"][0]["resources"]

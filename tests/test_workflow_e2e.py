@@ -194,7 +194,7 @@ def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
     metrics = run_metrics(store, training_run_of(store, pipeline.card(1)))
     started = time.monotonic()
     # How a failure is recovered is no input of training (tasks/train.RECOVERY): other values hit the cache too.
-    recovery = {"max_restarts": 1, "keep_local_checkpoints": 2}
+    recovery = {"max_restarts": 1, "keep_local_checkpoints": 2, "local_checkpoint_every": 5}
     assert pipeline(pipeline.config(train=recovery)) == ["hit"] * 5
     print(f"cached rerun {time.monotonic() - started:.1f}s")
     # Nothing prepared, trained or registered again: the store holds exactly what it held.

@@ -311,6 +311,12 @@ class TrainConfig:
     keep_local_checkpoints: int = 1
     """Newest committed checkpoints each node keeps on local disk (private staging), so that a restart on the
     same node resumes without downloading (digest-checked first); 0 = none. Outside the run id and the cache key."""
+    local_checkpoint_every: int = 0
+    """Between the store's checkpoints, also save one every N steps to this node's disk only (0 = off): never
+    uploaded, kept as the node's newest copy (``keep_local_checkpoints`` must be >= 1), so that a restart in place
+    on this node goes back at most N steps instead of up to ``checkpoint_every`` (multi-level checkpointing, as
+    NVIDIA's Resiliency Extension does). A restart elsewhere resumes from the store's newest. Single-node jobs
+    only (on several nodes no node holds every rank's files): ignored there. Outside the run id and the cache key."""
     shuffle_window_shards: int = 4
     """Shards whose rows are shuffled together each epoch (shard order is shuffled too); the loader
     holds about twice this many shards in memory."""
@@ -407,6 +413,12 @@ class TrainConfig:
         out += at_least("train.keep_every", self.keep_every, 0, " (0 = off)")
         out += at_least("train.max_restarts", self.max_restarts, 0, " (0 = never restart in place)")
         out += at_least("train.keep_local_checkpoints", self.keep_local_checkpoints, 0, " (0 = download to resume)")
+        out += at_least("train.local_checkpoint_every", self.local_checkpoint_every, 0, " (0 = off)")
+        if self.local_checkpoint_every > 0 and self.keep_local_checkpoints < 1:
+            out.append(
+                f"train.local_checkpoint_every={self.local_checkpoint_every} saves checkpoints that only this node keeps, "
+                "but train.keep_local_checkpoints=0 keeps none: set keep_local_checkpoints >= 1 or local_checkpoint_every=0"
+            )
         out += at_least("train.shuffle_window_shards", self.shuffle_window_shards, 1)
         out += at_least("train.peak_flops", self.peak_flops, 0, " (0 = the device's data-sheet figure)")
         out += at_least("train.log_every", self.log_every, 1)
@@ -508,6 +520,7 @@ OBSERVING_FIELDS = (
     # How a failure is recovered, not what is trained: a restart resumes the same run.
     "max_restarts",
     "keep_local_checkpoints",
+    "local_checkpoint_every",
 )
 
 

@@ -9,9 +9,12 @@ older, after a crash right after a commit). Torch-free.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from common.contracts import METRICS, STEP_TIMES, LayoutSpan, health_key, metrics_key, step_times_key
 from runs.records import jsonl, read_jsonl
 from storage import Store
+from storage.local import LocalStore
 from training.callbacks import Record, StepCallback
 
 
@@ -27,18 +30,16 @@ class RunLog(StepCallback):
         self.events: list[dict] = []
         """The loss health events (``LossHealth.events``: the Trainer hands its list over)."""
 
-    def restore(self, checkpoint: str, step: int) -> None:
-        """The log as the checkpoint under key prefix ``checkpoint`` (of step ``step``) kept it."""
-        self.metrics = self._saved_lines(checkpoint, METRICS, step)
+    def restore(self, checkpoint: str, step: int, node_copy: Path | None = None) -> None:
+        """The log as the checkpoint of step ``step`` kept it: the one under key prefix ``checkpoint``, or the
+        folder ``node_copy`` (a checkpoint this node saved only, ``train.local_checkpoint_every``)."""
+        saved, prefix = (LocalStore(str(node_copy)), "") if node_copy is not None else (self.store, checkpoint)
+        self.metrics = _lines(saved, prefix, METRICS, step)
         # A checkpoint's copy of its own step's record lacks the save's time; the run's file has it once published.
-        published = {r["step"]: r for r in self._saved_lines(self.run, METRICS, step)}
+        published = {r["step"]: r for r in _lines(self.store, self.run, METRICS, step)}
         same = [published.get(r["step"], {}).get("loss") == r["loss"] for r in self.metrics]
         self.metrics = [published[r["step"]] if kept else r for r, kept in zip(self.metrics, same, strict=True)]
-        self.step_times = self._saved_lines(checkpoint, STEP_TIMES, step)
-
-    def _saved_lines(self, prefix: str, name: str, step: int) -> list[dict]:
-        """A JSONL file's records up to step ``step``."""
-        return [r for r in read_jsonl(self.store, f"{prefix}/{name}") if r["step"] <= step]
+        self.step_times = _lines(saved, prefix, STEP_TIMES, step)
 
     def after_step(self, record: Record) -> None:
         self.metrics.append(record)
@@ -80,3 +81,8 @@ class RunLog(StepCallback):
         if mfus:  # unknown GPUs have no peak to compare with
             summary["mfu"] = mfus[len(mfus) // 2]
         return summary
+
+
+def _lines(store: Store, prefix: str, name: str, step: int) -> list[dict]:
+    """A JSONL file's records up to step ``step`` (the file ``name`` under key prefix ``prefix``; '' = the top)."""
+    return [r for r in read_jsonl(store, f"{prefix}/{name}" if prefix else name) if r["step"] <= step]

@@ -191,8 +191,10 @@ class Trainer:
             record[phase_key("checkpoint")] = self.timer.seconds["checkpoint"]
             record["step_time_s"] = seconds + self.timer.seconds["checkpoint"]
         self.callbacks.on_record(record)
-        if saved:
+        if saved == "store":
             self.callbacks.on_save(step)
+        elif saved == "node":  # nothing published; the ledger learns the steps a restart here would not train again
+            self.goodput.on_save(step)
 
     def _forward_backward(self, step: int, tokens: torch.Tensor, lr: float) -> StepResult:
         accept = functools.partial(self.health.judge, step, origin=functools.partial(self.loader.origin, step - 1))

@@ -66,6 +66,7 @@ def pretrain(config: PipelineConfig = PipelineConfig()) -> ModelRef:
         tracking_cfg=config.tracking,
         max_restarts=config.train.max_restarts,
         keep_local_checkpoints=config.train.keep_local_checkpoints,
+        local_checkpoint_every=config.train.local_checkpoint_every,
     )
     holder = find_gate_holder(store=config.store, registry=config.registry)
     report = evaluate_model(checkpoint=checkpoint, model=base.model, eval_cfg=config.evaluation, baseline=holder)

@@ -411,29 +411,38 @@ def load_weights(store: Store, prefix: str, model, committed_at: str) -> None:
 
 
 @contextmanager
-def _resume_folder(store: Store, prefix: str, run_prefix: str, step: int) -> Iterator[Path]:
-    """The committed checkpoint ``prefix`` on local disk inside the block (collective): this node's kept copy
-    where it is usable (``local_copy``: rank 0 judges, on one node), else downloaded (``_fetched``)."""
-    local = [str(local_copy.usable(store, prefix, step, run_prefix, verify) or "") if run_prefix and dist.get_rank() == 0 else ""]
-    dist.broadcast_object_list(local, src=0, group=checkpoint_group())
+def _resume_folder(store: Store, prefix: str, run_prefix: str, step: int, node_copy: Path | None) -> Iterator[Path]:
+    """The checkpoint to resume on local disk inside the block (collective): ``node_copy`` where the caller found
+    one newer than the store's (``local_copy.newer_copy``), else this node's kept copy of the committed ``prefix``
+    where it is usable (``local_copy``: rank 0 judges, on one node), else ``prefix`` downloaded (``_fetched``)."""
+    if node_copy is not None:
+        local, said = [str(node_copy)], f"this node's checkpoint of step {step} (saved here only, digests checked)"
+    else:
+        kept = local_copy.usable(store, prefix, step, run_prefix, verify) if run_prefix and dist.get_rank() == 0 else None
+        local = [str(kept or "")]
+        dist.broadcast_object_list(local, src=0, group=checkpoint_group())
+        said = f"this node's copy of {store.url(prefix)} (digests checked)"
     if not local[0]:
         with _fetched(store, prefix, "resume") as staging:
             yield staging
         return
     if dist.get_rank() == 0:
-        print(f"resuming from this node's copy of {store.url(prefix)} (digests checked): nothing downloaded", flush=True)
+        print(f"resuming from {said}: nothing downloaded", flush=True)
     _barrier()
     yield Path(local[0])
     _barrier()
 
 
-def load(store: Store, prefix: str, model, optimizer, layout: dict, run_prefix: str = "", step: int = 0) -> dict:
+def load(
+    store: Store, prefix: str, model, optimizer, layout: dict, run_prefix: str = "", step: int = 0, node_copy: Path | None = None
+) -> dict:
     """Resume on every rank (collective) at any layout: weights and optimizer moments reshard
     (a megatron optimizer's state only comes back on the same layout, see ``optimizer_state``);
     the RNG states are restored when ``layout`` matches the checkpoint's (otherwise the
     generators keep their seeded state). Returns the checkpoint's meta. With ``run_prefix`` and ``step`` (the
-    run's checkpoint ``prefix`` is), a copy this node kept of it is read instead of a download (``local_copy``)."""
-    with _resume_folder(store, prefix, run_prefix, step) as staging:
+    run's checkpoint ``prefix`` is), a copy this node kept of it is read instead of a download (``local_copy``);
+    with ``node_copy`` (the same on every rank), that folder: a checkpoint of ``step`` this node saved only."""
+    with _resume_folder(store, prefix, run_prefix, step, node_copy) as staging:
         meta = json.loads((staging / CHECKPOINT_META).read_text())
         if not restores_optimizer(meta, optimizer, layout):
             load_model(model, staging)

@@ -10,7 +10,10 @@ of the run beyond the newest ``keep`` are removed. A resume uses a copy only if
 - the store's checkpoint is committed and its ``digests.json`` lists the same files and digests, and
 - every file of the copy hashes to its digest, and no file is missing or added (``checkpoint.verify``);
 
-otherwise the copy is removed and the checkpoint downloaded. A run that finishes removes its copies
+otherwise the copy is removed and the checkpoint downloaded. Between the store's checkpoints a run may also save
+checkpoints kept here only (``train.local_checkpoint_every``; never uploaded): a restart on this node resumes from
+the newest copy newer than the store's newest checkpoint once its files hash to its own digests (``newer_copy``),
+going back fewer steps. A run that finishes removes its copies
 (``discard``): nothing restarts it. The copies live in the user's private staging
 root (``runs.staging``: 0700, checked each time); they have no owner record, so the start-up sweep of dead
 jobs' folders leaves them, and ``pretrain gc`` removes one a day after it was written.
@@ -69,6 +72,29 @@ def discard(store_uri: str, run_prefix: str) -> None:
     folder = run_folder(store_uri, run_prefix)
     if folder.is_dir() and not folder.is_symlink():
         _remove(folder)
+
+
+def newer_copy(store_uri: str, run_prefix: str, step: int, verify: Callable[[Path, str], None]) -> tuple[int, Path] | None:
+    """The newest copy this node keeps of the run that is newer than step ``step`` (the store's newest committed
+    checkpoint; such a copy was saved here only) and whose files are those its digests list, with its step; None
+    when there is none (or not on one node). A copy that fails the check is removed and the next one tried."""
+    if not single_node():
+        return None
+    folder = run_folder(store_uri, run_prefix)
+    if not folder.is_dir() or folder.is_symlink():
+        return None
+    newer = sorted((int(p.name), p) for p in folder.iterdir() if p.name.isdigit() and int(p.name) > step)
+    for saved_step, copy in reversed(newer):
+        if copy.is_symlink() or not copy.is_dir():
+            continue
+        try:
+            verify(copy, str(copy))
+        except (OSError, ValueError) as e:
+            print(f"this node's checkpoint {copy} not used ({type(e).__name__}: {e})", flush=True)
+            _remove(copy)
+            continue
+        return saved_step, copy
+    return None
 
 
 def usable(store: Store, prefix: str, step: int, run_prefix: str, verify: Callable[[Path, str], None]) -> Path | None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -70,6 +71,10 @@ class CheckpointManager:
         self.lease: RunLease | None = None
         self.pending: PendingSave | None = None
         """The save completing in the background (``train.async_checkpoints``), if any."""
+        self.node_copy: Path | None = None
+        """The folder resumed from when it was a checkpoint this node saved only (``train.local_checkpoint_every``)."""
+        self.node_saves = cfg.local_checkpoint_every > 0 and cfg.keep_local_checkpoints > 0 and local_copy.single_node()
+        """Whether checkpoints are also saved to this node only between the store's (one node: it has every rank's files)."""
 
     def start(
         self, cleanup: ExitStack, base_model: str, log: RunLog, on_leased: Callable[[RunLease | None], None] | None = None
@@ -83,7 +88,7 @@ class CheckpointManager:
             on_leased(self.lease)
         start = self.resume()
         if start:
-            log.restore(self.prefix, start)
+            log.restore(self.prefix, start, self.node_copy)
         elif self.cfg.cooldown_from:
             start = self.cool_down(log)
         elif base_model:
@@ -122,16 +127,23 @@ class CheckpointManager:
             raise LeaseLost(lost[0])
 
     def resume(self) -> int:
-        """Load the run's latest committed checkpoint, if any (weights, optimizer state where it can come
-        back, RNG states, the loader's position): the step to continue after (0: none)."""
+        """Load the run's latest checkpoint, if any (weights, optimizer state where it can come back, RNG states,
+        the loader's position): the step to continue after (0: none). The latest is the store's newest committed
+        one, or a newer one this node saved only (``local_copy.newer_copy``: rank 0 judges, every rank hears)."""
         done = checkpoint.committed_steps(self.store, self.run)
-        if not done:
+        newest = done[-1] if done else 0
+        found = [None]
+        if self.rank == 0 and self.cfg.keep_local_checkpoints > 0:
+            found = [local_copy.newer_copy(self.store.uri, self.run, newest, checkpoint.verify)]
+        dist.broadcast_object_list(found, src=0, group=checkpoint_group())
+        self.resumed_step, self.node_copy = found[0] or (newest, None)
+        if not self.resumed_step:
             return 0
-        self.resumed_step = done[-1]
-        self.prefix = checkpoint_prefix(self.run, self.resumed_step)
+        self.prefix = checkpoint_prefix(self.run, newest) if newest else ""
         self.progress.enter(f"resume from step {self.resumed_step}", self.timeout_s)
         model, optimizer, layout = self.step.model, self.step.optimizer, asdict(self.layout)
-        resumed = checkpoint.load(self.store, self.prefix, model, optimizer, layout, self.run, self.resumed_step)
+        at = checkpoint_prefix(self.run, self.resumed_step)
+        resumed = checkpoint.load(self.store, at, model, optimizer, layout, self.run, self.resumed_step, self.node_copy)
         self.loader.check_resume(resumed["loader"], self.resumed_step)
         self._check_schedule(resumed, self.run)
         self.history = layouts_of(resumed)
@@ -189,27 +201,31 @@ class CheckpointManager:
         if self.rank == 0:
             print(f"initialised {self.run} from {self.store.url(base_model)}", flush=True)
 
-    def maybe_save(self, step: int, files: Callable[[], dict[str, bytes]], timer: StepTimer) -> bool:
-        """Save after ``step`` if it is due (every ``train.checkpoint_every`` steps, and the last), with
-        ``files()`` (the callbacks' state): whether it saved. The step's checkpoint phase times what the
-        step loop waits for: the previous save where it is still completing, and this one's snapshot
-        (the whole save with ``train.async_checkpoints`` off). A save that failed in the background
-        raises here, at the next step."""
+    def maybe_save(self, step: int, files: Callable[[], dict[str, bytes]], timer: StepTimer) -> str:
+        """Save after ``step`` if it is due, with ``files()`` (the callbacks' state): to the store every
+        ``train.checkpoint_every`` steps and at the last ("store"), else to this node only every
+        ``train.local_checkpoint_every`` ("node"); "" when none is due. The step's checkpoint phase times what the
+        step loop waits for: the previous save where it is still completing, and this one's snapshot (the whole
+        save with ``train.async_checkpoints`` off). A save that failed in the background raises here, at the next step."""
         if self.pending is not None and self.pending.done():
             self.wait()
-        if step % self.cfg.checkpoint_every and step != self.cfg.steps:
-            return False
+        if step % self.cfg.checkpoint_every == 0 or step == self.cfg.steps:
+            kind = "store"
+        elif self.node_saves and step % self.cfg.local_checkpoint_every == 0:
+            kind = "node"
+        else:
+            return ""
         with timer.phase("checkpoint"):
-            self.save(step, files())
-        return True
+            self.save(step, files(), node_only=kind == "node")
+        return kind
 
     def wait(self) -> None:
         """Wait for the save completing in the background, if any (this rank's side): its prefix is the
-        run's latest committed checkpoint."""
+        run's latest committed checkpoint (a save to this node only leaves it as it was)."""
         if self.pending is None:
             return
         self.progress.enter(f"checkpoint save at step {self.pending.step}, completing", self.timeout_s)
-        self.prefix = self.pending.wait()
+        self.prefix = self.pending.wait() or self.prefix
         self.pending = None
 
     def finish(self) -> list[LayoutSpan]:
@@ -222,9 +238,10 @@ class CheckpointManager:
             local_copy.discard(self.store.uri, self.run)
         return self.layouts(self.cfg.steps)
 
-    def save(self, step: int, files: dict[str, bytes]) -> None:
+    def save(self, step: int, files: dict[str, bytes], node_only: bool = False) -> None:
         """Save the checkpoint of ``step`` with ``files`` (rank 0's: the run log's copies), after the previous
-        save completed (two never overlap): committed on return, or completing in the background."""
+        save completed (two never overlap): committed on return, or completing in the background; ``node_only``:
+        kept on this node's disk only (``start_save``)."""
         self.wait()
         meta = {
             "step": step,
@@ -239,8 +256,9 @@ class CheckpointManager:
         self.loader.wait_idle()  # the checkpoint writer forks: not while a read is in flight
         model, optimizer = self.step.model, self.step.optimizer
         keep, background, every = self.cfg.keep_checkpoints, self.cfg.async_checkpoints, self.cfg.keep_every
+        keep_local = self.cfg.keep_local_checkpoints
         self.pending = start_save(
-            self.store, self.run, step, model, optimizer, meta, keep, files, background, every, self.cfg.keep_local_checkpoints
+            self.store, self.run, step, model, optimizer, meta, keep, files, background, every, keep_local, node_only
         )
         if not background:
             self.wait()

@@ -22,7 +22,9 @@ Why it is safe:
   upload; a crash at any point leaves an uncommitted prefix, which a resume ignores and the next
   save of that step deletes before uploading.
 
-With ``background=False`` the same work runs inline, before ``start_save`` returns.
+With ``background=False`` the same work runs inline, before ``start_save`` returns. A save kept on this node
+only (``node_only``, ``train.local_checkpoint_every``) stops after the digests: its staged folder becomes the
+node's newest copy (``local_copy``), nothing is uploaded or committed.
 """
 
 from __future__ import annotations
@@ -107,26 +109,47 @@ def start_save(
     background: bool = True,
     keep_every: int = 0,
     keep_local: int = 0,
+    node_only: bool = False,
 ) -> PendingSave:
     """Snapshot the checkpoint of ``step`` on every rank (collective) and complete it in the background
     (or inline): see the module docstring. ``files`` (rank 0's) are committed with it. Afterwards the run
     keeps its ``keep`` latest checkpoints and those whose step is a multiple of ``keep_every`` (0 = none).
-    This node keeps its newest ``keep_local`` on local disk (``local_copy``)."""
-    from megatron.core import dist_checkpointing
-
-    rank = dist.get_rank()
+    This node keeps its newest ``keep_local`` on local disk (``local_copy``). A ``node_only`` save is written
+    and digested the same way but neither uploaded nor committed: it becomes this node's newest copy (one node
+    only, ``keep_local`` >= 1; ``train.local_checkpoint_every``) and its PendingSave's prefix is ''."""
     prefix = checkpoint_prefix(run_prefix, step)
-    # Committed already (by this run before a crash, or by an identical execution): done. Nothing
-    # is uploaded or deleted, the committed files stay as they are; every rank learns it from rank 0.
+    if not node_only and _committed_already(store, run_prefix, prefix, keep, keep_every):
+        return PendingSave(step, prefix, None, background)
+    if dist.get_rank() == 0:
+        mark_stage("checkpoint-node" if node_only else "checkpoint")
+    job, write_tensors, finalize_dcp = _stage(store, model, optimizer, meta, files)
+    target = None if node_only else store
+    complete = functools.partial(
+        _complete_save, target, store.uri, run_prefix, step, (keep, keep_every, keep_local), job, write_tensors, finalize_dcp
+    )
+    return PendingSave(step, "" if node_only else prefix, complete, background)
+
+
+def _committed_already(store: Store, run_prefix: str, prefix: str, keep: int, keep_every: int) -> bool:
+    """Whether ``prefix`` is committed already (by this run before a crash, or by an identical execution), so that
+    nothing is uploaded or deleted and the committed files stay as they are; every rank learns it from rank 0."""
+    rank = dist.get_rank()
     done = [store.is_committed(prefix) if rank == 0 else None]
     dist.broadcast_object_list(done, src=0, group=checkpoint_group())
     if done[0]:
         if rank == 0:
             _prune(store, run_prefix, keep, keep_every)
         dist.barrier(group=checkpoint_group())
-        return PendingSave(step, prefix, None, background)
-    if rank == 0:
-        mark_stage("checkpoint")
+    return bool(done[0])
+
+
+def _stage(store: Store, model, optimizer, meta: dict, files: dict[str, bytes] | None) -> tuple[Path, Callable, Callable]:
+    """The synchronous part (collective): the job's staging folder, this rank's tensors copied to host memory, its
+    RNG state, rank 0's meta and files staged. Returns the job folder, the function that writes the tensors and
+    the DCP finalisation."""
+    from megatron.core import dist_checkpointing
+
+    rank = dist.get_rank()
     job = _job_folder(store)
     staging = job / "save"
     if _local_leader():
@@ -144,11 +167,7 @@ def start_save(
             (staging / name).write_bytes(data)
     # The DCP finalisation (write results gathered, .metadata written by rank 0); megatron's other
     # finaliser writes metadata.json after a barrier on the default group: ours does it on the saver's.
-    finalize_dcp = request.finalize_fns[0]
-    complete = functools.partial(
-        _complete_save, store, run_prefix, step, (keep, keep_every, keep_local), job, write_tensors, finalize_dcp
-    )
-    return PendingSave(step, prefix, complete, background)
+    return job, write_tensors, request.finalize_fns[0]
 
 
 def _sharded_state(model, optimizer, meta: dict) -> tuple[dict, dict]:
@@ -164,7 +183,8 @@ def _sharded_state(model, optimizer, meta: dict) -> tuple[dict, dict]:
 
 
 def _complete_save(
-    store: Store,
+    store: Store | None,
+    store_uri: str,
     run_prefix: str,
     step: int,
     keeps: tuple[int, int, int],
@@ -173,27 +193,45 @@ def _complete_save(
     finalize_dcp: Callable[[], None],
 ) -> None:
     """The rest of a save after its snapshot (in the background or inline): write the tensors, finish the DCP
-    metadata, upload the staged folder, record the digests, commit (the marker last), prune to ``keep`` and ``keep_every``
-    (``keeps``), and keep the staged folder as this node's copy if ``keep_local`` is not 0 (``local_copy``)."""
-    keep, keep_every, keep_local = keeps
+    metadata, record the digests, upload and commit to ``store`` (``_upload_and_commit``; None: a save kept on this
+    node only), and keep the staged folder as this node's copy if ``keep_local`` is not 0 (``local_copy``)."""
+    keep_local = keeps[2]
     rank = dist.get_rank()
-    prefix = checkpoint_prefix(run_prefix, step)
     staging = job / "save"
-    if rank == 0:
+    if rank == 0 and store is not None:
         mark_stage("checkpoint-upload")
-    target = open_store(store.uri)  # its own client: the step loop keeps using the trainer's
     write_tensors()
     finalize_dcp()
     if rank == 0:
         from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
 
         save_config(CheckpointingConfig("torch_dist", 1), str(staging / CHECKPOINT_MODEL))
-        # Leftovers of an upload that never committed. The run's lease (runs.lease) makes this
-        # job the run's only writer, so they are no one else's work in progress.
-        if not target.is_committed(prefix):
-            target.delete_prefix(prefix)
     dist.barrier(group=saver_group())
     digests = _gather_digests(staging, saver_group())  # rank 0's
+    if store is not None:
+        _upload_and_commit(open_store(store_uri), staging, run_prefix, step, digests, keeps)
+    dist.barrier(group=saver_group())
+    if rank == 0 and keep_local and local_copy.single_node():  # the node's only leader; it has every rank's files
+        try:
+            local_copy.keep(store_uri, run_prefix, step, staging, digests, DIGESTS_FORMAT, keep_local)
+        except OSError as e:  # a copy is a convenience (a node-only one: the run goes back to the store's newest)
+            print(f"WARNING: no local copy of the checkpoint of step {step} kept ({e})", file=sys.stderr, flush=True)
+    if _local_leader():
+        remove_job_folder(job)
+
+
+def _upload_and_commit(
+    target: Store, staging: Path, run_prefix: str, step: int, digests: dict[str, str] | None, keeps: tuple[int, int, int]
+) -> None:
+    """Upload every node's staged files (collective on the saver's group; ``target``: its own client, the step
+    loop keeps using the trainer's), then on rank 0 the digests, the commit marker last, and the pruning."""
+    prefix = checkpoint_prefix(run_prefix, step)
+    rank = dist.get_rank()
+    # Leftovers of an upload that never committed. The run's lease (runs.lease) makes this
+    # job the run's only writer, so they are no one else's work in progress.
+    if rank == 0 and not target.is_committed(prefix):
+        target.delete_prefix(prefix)
+    dist.barrier(group=saver_group())
     if _local_leader():
         target.upload_dir(staging, prefix)
     dist.barrier(group=saver_group())
@@ -203,15 +241,7 @@ def _complete_save(
             target.commit(prefix, {"step": step})
         except AlreadyCommitted:
             pass  # committed meanwhile by an identical writer: the same step of the same run counts as done
-        _prune(target, run_prefix, keep, keep_every)
-    dist.barrier(group=saver_group())
-    if rank == 0 and keep_local and local_copy.single_node():  # the node's only leader; it has every rank's files
-        try:
-            local_copy.keep(store.uri, run_prefix, step, staging, digests, DIGESTS_FORMAT, keep_local)
-        except OSError as e:  # a copy is a convenience: the committed checkpoint is in the store
-            print(f"WARNING: no local copy of {store.url(prefix)} kept ({e})", file=sys.stderr, flush=True)
-    if _local_leader():
-        remove_job_folder(job)
+        _prune(target, run_prefix, keeps[0], keeps[1])
 
 
 def save(
