@@ -61,7 +61,7 @@ soak: venv
 SOAK_GOODPUT_OUT ?= benchmarks/results/cpu-soak-goodput-$(shell date +%F).json
 soak-goodput: venv
 	$(BIN)/python benchmarks/soak.py --stages train,checkpoint,checkpoint-upload --per-stage 1 --rank-kills 3 \
-		--outages 0 --steps 1600 --checkpoint-every 100 --local-checkpoint-every 25 --out $(SOAK_GOODPUT_OUT)
+		--outages 0 --steps 1600 --checkpoint-every 100 --local-checkpoint-every 25 --top-ups 3 --out $(SOAK_GOODPUT_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

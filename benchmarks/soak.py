@@ -438,19 +438,34 @@ def kind_summary(trials: list[Any], reference: float | None, reference_parts: di
     return {**figures([t for t in trials if t.landed in GOODPUT_STAGES]), "by_stage": stages}
 
 
-def rank_goal(rank: dict[str, Any]) -> dict[str, Any]:
-    """The rank kills' goal: in every stage, goodput under a kill ≥ RANK_GOAL of the reference's (median) and a
-    restart ≤ RESTART_GOAL_S (median); None where no rank kill landed."""
+def rank_goal(rank: dict[str, Any], min_trials: int = 1) -> dict[str, Any]:
+    """The rank kills' goal: in every stage, at least ``min_trials`` kills landed, goodput under a kill ≥ RANK_GOAL
+    of the reference's (median) and a restart ≤ RESTART_GOAL_S (median); None where no rank kill landed."""
     stages = [v for v in rank["by_stage"].values() if v["trials"]]
     met = None
     if stages:
         met = all(
-            v["goodput_vs_reference"] is not None
+            v["trials"] >= min_trials
+            and v["goodput_vs_reference"] is not None
             and v["goodput_vs_reference"] >= RANK_GOAL
             and (v["lost_per_kill_s"] or {}).get("restart", float("inf")) <= RESTART_GOAL_S
             for v in stages
         ) and len(stages) == len(GOODPUT_STAGES)
-    return {"goodput_vs_reference": f">= {RANK_GOAL} in every stage", "restart_s": f"<= {RESTART_GOAL_S}", "met": met}
+    return {
+        "goodput_vs_reference": f">= {RANK_GOAL} in every stage",
+        "restart_s": f"<= {RESTART_GOAL_S}",
+        "trials_per_stage": f">= {min_trials}",
+        "met": met,
+    }
+
+
+def short_stage(trials: list[Trial], stages: tuple[str, ...], rank_kills: int) -> str | None:
+    """The first training stage among ``stages`` where fewer than ``rank_kills`` kills of one rank landed (a kill
+    aimed at a save's short window may land in the steps after it), or None: where a top-up trial aims."""
+    for stage in GOODPUT_STAGES:
+        if stage in stages and sum(t.kind == "rank" and t.landed == stage for t in trials) < rank_kills:
+            return stage
+    return None
 
 
 def goodput_of(store, run: str) -> tuple[dict[str, Any] | None, str]:
@@ -1073,6 +1088,20 @@ class Soak:
         return trial
 
 
+def trial_line(trial: Trial) -> str:
+    """One trial's line on stdout: what was aimed where, where it landed, how it recovered, its run's goodput."""
+    goodput = f"{trial.goodput:.4f}" if trial.goodput is not None else f"null ({trial.goodput_note})"
+    return (
+        f"trial {trial.number:2d}: {trial.kind + ' ' if trial.fault == 'kill' else ''}{trial.fault} aimed at "
+        f"{trial.stage} ({trial.aim}), landed in {trial.landed} "
+        f"({trial.detail}) at {trial.fault_at_s} s; faulted exit {trial.faulted_rc}; rerun exit {trial.rerun_rc} "
+        f"in {trial.rerun_s} s; in the job {trial.recovered_in_job}; recovered {trial.recovered}; twins {trial.twins}; "
+        f"partial {len(trial.partial)}; "
+        f"goodput {goodput}"
+        + (f"; {json.dumps({k: v for k, v in trial.checks.items() if v is not True})}" if not trial.recovered else "")
+    )
+
+
 def schedule(
     per_stage: int, outages: int, rng: random.Random, stages: tuple[str, ...] = STAGES, rank_kills: int = 0
 ) -> list[Trial]:
@@ -1108,6 +1137,12 @@ def main() -> int:
     parser.add_argument(
         "--rank-kills", type=int, default=0, help="kills of one rank aimed at each training stage (restarted inside the job)"
     )
+    parser.add_argument(
+        "--top-ups",
+        type=int,
+        default=0,
+        help="rank kills aimed again at a stage where fewer than --rank-kills landed, at most this many (default 0)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the last line's JSON object to this file")
     args = parser.parse_args()
     chosen = tuple(args.stages.split(","))
@@ -1130,6 +1165,7 @@ def main() -> int:
     corpus = write_corpus(work / "corpus")
     soak.config.write_text(yaml.safe_dump(soak_config(corpus)))
     trials: list[Trial] = []
+    planned: list[Trial] = []
     try:
         soak.server.start()
         os.environ.update(soak.server.env())  # the soak's own reads of the store (the same after a restart)
@@ -1147,20 +1183,17 @@ def main() -> int:
         for stage, why in soak.skipped.items():
             print(f"{stage}: skipped: {why}", flush=True)
         stages = tuple(s for s in chosen if s not in soak.skipped)
-        for trial in schedule(args.per_stage, args.outages, soak.rng, stages, args.rank_kills):
+        planned = schedule(args.per_stage, args.outages, soak.rng, stages, args.rank_kills)
+        for trial in planned:
             soak.run_trial(trial)
             trials.append(trial)
-            goodput = f"{trial.goodput:.4f}" if trial.goodput is not None else f"null ({trial.goodput_note})"
-            print(
-                f"trial {trial.number:2d}: {trial.kind + ' ' if trial.fault == 'kill' else ''}{trial.fault} aimed at "
-                f"{trial.stage} ({trial.aim}), landed in {trial.landed} "
-                f"({trial.detail}) at {trial.fault_at_s} s; faulted exit {trial.faulted_rc}; rerun exit {trial.rerun_rc} "
-                f"in {trial.rerun_s} s; in the job {trial.recovered_in_job}; recovered {trial.recovered}; twins {trial.twins}; "
-                f"partial {len(trial.partial)}; "
-                f"goodput {goodput}"
-                + (f"; {json.dumps({k: v for k, v in trial.checks.items() if v is not True})}" if not trial.recovered else ""),
-                flush=True,
-            )
+            print(trial_line(trial), flush=True)
+        # Top-ups: a rank kill aimed again at a stage where fewer than --rank-kills landed, at most --top-ups times.
+        while len(trials) - len(planned) < args.top_ups and (stage := short_stage(trials, stages, args.rank_kills)):
+            trial = Trial(number=len(trials) + 1, stage=stage, fault="kill", kind="rank")
+            soak.run_trial(trial)
+            trials.append(trial)
+            print(trial_line(trial) + " (a top-up)", flush=True)
     finally:
         soak.close()
         report = {
@@ -1217,7 +1250,8 @@ def main() -> int:
         summary["recovered_in_job"] = sum(bool(t.recovered_in_job) for t in rank_kills)
         summary["ratios"] = {"goodput_vs_reference": rank["goodput_vs_reference"]}
         summary["spread"] = {"goodput_vs_reference": rank["spread"]}
-        summary["goal"] = rank_goal(rank)
+        summary["goal"] = rank_goal(rank, args.rank_kills)
+        summary["top_ups"] = sum(t.number > len(planned) for t in trials)
     print(json.dumps(summary))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

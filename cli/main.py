@@ -97,15 +97,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _check_corpus(config: PipelineConfig) -> None:
     """Refuse a corpus with no file to read as ``pretrain run`` does, by listing each component's sources as
-    the pipeline's first task does (``tasks.data.fingerprint_corpus``: ``list_files``). A component with an
+    the pipeline's first task does (``tasks.data.fingerprint_corpus``: ``list_corpus``). A component with an
     ``s3://`` source is left to the run: a check stays local, and the bucket's files may be all it reads."""
     from data_prep.mixture import components
-    from data_prep.sources import list_files
+    from data_prep.sources import list_corpus
 
     for part in components(config.data):
-        data = part.data
-        if not any(source.startswith("s3://") for source in data.sources):
-            list_files(data.sources, sniff=data.sniff_unlisted, follow_symlinks=data.follow_symlinks)
+        if not any(source.startswith("s3://") for source in part.data.sources):
+            list_corpus(part.data)
 
 
 def cmd_store_up(args: argparse.Namespace) -> int:

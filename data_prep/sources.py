@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from data_prep.config import STDLIB_SOURCE, local_source_problem
+from data_prep.config import STDLIB_SOURCE, DataConfig, local_source_problem
 from data_prep.errors import DataError
 from data_prep.formats import SNIFF_BYTES, compression_of, kind_of, sniff_text
 from storage import open_store
@@ -326,6 +326,12 @@ def _s3_files(source: str, out: list[RawFile], ignored: Counter, sniff: bool) ->
                 _ignore(ignored, store.url(key))
     if not found:
         raise DataError(f"corpus source {source!r} holds no objects: check the bucket and prefix")
+
+
+def list_corpus(data: DataConfig) -> list[RawFile]:
+    """Every file the data section's sources name, listed with its own settings (``list_files``): what the pipeline's
+    first task reads and what ``pretrain check`` refuses an empty corpus by."""
+    return list_files(data.sources, sniff=data.sniff_unlisted, follow_symlinks=data.follow_symlinks)
 
 
 def list_files(

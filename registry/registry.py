@@ -361,8 +361,7 @@ def _write_entry(
         holder = read_alias(store, name, gate_alias)[0]
         evaluation = (config or {}).get("evaluation")
         decision = gate_for_holder(store, name, report, gate_alias, gate_tolerance, holder, evaluation, gate_metric)
-    card = _entry_card(store, name, version, report, manifest, config, execution_id, decision, hf_export)
-    card = dataclasses.replace(card, run_name=run_name)
+    card = _entry_card(store, name, version, report, manifest, config, execution_id, decision, hf_export, run_name)
     if not _create(store, card_key(prefix), _json(card.to_dict())):
         card = read_card(store, prefix)  # the identical registration's: its time and gate decision
     _create(store, f"{prefix}/{CARD_MARKDOWN}", card_markdown(card).encode())
@@ -412,9 +411,11 @@ def _entry_card(
     execution_id: str,
     decision: GateDecision | None,
     hf_export: str,
+    run_name: str = "",
 ) -> ModelCard:
     """The card of entry ``version``: the evaluation's and the training's figures, the lineage, the layouts,
-    the (redacted) config, the code revision and the gate's decision; ``manifest`` is the dataset's (checked)."""
+    the (redacted) config, the code revision, the gate's decision and the run's name (``common.run_names``);
+    ``manifest`` is the dataset's (checked)."""
     ckpt = report.checkpoint
     return ModelCard(
         name=name,
@@ -455,6 +456,7 @@ def _entry_card(
         code=code_revision(),
         gate=decision,
         hf_export=hf_export,
+        run_name=run_name,
     )
 
 

@@ -20,7 +20,7 @@ from data_prep.config import DataConfig, TokenizerConfig, ValidationConfig
 from data_prep.dedup_across import NearSettings, commit_exclusions, cross_component_duplicates, load_exclusions
 from data_prep.mixture import components
 from data_prep.shards import ShardInfo
-from data_prep.sources import content_fingerprint, list_files
+from data_prep.sources import content_fingerprint, list_corpus
 from data_prep.validation import Validation, ValidationFailed, check_dataset, report_html
 from registry.card import base_eod_token
 from reports.dataset_html import dataset_html
@@ -52,7 +52,7 @@ def fingerprint_corpus(data: DataConfig) -> Annotated[DataConfig, HashMethod(cor
     """Pass the data section on, keyed for caching by the corpus content rather than its paths. A corpus
     with no file to read stops here, at listing, before anything is written (the hash would say it too,
     wrapped in Flyte's output conversion)."""
-    list_files(data.sources, sniff=data.sniff_unlisted, follow_symlinks=data.follow_symlinks)
+    list_corpus(data)
     return data
 
 

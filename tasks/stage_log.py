@@ -79,29 +79,27 @@ def finished(task: str, seconds: float) -> None:
         pass
 
 
-def ran(top_level: bool = False) -> list[tuple[str, float]]:
-    """The tasks of this execution that ran so far, in the order they ended, with their seconds (``top_level``:
-    only the workflow's own, not those a dynamic workflow ran: its time holds theirs)."""
+def ran() -> list[tuple[str, float, int]]:
+    """The tasks of this execution that ran so far, in the order they ended: (task, seconds, depth; 1 = the
+    workflow's own, 2 = one a dynamic workflow ran, whose time its own holds)."""
     path = os.environ.get(ENV)
     if not path or not os.path.exists(path):
         return []
     rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [(row["task"], float(row["seconds"])) for row in rows if not top_level or row.get("depth", 1) == 1]
+    return [(row["task"], float(row["seconds"]), int(row.get("depth", 1))) for row in rows]
 
 
-def stages_line(expected_cached: list[str]) -> str:
-    """``stages  ran: a 0.1 s, b 12.0 s; from cache: c, d``: the workflow's tasks that ran and those of
-    ``expected_cached`` (the cached tasks this execution called, at any depth) that did not."""
-    done = ran()
+def stages_line(done: list[tuple[str, float, int]], expected_cached: list[str]) -> str:
+    """``stages  ran: a 0.1 s, b 12.0 s; from cache: c, d``: of ``done`` (``ran()``), the workflow's own tasks
+    with their times, and the tasks of ``expected_cached`` (the cached tasks this execution called, at any depth)
+    that did not run."""
     if not done:
         return ""
-    names = {name for name, _ in done}
-    totals: dict[str, list[float]] = {}
-    for name, seconds in ran(top_level=True):  # a map task's instances, a mixture's components: one entry, their count
-        totals.setdefault(name, []).append(seconds)
-    long = {name: s for name, s in totals.items() if sum(s) >= BRIEF_S}
-    parts = [f"{name} {sum(s):,.1f} s" + (f" ({len(s)}×)" if len(s) > 1 else "") for name, s in long.items()]
-    if len(long) < len(totals):
-        parts.append(f"{len(totals) - len(long)} more under {BRIEF_S} s")
+    top = [(task, seconds) for task, seconds, depth in done if depth == 1]
+    long = [(task, seconds) for task, seconds in top if seconds >= BRIEF_S]
+    parts = [f"{task} {seconds:,.1f} s" for task, seconds in long]
+    if len(long) < len(top):
+        parts.append(f"{len(top) - len(long)} more under {BRIEF_S} s")
+    names = {task for task, _, _ in done}
     cached = [name for name in dict.fromkeys(expected_cached) if name not in names]
     return "  stages      ran: " + ", ".join(parts) + (f"; from cache: {', '.join(cached)}" if cached else "")

@@ -124,8 +124,9 @@ def track_run(tracking: TrackingRef, model: ModelRef, config: PipelineConfig) ->
     except Exception as e:  # a Deck is a view: never worth the execution
         _warn(f"no comparison Deck ({describe(e)})")
     mlflow_run, page = _mirror(tracking, store, model, config)
-    stages = stage_log.stages_line(CACHED_STAGES)
-    again = bool(stages) and "register_model" not in {name for name, _ in stage_log.ran()}
+    done = stage_log.ran()  # read once: the tasks that ran, with their times
+    stages = stage_log.stages_line(done, CACHED_STAGES)
+    again = bool(done) and "register_model" not in {task for task, _, _ in done}
     try:
         summary = run_summary(store, model, mlflow_run, stages=stages, from_cache=again, mlflow_page=page)
         print("\n".join(summary), flush=True)

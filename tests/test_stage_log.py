@@ -51,7 +51,7 @@ def test_each_task_says_its_time_nested_under_the_dynamic_workflow_that_ran_it(e
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["  stage prepare_data", "stage prepare_mixture"], lines
     assert all(line.endswith(" s") for line in lines)
-    assert [name for name, _ in stage_log.ran()] == ["prepare_data", "prepare_mixture"]  # not the map task's
+    assert [(task, depth) for task, _, depth in stage_log.ran()] == [("prepare_data", 2), ("prepare_mixture", 1)]  # no map task
     with pytest.raises(UserError):
         check_settings()  # a failed body ends with its error, not a stage line
     assert "check_settings" not in capsys.readouterr().out
@@ -67,7 +67,8 @@ def test_the_summary_names_what_ran_and_which_cached_tasks_did_not(execution):
         stage_log.finished("prepare_mixture", 3.75)
     with stage_log.entered():
         stage_log.finished("train_model", 12.25)
-    line = stage_log.stages_line(["prepare_data", "validate_data", "train_model", "evaluate_model", "register_model"])
+    cached = ["prepare_data", "validate_data", "train_model", "evaluate_model", "register_model"]
+    line = stage_log.stages_line(stage_log.ran(), cached)
     assert line == (
         "  stages      ran: prepare_mixture 3.8 s, train_model 12.2 s, 1 more under 0.5 s; "
         "from cache: validate_data, evaluate_model, register_model"
@@ -82,6 +83,6 @@ def test_only_rank_zero_and_only_local_executions_keep_a_log(execution, monkeypa
     monkeypatch.setenv("RANK", "0")
     with stage_log.entered():
         stage_log.finished("train_model", 3.0)
-    assert stage_log.ran() == [("train_model", 3.0)]
+    assert stage_log.ran() == [("train_model", 3.0, 1)]
     stage_log.begin(local=False)  # a cluster's execution: every task a pod of its own, the console shows them
-    assert not execution.exists() and stage_log.ran() == [] and stage_log.stages_line(["train_model"]) == ""
+    assert not execution.exists() and stage_log.ran() == [] and stage_log.stages_line(stage_log.ran(), ["train_model"]) == ""

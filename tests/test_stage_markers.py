@@ -155,3 +155,22 @@ def test_goodput_summary(soak):
     assert missing["goodput_reference"] is None and missing["goodput_under_kills"] is None
     assert missing["ratios"] == {"goodput_vs_reference": None} and missing["goal"]["met"] is None
     assert missing["goodput_note"] == "runs.ledger cannot be imported"
+
+
+def test_a_nodes_own_save_is_no_store_save_and_short_stages_are_topped_up(soak):
+    """A save kept on the node only (``checkpoint-node``) counts in no store save's number: the kill after the
+    store's 2nd save is still that save's; a stage where fewer rank kills landed than asked is aimed at again, and
+    the goal wants as many in every stage."""
+    node = markers("checkpoint-node", start=150.0)
+    run = [*markers("train", *["train-step"] * 8, "checkpoint"), *node, *markers(*["train-step"] * 8, "checkpoint", start=200.0)]
+    assert soak.kill_stage(run, {8}, "checkpoint") == "checkpoint"
+    assert soak.kill_stage(run, {8, 16}, "train") == "train"  # the 2nd store save (step 16) committed, not a 3rd
+    assert soak.kill_stage(run[:11], {8}, "train") == "checkpoint-node"  # its own stage, apart from the store's saves
+    trials = [soak.Trial(number=i, stage=s, fault="kill", kind="rank") for i, s in enumerate(["train", "checkpoint"], 1)]
+    for trial, landed in zip(trials, ["train", "train"], strict=True):
+        trial.landed = landed
+    assert soak.short_stage(trials, ("train", "checkpoint", "checkpoint-upload"), 2) == "checkpoint"
+    assert soak.short_stage(trials, ("train",), 2) is None and soak.short_stage(trials, ("train", "checkpoint"), 0) is None
+    stage = {"trials": 2, "goodput_vs_reference": 0.95, "lost_per_kill_s": {"restart": 4.0}}
+    rank = {"by_stage": dict.fromkeys(soak.GOODPUT_STAGES, stage)}
+    assert soak.rank_goal(rank, 2)["met"] is True and soak.rank_goal(rank, 3)["met"] is False

@@ -3,7 +3,8 @@
 torch elastic's agent restarts the whole worker group up to ``max_restarts`` times (``train.max_restarts``;
 ``training.launch`` and the workflow's ``tasks.elastic`` both launch through it, from the fork server, so a
 restart forks ranks that have torch and megatron-core loaded already). The new ranks find the run's newest
-committed checkpoint (its local copy where this node kept one: ``training.checkpointing.local_copy``) and go
+checkpoint (the store's newest committed one, its local copy where this node kept one, or a newer one this node
+saved only: ``training.checkpointing.local_copy``) and go
 on from there, as a rerun of the task would, without a new pod, a new ``pretrain run`` or its cached stages.
 
 A restart helps a failure that a new attempt does not meet again: a rank killed (the OOM killer, a node's
@@ -72,7 +73,7 @@ class RestartingAgent(LocalElasticAgent):
         done = self._worker_group.spec.max_restarts - self._remaining_restarts + 1
         print(
             f"restarting the ranks in place ({done} of {self._worker_group.spec.max_restarts}): {what}; "
-            "they resume from the run's newest committed checkpoint",
+            "they resume from the run's newest checkpoint (this node's own where it is newer than the store's)",
             file=sys.stderr,
             flush=True,
         )
