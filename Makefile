@@ -51,6 +51,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_kernels.py
 	$(BIN)/python benchmarks/bench_observability.py
 	$(BIN)/python benchmarks/bench_dataprep.py
+	$(BIN)/python benchmarks/bench_node_checkpoints.py
 
 # Kills and S3 outages in every stage, each rerun and checked (docs/soak.md); not part of bench or test.
 soak: venv
