@@ -9,8 +9,8 @@ as in file order, where the runs add up (a later registration is a later version
 executed is read from flytekit's local cache (a miss adds the task's new key), what it did from the
 store (metrics.jsonl, committed checkpoints, registry entries), not from console output:
 
-- unchanged → every step a hit, the store unchanged;
-- the same corpus under another path, run from a copy with the CLI edited → every step a hit;
+- unchanged but for the recovery settings, the corpus moved and the CLI edited (run from an edited copy) →
+  every step a hit, the store unchanged;
 - code edits (a copy of the source tree with a comment appended to a file, run from that copy) →
   exactly the steps ``tests/test_cache_keys.py``'s table says rerun: a filter and an lm-eval task
   file → prepare, validate, evaluate; the run's Decks and the registry → train, register (every
@@ -188,14 +188,34 @@ def test_pipeline_end_to_end_on_s3(pipeline, tmp_path):
     assert f"open it: pretrain ui --run {run.info.run_id}" in pipeline.cold_output and "#/experiments" not in pipeline.cold_output
 
 
-def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
+def source_tree(dest: Path, edits: list[str]) -> Path:
+    """A copy of the repository's tracked files with a comment appended to each file of ``edits``."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    for name in edits:
+        with open(dest / name, "a") as f:
+            f.write("\n# an edit\n")
+    return dest
+
+
+def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline, tmp_path):
+    """Three changes that decide no number, in one rerun: the recovery settings, the corpus moved (prepare is
+    keyed by its content) and the CLI edited, the cache-key table's one row that reruns nothing, as the only
+    code edit of the run (beside another edit, a CLI edit that reran a task would hide among that edit's
+    reruns). Every task hits, so each change alone would have too."""
+    assert EXPECTED["cli/main.py"] == (set(), set())
     store = open_store(pipeline.store_uri)
     written = {prefix: store.list(prefix) for prefix in PIPELINE_PREFIXES}
     metrics = run_metrics(store, training_run_of(store, pipeline.card(1)))
+    moved = shutil.copytree(pipeline.corpus, pipeline.root / "elsewhere" / "corpus")
     started = time.monotonic()
     # How a failure is recovered is no input of training (tasks/train.RECOVERY): other values hit the cache too.
     recovery = {"max_restarts": 1, "keep_local_checkpoints": 2, "local_checkpoint_every": 5}
-    assert pipeline(pipeline.config(train=recovery)) == ["hit"] * 5
+    tree = source_tree(tmp_path / "tree", ["cli/main.py"])
+    assert pipeline(pipeline.config(corpus=moved, train=recovery), tree=tree) == ["hit"] * 5
     print(f"cached rerun {time.monotonic() - started:.1f}s")
     # Nothing prepared, trained or registered again: the store holds exactly what it held.
     assert {prefix: store.list(prefix) for prefix in PIPELINE_PREFIXES} == written
@@ -214,28 +234,6 @@ def test_a_rerun_is_served_from_cache_and_writes_nothing(pipeline):
     assert re.search(again, pipeline.output, re.MULTILINE), pipeline.output[-3000:]
     assert "; from cache: prepare_data, validate_data, train_model, evaluate_model, register_model\n" in pipeline.output
     assert re.search(r"^  gate        .* \(decided [\d-]+ [\d:]+ UTC, at its registration\)$", pipeline.output, re.M)
-
-
-def source_tree(dest: Path, edits: list[str]) -> Path:
-    """A copy of the repository's tracked files with a comment appended to each file of ``edits``."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, target)
-    for name in edits:
-        with open(dest / name, "a") as f:
-            f.write("\n# an edit\n")
-    return dest
-
-
-def test_the_same_corpus_under_another_path_run_from_a_cli_edit_is_a_hit(pipeline, tmp_path):
-    """Two changes that decide no number: the corpus moved (prepare is keyed by its content), and the
-    CLI edited, the table's one row that reruns nothing, as the only edit of the run: beside another
-    edit, a CLI edit that reran a task would hide among that edit's reruns."""
-    assert EXPECTED["cli/main.py"] == (set(), set())
-    moved = shutil.copytree(pipeline.corpus, pipeline.root / "elsewhere" / "corpus")
-    assert pipeline(pipeline.config(corpus=moved), tree=source_tree(tmp_path / "tree", ["cli/main.py"])) == ["hit"] * 5
 
 
 # One edit per cached task, each the narrowest row of the table that reaches it: a filter (prepare and
