@@ -1199,11 +1199,19 @@ def train_with_bad_loss(bad_step: int, bad_ranks: tuple[int, ...] | None, *args)
 # Hang diagnostics: a rank that stops or hangs in a chosen phase of a chosen step
 
 
+def call_by_name(target: str, *args: Any) -> Any:
+    """``module:function`` (``target``) called with ``args``, imported where it runs. ``start_launch``'s launcher
+    only starts spawned ranks: given the function itself, unpickling it loaded what the ranks run
+    (``training.train``: megatron-core, about 3 CPU-s per launch) in a process that never calls it."""
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)(*args)
+
+
 def start_launch(tmp_path: Path, fn, nproc: int, *args, env: dict | None = None, log_name: str = "train.log") -> subprocess.Popen:
     """``launch(fn, nproc, *args)`` in its own process group, for any importable ``fn`` (``train``, a
     ``train_with_*`` fault injector); stdout and stderr go to ``log_name``."""
     spec = tmp_path / f"{log_name}.pickle"
-    spec.write_bytes(pickle.dumps((fn, nproc, *args)))
+    spec.write_bytes(pickle.dumps((call_by_name, nproc, f"{fn.__module__}:{fn.__qualname__}", *args)))
     log = open(tmp_path / log_name, "wb")
     return subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(spec)],
