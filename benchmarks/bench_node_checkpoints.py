@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine, require  # noqa: E402  benchmarks/ (the script's folder)
+from machine_info import machine, ratio_keys, require  # noqa: E402  benchmarks/ (the script's folder)
 
 
 def train_once(dataset, cfg, root: Path) -> dict:
@@ -127,10 +127,12 @@ def main() -> None:
             rows.append(row)
             print(json.dumps({"repeat": repeat, "order": [n for n, _ in order], **row}), flush=True)
 
-    def ratios(key: str) -> list[float]:
-        return [row["node"][key] / row["plain"][key] for row in rows]
-
-    wall, goodput = ratios("wall_s"), ratios("goodput")
+    keys = ratio_keys(
+        {
+            f"node_vs_plain_{name}": [row["node"][key] / row["plain"][key] for row in rows]
+            for name, key in (("wall", "wall_s"), ("goodput", "goodput"))
+        }
+    )
     print(
         json.dumps(
             {
@@ -144,14 +146,8 @@ def main() -> None:
                 "node_goodput": statistics.median(r["node"]["goodput"] for r in rows),
                 "plain_checkpoint_save_s": statistics.median(r["plain"]["checkpoint_save_s"] for r in rows),
                 "node_checkpoint_save_s": statistics.median(r["node"]["checkpoint_save_s"] for r in rows),
-                "ratios": {
-                    "node_vs_plain_wall": round(statistics.median(wall), 3),
-                    "node_vs_plain_goodput": round(statistics.median(goodput), 3),
-                },
-                "spread": {
-                    "node_vs_plain_wall": [round(min(wall), 3), round(max(wall), 3)],
-                    "node_vs_plain_goodput": [round(min(goodput), 3), round(max(goodput), 3)],
-                },
+                "ratios": {k: round(v, 3) for k, v in keys["ratios"].items()},
+                "spread": {k: [round(x, 3) for x in v] for k, v in keys["spread"].items()},
                 "machine": machine(),
             }
         )
