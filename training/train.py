@@ -58,6 +58,7 @@ from training.observe.timing import StepTimer, phase_key
 from training.observe.watchdog import Progress, Watchdog, explain
 from training.runlog import RunLog
 from training.schedule import lr_at
+from training.termination import exit_on_sigterm
 from training.validator import Validator
 
 
@@ -85,21 +86,23 @@ def train(
     """
     rank = int(os.environ.get("RANK", "0"))
     progress = Progress()
-    watchdog = Watchdog(progress, rank).start()
-    try:
-        with ExitStack() as cleanup:  # the run's lease, released however training ends
-            trainer = Trainer(dataset, model_cfg, parallel, cfg, base_model, progress, name)
-            return trainer.run(cleanup, on_record)
-    except Exception as e:
-        print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        failure = explain(e, rank, progress, parallel.collective_timeout_s)
-        if failure is None:
-            raise
-        print(f"[rank {rank}] {failure}", file=sys.stderr, flush=True)
-        raise failure from e
-    finally:
-        watchdog.stop()
-        shutdown_distributed()
+    # Stopped by the launcher (a peer failed) or by Kubernetes: unwind, so no store write leaves its temporary file.
+    with exit_on_sigterm():
+        watchdog = Watchdog(progress, rank).start()
+        try:
+            with ExitStack() as cleanup:  # the run's lease, released however training ends
+                trainer = Trainer(dataset, model_cfg, parallel, cfg, base_model, progress, name)
+                return trainer.run(cleanup, on_record)
+        except Exception as e:
+            print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            failure = explain(e, rank, progress, parallel.collective_timeout_s)
+            if failure is None:
+                raise
+            print(f"[rank {rank}] {failure}", file=sys.stderr, flush=True)
+            raise failure from e
+        finally:
+            watchdog.stop()
+            shutdown_distributed()
 
 
 class Trainer:
