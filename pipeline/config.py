@@ -37,8 +37,10 @@ from registry.config import DEFAULT_GATE_METRIC, RegistryConfig
 from tracking.config import TrackingConfig
 from tracking.uri import TRACKING_URI_ENV, is_remote
 from training.config import (
+    FP8_NEEDS,
     ModelConfig,
     ParallelConfig,
+    Precision,
     TrainConfig,
     batch_problems,
     layout_problems,
@@ -143,6 +145,7 @@ class PipelineConfig:
                     out += batch_problems(self.train, dp, how)
         if cluster is not None:
             out += tracking_problems(self.tracking, cluster, profile)
+            out += precision_problems(self.train, cluster, profile)
         return out
 
     def check(
@@ -200,6 +203,28 @@ def tracking_problems(tracking: TrackingConfig, cluster: ClusterConfig, profile:
     else:
         what = f"a database, not an MLflow server: {pods} would keep the run's artifacts in the pod, lost with it"
     return [f"{setting} is {uri!r}: {what}; {remedy}"]
+
+
+def precision_problems(train: TrainConfig, cluster: ClusterConfig, profile: str = "") -> list[str]:
+    """One line where ``train.precision: fp8`` cannot run: under a profile without GPUs, or, where the tasks run
+    on this machine (not ``cluster.remote``), on its own GPU. A cluster's GPUs are checked where they are, by
+    each rank before it starts (``training.model.fp8.refuse_without_hardware``)."""
+    if train.precision != Precision.FP8:
+        return []
+    named = f"cluster profile {Path(profile).stem}" if profile else "the cluster profile"
+    if cluster.gpus_per_node == 0:
+        return [
+            f"train.precision is 'fp8' but {named} trains on CPUs (gpus_per_node: 0); {FP8_NEEDS}: set "
+            f"train.precision: bf16, or launch under a GPU profile (${CLUSTER_ENV})"
+        ]
+    if cluster.remote:
+        return []
+    from training.model.fp8 import hardware_problem  # torch: only for the runs that ask for FP8
+
+    problem = hardware_problem()
+    if not problem:
+        return []
+    return [f"train.precision is 'fp8' but {problem} ({named} trains here); {FP8_NEEDS}: set train.precision: bf16"]
 
 
 def launch_profile(path: str | None = None) -> str:

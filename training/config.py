@@ -60,6 +60,24 @@ class CompileMode(StrEnum):
     OFF = "off"
 
 
+class Precision(StrEnum):
+    """``train.precision``: the transformer layers' matmuls."""
+
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+FP8_NEEDS = "FP8 needs NVIDIA GPUs of compute capability 8.9 or newer (L4, L40S, H100, H200, B200)"
+"""Why ``train.precision: fp8`` is refused where it is (the launch check, each rank)."""
+
+
+class Fp8Recipe(StrEnum):
+    """``train.fp8_recipe``: how FP8's casts are scaled (torchao's recipe names)."""
+
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
+
+
 @documented
 @dataclass
 class ModelConfig:
@@ -291,6 +309,14 @@ class TrainConfig:
     """torch.compile each transformer layer and the loss head (training/model/compiling.py): 'auto' (on CUDA;
     off on CPU, where compiling costs more than a short run gains), 'on' (fails where it cannot run) or 'off'.
     Compile time is reported apart from step time; Inductor caches the compiled graphs across runs."""
+    precision: Precision = Precision.BF16
+    """The transformer layers' matmuls: 'bf16' (bf16 weights and activations with fp32 master weights on GPUs;
+    fp32 on CPU) or 'fp8' (their linears' GEMMs in FP8 through torchao's float8 training, the rest as bf16:
+    training/model/fp8.py). FP8 needs NVIDIA GPUs of compute capability 8.9 or newer (L4, L40S, H100, H200,
+    B200); a run refuses elsewhere before anything starts."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
+    """How FP8's casts are scaled (with precision 'fp8'): 'tensorwise' (one scale per tensor, e5m2 gradients:
+    the fastest GEMMs) or 'rowwise' (a power-of-two scale per row, e4m3 throughout: closer to bf16)."""
     seed: int = 1234
     """Seed of initialisation and data order."""
     checkpoint_every: int = 150
@@ -408,6 +434,8 @@ class TrainConfig:
         out += at_least("train.grad_clip", self.grad_clip, 0, " (0 = off; typical 1.0)")
         out += choice_problem("train.recompute", self.recompute, Recompute)
         out += choice_problem("train.compile", self.compile, CompileMode)
+        out += choice_problem("train.precision", self.precision, Precision)
+        out += choice_problem("train.fp8_recipe", self.fp8_recipe, Fp8Recipe)
         out += at_least("train.seed", self.seed, 0)
         out += at_least("train.checkpoint_every", self.checkpoint_every, 1, " (the last step is always saved)")
         out += at_least("train.keep_every", self.keep_every, 0, " (0 = off)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable
@@ -41,11 +42,12 @@ from storage import open_store
 from training.blend import BlendedLoader, open_loader
 from training.callbacks import Callbacks, OnRecord
 from training.checkpointing.manager import CheckpointManager
-from training.config import ModelConfig, ParallelConfig, TrainConfig
+from training.config import ModelConfig, ParallelConfig, Precision, TrainConfig
 from training.cooldown import pinned_checkpoint, plan_steps
 from training.data import Reading, StreamingLoader
 from training.distributed import init_distributed, shutdown_distributed
 from training.model.compiling import compile_seconds
+from training.model.fp8 import refuse_without_hardware
 from training.model.step import StepResult, build_step, micro_batches
 from training.observe.diagnostics import write_diagnostics
 from training.observe.goodput import GoodputCallback
@@ -126,6 +128,8 @@ class Trainer:
         self.base_model = base_model
         self.progress = progress
         self.dataset = dataset
+        if cfg.precision == Precision.FP8:  # before anything starts: the launch could not see this node's GPUs
+            refuse_without_hardware(f"rank {os.environ.get('RANK', '0')} on {socket.gethostname()}")
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         init_distributed(parallel, cfg.seed)
         self.rank0 = dist.get_rank() == 0

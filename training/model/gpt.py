@@ -31,13 +31,15 @@ def build_gpt(
     init_seed: int | None = None,
     recompute: str = "none",
     document_eod: int | None = None,
+    fp8_recipe: str = "",
 ):
     """A megatron-core GPTModel for this rank: with ``pipeline_parallel`` > 1, this rank's stage
     (its layers; the embedding on the first stage, the final norm and output on the last).
     megatron's groups must be initialised with the same sizes. With ``init_seed`` the CPU
     initialisation is the same whatever the parallel layout (see ``layers.py``). ``recompute``
     is ``TrainConfig.recompute``. ``document_eod``: the end-of-text id of document masking
-    (``training.model.documents``; None = off), which ``mean_loss`` reads from the model."""
+    (``training.model.documents``; None = off), which ``mean_loss`` reads from the model. ``fp8_recipe``:
+    the transformer layers' linears multiply in FP8 under that recipe (``training.model.fp8``; '' = not)."""
     from megatron.core import parallel_state
 
     from training.model.layers import IMPL_ATTR, INIT_SEED_ATTR, gpt_block_spec, install_rotary, resolve_impl
@@ -59,6 +61,10 @@ def build_gpt(
     setattr(transformer, IMPL_ATTR, resolve_impl(config.kernels))
     if init_seed is not None:
         setattr(transformer, INIT_SEED_ATTR, init_seed)
+    if fp8_recipe:
+        from training.model.fp8 import FP8_ATTR, Fp8Recipe
+
+        setattr(transformer, FP8_ATTR, Fp8Recipe(fp8_recipe).value)
     install_rotary()
     if config.vocab_size and vocab_size > config.vocab_size:
         raise ConfigError(
@@ -66,9 +72,10 @@ def build_gpt(
             "its ids would fall outside the embedding; use the model's own tokenizer or set model.vocab_size: 0"
         )
     vocab = _padded_vocab(config.vocab_size or vocab_size, tensor_parallel)
+    layers = gpt_block_spec(config.num_layers // pipeline_parallel, qk_norm=config.qk_norm, fp8=bool(fp8_recipe))
     model = _gpt_class()(
         config=transformer,
-        transformer_layer_spec=gpt_block_spec(config.num_layers // pipeline_parallel, qk_norm=config.qk_norm),
+        transformer_layer_spec=layers,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         vocab_size=vocab,

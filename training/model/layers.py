@@ -170,9 +170,10 @@ class SDPAttention(_dot_product_attention()):
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [s, b, heads · d]
 
 
-def gpt_block_spec(num_layers: int, qk_norm: bool = False):
+def gpt_block_spec(num_layers: int, qk_norm: bool = False, fp8: bool = False):
     """megatron's local GPT layer spec with our norm, activation and SDPA attention, plus our final norm;
-    with ``qk_norm`` our norm on every query and key head too.
+    with ``qk_norm`` our norm on every query and key head too; with ``fp8`` the four linears of each layer
+    multiply in FP8 (``training.model.fp8``).
 
     ``num_layers`` is this pipeline stage's share: megatron numbers the layers globally
     (stage offset + local index), so checkpoints do not depend on the pipeline split.
@@ -189,6 +190,14 @@ def gpt_block_spec(num_layers: int, qk_norm: bool = False):
         layer.submodules.self_attention.submodules.k_layernorm = HeadRMSNorm
     layer.submodules.mlp.submodules.activation_func = SwiGLU
     layer.submodules.self_attention.submodules.core_attention = SDPAttention
+    if fp8:
+        from training.model.fp8 import fp8_linears
+
+        column, row = fp8_linears()
+        layer.submodules.self_attention.submodules.linear_qkv = column
+        layer.submodules.self_attention.submodules.linear_proj = row
+        layer.submodules.mlp.submodules.linear_fc1 = column
+        layer.submodules.mlp.submodules.linear_fc2 = row
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
 
 

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from common.settings import problems_error
 from training import cpu_compat
-from training.config import ModelConfig, ParallelConfig, TrainConfig, batch_problems
+from training.config import ModelConfig, ParallelConfig, Precision, TrainConfig, batch_problems
 from training.model.compiling import compile_model, resolve_compile
 from training.model.fsdp import FsdpStep
 from training.model.gpt import build_gpt, mean_loss, model_inputs
@@ -105,6 +105,7 @@ def build_step(
         init_seed=cfg.seed,
         recompute=cfg.recompute,
         document_eod=eod_id if cfg.document_masking else None,
+        fp8_recipe=cfg.fp8_recipe if cfg.precision == Precision.FP8 else "",
     )
     if resolve_compile(cfg.compile, next(model.parameters()).device.type):
         compile_model(model)
