@@ -40,7 +40,8 @@ from cli.settings import add_settings_command
 from common.contracts import HF_EXPORT
 from common.errors import TRACEBACK_LABEL, peel_flyte, traceback_note, user_error_in, write_traceback
 from common.terminal import escaped_output
-from pipeline.config import PipelineConfig, launch_world, load_config
+from pipeline.cluster import load_cluster
+from pipeline.config import PipelineConfig, launch_profile, launch_world, load_config
 from registry.card import metric_text
 from registry.registry import Promotion, download, list_models, promote, resolve, show
 from reports import run_text
@@ -58,7 +59,19 @@ def _config(args: argparse.Namespace) -> PipelineConfig:
     """The config ``--config`` names (or the defaults) with every ``--set KEY=VALUE``, and ``--store URI`` as the
     last of them (``store`` is the setting it sets), checked."""
     store = [f"store={json.dumps(args.store)}"] if args.store else []  # JSON: a string YAML reads as it is
-    return load_config(args.config, overrides=[*args.set, *store])
+    config = load_config(args.config, overrides=[*args.set, *store])
+    _refuse_fp8_here(config)
+    return config
+
+
+def _refuse_fp8_here(config: PipelineConfig) -> None:
+    """FP8 under a profile whose train task runs on this machine's GPUs: refused now if they cannot run it, not
+    once the data is prepared (pipeline.config refuses a profile without GPUs; each rank checks its own)."""
+    cluster = load_cluster()
+    if config.train.precision == "fp8" and cluster.gpus_per_node > 0 and not cluster.remote:
+        from training.model.fp8 import refuse_without_hardware
+
+        refuse_without_hardware(f"this machine (cluster profile {Path(launch_profile()).stem} trains here)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

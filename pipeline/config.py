@@ -206,25 +206,17 @@ def tracking_problems(tracking: TrackingConfig, cluster: ClusterConfig, profile:
 
 
 def precision_problems(train: TrainConfig, cluster: ClusterConfig, profile: str = "") -> list[str]:
-    """One line where ``train.precision: fp8`` cannot run: under a profile without GPUs, or, where the tasks run
-    on this machine (not ``cluster.remote``), on its own GPU. A cluster's GPUs are checked where they are, by
-    each rank before it starts (``training.model.fp8.refuse_without_hardware``)."""
-    if train.precision != Precision.FP8:
+    """One line where ``train.precision: fp8`` cannot run under the cluster profile: one without GPUs. Which GPUs
+    a profile's nodes hold is checked where they are: by ``pretrain run`` and ``pretrain check`` for a profile
+    that trains on this machine (``cli.main``), by each rank before it starts (``training.model.fp8``).
+    No torch here: this module is part of every task's cache key."""
+    if train.precision != Precision.FP8 or cluster.gpus_per_node > 0:
         return []
     named = f"cluster profile {Path(profile).stem}" if profile else "the cluster profile"
-    if cluster.gpus_per_node == 0:
-        return [
-            f"train.precision is 'fp8' but {named} trains on CPUs (gpus_per_node: 0); {FP8_NEEDS}: set "
-            f"train.precision: bf16, or launch under a GPU profile (${CLUSTER_ENV})"
-        ]
-    if cluster.remote:
-        return []
-    from training.model.fp8 import hardware_problem  # torch: only for the runs that ask for FP8
-
-    problem = hardware_problem()
-    if not problem:
-        return []
-    return [f"train.precision is 'fp8' but {problem} ({named} trains here); {FP8_NEEDS}: set train.precision: bf16"]
+    return [
+        f"train.precision is 'fp8' but {named} trains on CPUs (gpus_per_node: 0); {FP8_NEEDS}: set "
+        f"train.precision: bf16, or launch under a GPU profile (${CLUSTER_ENV})"
+    ]
 
 
 def launch_profile(path: str | None = None) -> str:

@@ -6,13 +6,13 @@ The model checks run the FP8 casts and ``torch._scaled_mm`` on the CPU, in this 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from cli.main import main
 from common.contracts import DatasetRef
 from common.errors import ConfigError
 from pipeline.config import parse_config
@@ -99,17 +99,24 @@ def _parse(tmp_path: Path, monkeypatch, profile: str | None, precision: str = "f
     parse_config({"store": str(tmp_path / "store"), "train": {"precision": precision, **train}})
 
 
-def test_fp8_is_refused_at_launch_where_no_gpu_can_run_it(tmp_path, monkeypatch):
+def test_fp8_is_refused_at_launch_where_no_gpu_can_run_it(tmp_path, monkeypatch, capsys):
     with pytest.raises(ConfigError) as cpu_profile:
         _parse(tmp_path, monkeypatch, None)
     lines = [line for line in str(cpu_profile.value).splitlines() if "precision" in line]
     assert len(lines) == 1 and "cluster profile local trains on CPUs (gpus_per_node: 0)" in lines[0], lines
     assert "compute capability 8.9" in lines[0] and "set train.precision: bf16" in lines[0]
 
-    here = tmp_path / "workstation.yaml"  # one GPU, on this machine (which has none)
-    here.write_text("nnodes: 1\nnproc_per_node: 1\ngpus_per_node: 1\n")
-    with pytest.raises(ConfigError, match=re.escape("train.precision is 'fp8' but this machine has no CUDA GPU")):
-        _parse(tmp_path, monkeypatch, str(here))
+    # One GPU, on this machine (which has none): the profile passes; `pretrain check` and `pretrain run` look here.
+    here = tmp_path / "workstation.yaml"
+    here.write_text("nnodes: 1\nnproc_per_node: 2\ngpus_per_node: 2\n")
+    _parse(tmp_path, monkeypatch, str(here))
+    status = main(["check", "--set", "train.precision=fp8", "--store", str(tmp_path / "store")])
+    stderr = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in stderr, stderr
+    assert stderr.startswith(
+        "error: train.precision is 'fp8' but this machine (cluster profile workstation trains here) cannot run it: "
+        "this machine has no CUDA GPU; FP8 needs NVIDIA GPUs of compute capability 8.9"
+    ), stderr
 
     # A remote cluster's GPUs are checked where they are (each rank, below); bf16 passes everywhere.
     gpus = str(Path(__file__).parents[1] / "configs/cluster/gpu-2x8.yaml")
