@@ -20,6 +20,10 @@ parameter count, and of the data loader against what training consumes, measured
       causal SDPA, positions restarting per document, the masked loss): its cost against ``ours`` is
       ``masked_vs_unmasked``. Every variant trains the same rows, packed documents whose lengths are drawn
       from an exponential distribution of mean seq/2 (two documents a row on average, ``documents_per_row``).
+    - ``ours_fp8`` (with ``--fp8 RECIPE``): ``ours`` with ``train.precision: fp8`` under that recipe (the
+      transformer layers' linears in FP8, training/model/fp8.py): ``fp8_vs_bf16`` is its speed over ``ours``.
+      On a GPU without FP8 GEMMs (compute capability < 8.9) the run refuses with one line before it builds
+      anything; on a CPU the same casts and ``torch._scaled_mm`` run (the dry run: figures that mean nothing).
     The parameter counts are asserted equal. Steps alternate round-robin between the variants (the
     order rotates every step) for ``--repeats`` repeats of ``--steps`` steps after ``--warmup``
     warm-up steps each; tokens/s comes from the median step time.
@@ -41,12 +45,18 @@ Prints human-readable lines, then one JSON object as the last line:
   ours, ours_eager, plain_compiled, plain_eager
                                tokens_per_s (median step of all repeats), step_ms, best_tokens_per_s
                                (fastest step), tokens_per_s_repeats (per repeat) with tokens_per_s_min/max,
-                               first_step_s, parameters, model_tflops_per_s, mfu
+                               first_step_s, parameters, model_tflops_per_s, mfu; on CUDA step_peak_gib: the
+                               most a step allocated above what was allocated when it began (activations,
+                               gradients, workspaces: the weights and optimizer state, resident, not counted)
+  memory                       on CUDA: step_peak_gib ratios (> 1: the first named needs more), ours_vs_plain_compiled
+                               and, with --fp8, fp8_vs_bf16
   plain                        = plain_compiled (before issue 14 it was an eager, unfused model)
   ratios, spread               medians and [min, max] of per-repeat ratios (> 1: ours faster; each the
                                median of the repeat's paired step-time ratios, see repeat_ratios):
                                ours_vs_plain_compiled (goal ≥ 1.0 at ≥ 5M parameters, issue 31),
-                               ours_eager_vs_plain_eager, ours_vs_plain_eager, ours_compile_speedup (ours over ours_eager)
+                               ours_eager_vs_plain_eager, ours_vs_plain_eager, ours_compile_speedup (ours over ours_eager),
+                               with --fp8 fp8_vs_bf16 (ours_fp8 over ours; goal ≥ 1.15 at 1b, issue 52) and
+                               ours_fp8_vs_plain_compiled
   plain_compile_speedup        plain_compiled over plain_eager: median, min, max of the per-repeat ratios
   ratio_ours_vs_plain          ours over plain = plain_compiled, from the median step times (the ratios
                                above are the better figure); ratio_ours_vs_plain_best from the fastest steps
@@ -64,7 +74,7 @@ Prints human-readable lines, then one JSON object as the last line:
 
   python benchmarks/bench_train.py [--device cpu|cuda] [--size tiny|small|350m|1b] [--repeats 3]
                                    [--steps N] [--warmup N] [--threads N] [--profile] [--no-loader] [--no-checkpoint]
-                                   [--loader-s3-mb MB]
+                                   [--loader-s3-mb MB] [--fp8 tensorwise|rowwise]
   --size tiny is the smoke run (seconds, plus the compile).
 """
 
@@ -208,10 +218,11 @@ def model_config(shape: dict[str, int], kernels: str = "triton") -> ModelConfig:
 
 
 def build_ours(
-    shape: dict[str, int], compiled: bool, device: torch.device, tokens: torch.Tensor, masked: bool = False
+    shape: dict[str, int], compiled: bool, device: torch.device, tokens: torch.Tensor, masked: bool = False, fp8: str = ""
 ) -> tuple[nn.Module, Step, str]:
     """The trainer's own step at TP=PP=1, as ``training.model.step.build_step`` makes it (``train.compile``
-    on or off; ``model.kernels: triton``; ``train.document_masking`` as ``masked``)."""
+    on or off; ``model.kernels: triton``; ``train.document_masking`` as ``masked``; ``train.precision: fp8``
+    under the recipe ``fp8``, '' = bf16)."""
     from training.model.layers import IMPL_ATTR
     from training.model.step import LocalStep, build_step
     from training.observe.timing import StepTimer
@@ -225,6 +236,8 @@ def build_ours(
         grad_clip=CLIP,
         compile="on" if compiled else "off",
         document_masking=masked,
+        precision="fp8" if fp8 else "bf16",
+        fp8_recipe=fp8 or "tensorwise",
     )
     local = build_step(model_config(shape), ParallelConfig(tensor_parallel=1), cfg, shape["vocab"], shape["seq"], EOD)
     require(isinstance(local, LocalStep), f"expected the single-stage LocalStep, got {type(local).__name__}")
@@ -276,8 +289,10 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # a tied weight is one parameter on both sides
 
 
-def build_variants(shape: dict[str, int], device: torch.device, attention: str) -> tuple[dict[str, Step], dict[str, dict]]:
-    """The four steps on one fixed batch, and what each variant is (parameters, kernels, optimizer)."""
+def build_variants(
+    shape: dict[str, int], device: torch.device, attention: str, fp8: str = ""
+) -> tuple[dict[str, Step], dict[str, dict]]:
+    """The variants' steps on one fixed batch, and what each variant is (parameters, kernels, optimizer, precision)."""
     from training.config import ffn_size
     from training.distributed import init_distributed
     from training.model.step import adamw
@@ -287,10 +302,12 @@ def build_variants(shape: dict[str, int], device: torch.device, attention: str) 
     torch.manual_seed(0)
     tokens = packed_documents(torch.randint(1, shape["vocab"], (shape["batch"], shape["seq"] + 1)), shape["seq"] / 2).to(device)
     steps, info = {}, {}
-    for name, compiled, masked in (("ours", True, False), ("ours_eager", False, False), ("ours_masked", True, True)):
-        model, steps[name], ran = build_ours(shape, compiled, device, tokens, masked)
+    ours = [("ours", True, False, ""), ("ours_eager", False, False, ""), ("ours_masked", True, True, "")]
+    for name, compiled, masked, recipe in ours + ([("ours_fp8", True, False, fp8)] if fp8 else []):
+        model, steps[name], ran = build_ours(shape, compiled, device, tokens, masked, recipe)
         info[name] = {"parameters": parameter_count(model), "compiled": compiled, "kernels_run": ran, "optimizer": "fused"}
         info[name] |= {"document_masking": masked, "documents_per_row": round(documents_per_row(tokens), 2)}
+        info[name]["precision"] = f"fp8 {recipe}" if recipe else "bf16" if device.type == "cuda" else "fp32"
     for name in ("plain_compiled", "plain_eager"):
         torch.manual_seed(0)
         with device:  # initialised where it runs: a 1B model's init on the CPU alone takes tens of seconds
@@ -309,17 +326,23 @@ def build_variants(shape: dict[str, int], device: torch.device, attention: str) 
 
 def time_steps(
     steps: dict[str, Step], device: torch.device, warmup: int, per_repeat: int, repeats: int
-) -> tuple[dict[str, float], dict[str, list[list[float]]]]:
-    """Seconds of each variant's first step (compile included), and of its timed steps per repeat.
+) -> tuple[dict[str, float], dict[str, list[list[float]]], dict[str, float]]:
+    """Seconds of each variant's first step (compile included), and of its timed steps per repeat; on CUDA
+    the most each variant's timed steps allocated above what was allocated when each began (bytes).
     Variants alternate step by step, the order rotating, so that load from other processes and
     cache effects of the preceding variant hit all of them alike."""
     names = list(steps)
     first: dict[str, float] = {}
     timed: dict[str, list[list[float]]] = {name: [[] for _ in range(repeats)] for name in names}
+    peaks: dict[str, float] = {}
+    cuda = device.type == "cuda"
     for i in range(warmup + per_repeat * repeats):
         for j in range(len(names)):
             name = names[(i + j) % len(names)]
             sync(device)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+                resident = torch.cuda.memory_allocated(device)
             start = time.perf_counter()
             steps[name]()
             sync(device)
@@ -328,10 +351,18 @@ def time_steps(
                 first[name] = seconds
             if i >= warmup:
                 timed[name][(i - warmup) // per_repeat].append(seconds)
-    return first, timed
+                if cuda:
+                    peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated(device) - resident)
+    return first, timed, peaks
 
 
-def summarize(shape: dict[str, int], device: torch.device, first: dict[str, float], timed: dict[str, list[list[float]]]) -> dict:
+def summarize(
+    shape: dict[str, int],
+    device: torch.device,
+    first: dict[str, float],
+    timed: dict[str, list[list[float]]],
+    peaks: dict[str, float],
+) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tokens = shape["batch"] * shape["seq"]
     per_token = flops_per_token(non_embedding_params(model_config(shape)), shape["layers"], shape["hidden"], shape["seq"])
@@ -353,6 +384,11 @@ def summarize(shape: dict[str, int], device: torch.device, first: dict[str, floa
             "model_tflops_per_s": round(per_token * tokens / median / 1e12, 4),
             "mfu": round(per_token * tokens / median / peak, 4) if peak else None,
         }
+        if name in peaks:
+            results[name]["step_peak_gib"] = round(peaks[name] / 2**30, 3)
+    if peaks:
+        pairs = {"ours_vs_plain_compiled": ("ours", "plain_compiled"), "fp8_vs_bf16": ("ours_fp8", "ours")}
+        results["memory"] = {key: round(peaks[a] / peaks[b], 3) for key, (a, b) in pairs.items() if a in peaks and peaks[b]}
     results["peak"] = {"flops": peak, "source": source}
     if device.type == "cuda":
         results["peak"]["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
@@ -378,6 +414,11 @@ def repeat_ratios(timed: dict[str, list[list[float]]]) -> dict:
             # < 1: document masking's cost, the masked step's speed over the unmasked one's.
             "masked_vs_unmasked": over("ours_masked", "ours"),
         }
+        | (
+            {"fp8_vs_bf16": over("ours_fp8", "ours"), "ours_fp8_vs_plain_compiled": over("ours_fp8", "plain_compiled")}
+            if "ours_fp8" in timed
+            else {}
+        )
     )
     keys["ratios"] = {k: round(v, 3) for k, v in keys["ratios"].items()}
     keys["spread"] = {k: [round(v, 3) for v in mm] for k, mm in keys["spread"].items()}
@@ -439,16 +480,17 @@ def profile_step(step: Step, device: torch.device, steps: int = 2) -> dict:
 
 
 def measure_models(shape: dict[str, int], device: torch.device, args: argparse.Namespace) -> dict:
-    steps, info = build_variants(shape, device, args.plain_attention)
-    first, timed = time_steps(steps, device, args.warmup, args.steps, args.repeats)
-    results = summarize(shape, device, first, timed)
+    steps, info = build_variants(shape, device, args.plain_attention, args.fp8)
+    first, timed, peaks = time_steps(steps, device, args.warmup, args.steps, args.repeats)
+    results = summarize(shape, device, first, timed, peaks)
     results["ratios"] = repeat_ratios(timed)
-    for name in VARIANTS:
+    for name in steps:
         results[name] |= info[name]
     # The first step's excess over a timed one: torch.compile's time (cold or warm: Inductor's cache decides).
     results["compile_s"] = {name: round(first[name] - results[name]["step_ms"] / 1000, 2) for name in ("ours", "plain_compiled")}
     if args.profile:
-        results["profile"] = {name: profile_step(steps[name], device) for name in ("ours", "plain_compiled")}
+        profiled = ("ours", "plain_compiled") + (("ours_fp8",) if args.fp8 else ())
+        results["profile"] = {name: profile_step(steps[name], device) for name in profiled}
     return results
 
 
@@ -500,6 +542,12 @@ def parse_args() -> argparse.Namespace:
         "--loader-s3-mb", type=float, default=-1, help="(d): MB of the S3 loader dataset (default 300; 0 skips; tiny: 0)"
     )
     parser.add_argument(
+        "--fp8",
+        choices=("tensorwise", "rowwise"),
+        default="",
+        help="also time ours with train.precision: fp8 under this recipe (ours_fp8; fp8_vs_bf16)",
+    )
+    parser.add_argument(
         "--compile-backend",
         choices=("inductor", "eager"),
         default="inductor",
@@ -517,13 +565,19 @@ def parse_args() -> argparse.Namespace:
         parser.error("--repeats and --warmup must be ≥ 1 (the first step compiles)")
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    if cuda and args.fp8:
+        from training.config import FP8_NEEDS
+        from training.model.fp8 import hardware_problem
+
+        if problem := hardware_problem():
+            parser.error(f"--fp8: {problem}; {FP8_NEEDS}")
     return args
 
 
 def report(result: dict) -> None:
     print(f"{result['device']}, {result['size']} {result['shape']}, {result['dtype']}", end=", ")
     print(f"{result['repeats']} repeats × {result['steps']} steps after {result['warmup']} warm-up")
-    for name in VARIANTS:
+    for name in [v for v in (*VARIANTS, "ours_fp8") if v in result]:
         r = result[name]
         print(
             f"  {name:<19} {r['tokens_per_s']:>10.1f} tokens/s [{r['tokens_per_s_min']}, {r['tokens_per_s_max']}]"
@@ -532,6 +586,8 @@ def report(result: dict) -> None:
     for name, value in result["ratios"].items():
         print(f"  {name:<37} {value} {result['spread'][name]}")
     print(f"  plain compile speedup {result['plain_compile_speedup']}, compile {result['compile_s']} s")
+    if "memory" in result:
+        print(f"  step peak memory ratios {json.dumps(result['memory'])}")
     for name, prof in result.get("profile", {}).items():
         print(f"  profile {name}: step {prof['step_ms']} ms, busy {prof['busy_ms']} ms, {json.dumps(prof['groups_ms'])}")
         for key, ms in prof["top_ms"][:8]:
@@ -574,10 +630,12 @@ def main() -> None:
         "kernels": "triton",
         "plain_attention": args.plain_attention,
         "compile_backend": args.compile_backend,
-        **{name: models[name] for name in VARIANTS},
+        **{name: models[name] for name in (*VARIANTS, "ours_fp8") if name in models},
         "plain": plain,
         "compile_s": models["compile_s"],
         "peak": models["peak"],
+        **({"memory": models["memory"]} if "memory" in models else {}),
+        "fp8_recipe": args.fp8 or None,
         "ratio_ours_vs_plain": round(ours["tokens_per_s"] / plain["tokens_per_s"], 3),
         "ratio_ours_vs_plain_best": round(ours["best_tokens_per_s"] / plain["best_tokens_per_s"], 3),
         **models["ratios"],

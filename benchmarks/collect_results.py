@@ -5,7 +5,10 @@
 Reads ``OUT_DIR/steps.tsv`` (name, exit status, seconds per step), each ``OUT_DIR/<name>.log``
 and ``OUT_DIR/device.txt`` (nvidia-smi's line), and writes ``<results>/<device>-<date>.json``
 and a copy in OUT_DIR. A step whose log ends without a JSON object is recorded with its exit
-status and last lines: a failed check is a result too.
+status and last lines: a failed check is a result too. ``headline`` gathers the figures issue 52 asks
+for, per training shape: ``ours_vs_plain_compiled`` and ``fp8_vs_bf16`` (medians, with their
+[min, max] over the repeats), tokens/s of ours, ours in FP8 and the plain compiled model, and each
+one's step peak memory (GiB), so that a closing note quotes one place.
 
 ``--dry-run`` (``gpu_checks.sh --dry-run``): the record says so (``dry_run``), it is named
 ``cpu-dry-run-<date>.json`` and written to OUT_DIR only: ``--results`` defaults to OUT_DIR and may
@@ -46,6 +49,28 @@ def device_slug(nvidia_smi_line: str) -> str:
 DRY_RUN = "gpu_checks.sh --dry-run: every step on CPU at tiny shapes; its figures mean nothing"
 
 
+HEADLINE_RATIOS = ("ours_vs_plain_compiled", "fp8_vs_bf16")
+HEADLINE_VARIANTS = ("ours", "ours_fp8", "plain_compiled")
+
+
+def headline(steps: dict) -> dict:
+    """Per bench_train step: the goal's ratios with their spread, and tokens/s and step peak memory per variant."""
+    out = {}
+    for name, entry in steps.items():
+        result = entry.get("result") or {}
+        if not name.startswith("bench_train") or "ratios" not in result:
+            continue
+        spread = result.get("spread", {})
+        ratios = {k: {"median": result["ratios"][k], "spread": spread[k]} for k in HEADLINE_RATIOS if k in spread}
+        variants = {
+            v: {k: result[v][k] for k in ("tokens_per_s", "mfu", "step_peak_gib") if k in result[v]}
+            for v in HEADLINE_VARIANTS
+            if v in result
+        }
+        out[name] = {"size": result.get("size"), "ratios": ratios, "variants": variants, "memory": result.get("memory")}
+    return out
+
+
 def collect(out: Path) -> dict:
     device_file = out / "device.txt"
     device = device_file.read_text().strip().splitlines()[0] if device_file.exists() and device_file.read_text().strip() else ""
@@ -58,7 +83,7 @@ def collect(out: Path) -> dict:
         steps[name] = {"exit": int(status), "seconds": int(seconds), "result": result}
         if result is None:
             steps[name]["log_tail"] = log.splitlines()[-10:]
-    return {"device": device, "date": datetime.date.today().isoformat(), "steps": steps}
+    return {"device": device, "date": datetime.date.today().isoformat(), "headline": headline(steps), "steps": steps}
 
 
 def main() -> None:

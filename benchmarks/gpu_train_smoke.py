@@ -5,10 +5,15 @@ and compare its validation loss with ours.
 
 This is the GPU path of `make demo` without Flyte. Prints one JSON object as the last line.
 
+``--fp8`` then trains the same run with ``train.precision: fp8`` (tensorwise) on the same data and reports its
+losses beside bf16's (``fp8``: first and last loss, ``last_loss_vs_bf16``, tokens/s). Where no GPU has FP8
+GEMMs (the dry run's CPU) that run must be refused with one line naming the rank before it starts
+(``fp8.refused``); any other outcome fails the step.
+
 ``--dry-run`` runs the same code on CPU (fp32, gloo) at tiny sizes (60 documents, 2 layers, 4 steps
 unless --steps says otherwise), for ``gpu_checks.sh --dry-run``: its figures mean nothing.
 
-  python benchmarks/gpu_train_smoke.py [--steps N] [--dry-run]
+  python benchmarks/gpu_train_smoke.py [--steps N] [--fp8] [--dry-run]
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from common.errors import UserError
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import prepare_dataset
 from evaluation.config import EvalConfig
@@ -30,6 +37,7 @@ from evaluation.evaluate import evaluate
 from storage import open_store
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
+from training.model.fp8 import hardware_problem
 from training.train import train
 
 # The run's sizes: the GPU's, and the dry run's (tests/helpers.py's tiny settings, the same shape of
@@ -64,9 +72,38 @@ def hf_loss(hf_dir: Path, rows: torch.Tensor, device: str) -> float:
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].to(device).flatten()).item()
 
 
+def fp8_run(dataset, model: ModelConfig, steps: TrainConfig, bf16_metrics: list[dict], store) -> dict:
+    """The same run in FP8 (its own run id: precision is part of it); refused with one line without FP8 GEMMs."""
+    fp8 = replace(steps, precision="fp8", fp8_recipe="tensorwise")
+    expected_refusal = hardware_problem()
+    try:
+        ckpt = launch(train, 1, dataset, model, ParallelConfig(tensor_parallel=1), fp8)
+    except UserError as refused:
+        line = str(refused)
+        # The launcher's one line: the rank that failed first, while starting, with the rank's own refusal.
+        refusal = "rank 0 failed first, while starting: ConfigError: train.precision is 'fp8' but rank 0 on "
+        if not expected_refusal or "\n" in line or not line.startswith(refusal):
+            raise
+        return {"refused": line}
+    if expected_refusal:
+        raise RuntimeError(f"train.precision: fp8 ran where it must be refused ({expected_refusal})")
+    metrics = [json.loads(line) for line in store.get_bytes(f"{ckpt.run}/metrics.jsonl").decode().splitlines()]
+    return {
+        "recipe": "tensorwise",
+        "first_loss": metrics[0]["loss"],
+        "last_loss": metrics[-1]["loss"],
+        "last_loss_vs_bf16": round(metrics[-1]["loss"] / bf16_metrics[-1]["loss"], 4),
+        "tokens_per_s_last": metrics[-1].get("tokens_per_s"),
+        "tokens_per_s_last_vs_bf16": round(metrics[-1]["tokens_per_s"] / bf16_metrics[-1]["tokens_per_s"], 3)
+        if metrics[-1].get("tokens_per_s") and bf16_metrics[-1].get("tokens_per_s")
+        else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps (default: 60; dry run: 4)")
+    parser.add_argument("--fp8", action="store_true", help="then the same run in FP8 (refused, in one line, without FP8 GEMMs)")
     parser.add_argument("--dry-run", action="store_true", help="on CPU at tiny sizes, to check the script (no figures)")
     args = parser.parse_args()
     if args.dry_run:
@@ -111,6 +148,8 @@ def main() -> None:
             "hf_val_loss": hf_loss(exported, torch.from_numpy(rows.astype("int64")), device),
             "sample": report.sample,
         }
+        if args.fp8:
+            result["fp8"] = fp8_run(dataset, model, steps, metrics, store)
     print(json.dumps(result))
 
 

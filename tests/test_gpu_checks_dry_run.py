@@ -88,13 +88,25 @@ def test_gpu_checks_dry_run(tmp_path: Path) -> None:
     assert all("triton_ms" in row and "check_vs_eager" in row for row in kernels["results"]), kernels["results"]
     for name in ("bench_train_350m", "bench_train_1b"):
         assert last[name]["device"] == "cpu" and last[name]["size"] == "tiny", last[name]
-    assert "profile" in last["bench_train_1b"] and last["bench_train_1b"]["loader"] == {"skipped": "--no-loader"}
+        # FP8 beside bf16, as on the GPU (on a CPU: the same casts and scaled GEMMs, figures that mean nothing)
+        assert last[name]["ours_fp8"]["precision"] == "fp8 tensorwise" and "fp8_vs_bf16" in last[name]["ratios"], name
+    assert set(last["bench_train_1b"]["profile"]) == {"ours", "plain_compiled", "ours_fp8"}
+    assert last["bench_train_1b"]["loader"] == {"skipped": "--no-loader"}
     assert last["train_smoke"]["device"].startswith("cpu (dry run")
+    # FP8 where no GPU has FP8 GEMMs: the launch refused it in one line naming the rank, before it started
+    refused = last["train_smoke"]["fp8"]["refused"]
+    assert refused.startswith("rank 0 failed first, while starting: ConfigError: train.precision is 'fp8' but rank 0 on ")
+    assert "cannot run it: this machine has no CUDA GPU" in refused, refused
     assert last["step_check"]["device"] == "cpu" and "dry_run" in last["step_check"]
 
     # The collector: a results file marked as a dry run, in OUT only; nothing written to benchmarks/results.
     collected = [json.loads(p.read_text()) for p in out.glob("cpu-dry-run-*.json")]
     assert len(collected) == 1 and collected[0]["dry_run"], sorted(p.name for p in out.iterdir())
+    headline = collected[0]["headline"]  # the figures a closing note quotes, per training shape
+    assert set(headline) == {"bench_train_1b", "bench_train_350m"}, headline
+    for shape in headline.values():
+        assert set(shape["ratios"]) == {"ours_vs_plain_compiled", "fp8_vs_bf16"}, shape
+        assert set(shape["variants"]) == {"ours", "ours_fp8", "plain_compiled"}, shape
     assert {name: step["exit"] for name, step in collected[0]["steps"].items()} == dict.fromkeys(STEPS, 0)
     assert listing(RESULTS) == results_before
 
