@@ -8,8 +8,9 @@
 #
 #   bash benchmarks/gpu_checks.sh [--dry-run] [OUT_DIR]
 #
-# Wheels in .whl/ (e.g. megatron-core, liger-kernel for a machine that lacks them) are installed
-# into a private folder first. Each step's log goes to OUT_DIR (default ./gpu-checks); a
+# Wheels in .whl/ (what the steps import beyond a bare CUDA torch image: `python benchmarks/gpu_wheels.py`
+# downloads them for the GPU's Python, 32 wheels, 48.8 MiB; carry .whl with the run) are installed into a
+# private folder first. Each step's log goes to OUT_DIR (default ./gpu-checks); a
 # failing step is reported and the next one still runs, and the exit status is 1 if any failed.
 # At the end every step's last JSON line is gathered into benchmarks/results/<device>-<date>.json
 # (and OUT_DIR), the file the README's Performance section and docs/performance.md quote once it

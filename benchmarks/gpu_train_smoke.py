@@ -41,14 +41,16 @@ from training.model.fp8 import hardware_problem
 from training.train import train
 
 # The run's sizes: the GPU's, and the dry run's (tests/helpers.py's tiny settings, the same shape of
-# run: two micro-batches per step, grouped-query attention, a checkpoint at the last step).
+# run: two micro-batches per step, grouped-query attention, a checkpoint at the last step). No lm-eval
+# suites: lm-evaluation-harness brings datasets, pandas, pyarrow and scipy, over 100 MB of wheels where a
+# GPU run carries 64 MiB (benchmarks/gpu_wheels.py); they run on the same export in CI (tests/test_lm_eval.py).
 SIZES: dict[str, dict[str, Any]] = {
     "gpu": {
         "data": dict(max_documents=300, seq_len=512, workers=4),
         "vocab": 8192,
         "model": dict(num_layers=8, hidden_size=512, num_attention_heads=8, num_query_groups=4),
         "train": dict(micro_batch_size=16, global_batch_size=32, warmup_steps=10),
-        "eval": dict(max_batches=2, batch_size=8, sample_tokens=16),
+        "eval": dict(max_batches=2, batch_size=8, sample_tokens=16, lm_eval_tasks=[]),
         "steps": 60,
     },
     "dry_run": {
@@ -56,8 +58,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "vocab": 384,
         "model": dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2),
         "train": dict(micro_batch_size=4, global_batch_size=8, warmup_steps=2),
-        # lm-eval's tasks as on the GPU, on 8 examples each, not 64 (about 3 s less of a 25 s step).
-        "eval": dict(max_batches=2, batch_size=8, sample_tokens=16, lm_eval_examples=8),
+        "eval": dict(max_batches=2, batch_size=8, sample_tokens=16, lm_eval_tasks=[]),
         "steps": 4,
     },
 }

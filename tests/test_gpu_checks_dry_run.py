@@ -150,3 +150,16 @@ def test_a_wrong_kernel_is_refused_and_not_timed(bench_kernels: ModuleType) -> N
     row = bench_kernels.bench_case(right, iters=1, repeats=1, clock=clock)
     assert "triton_refused" not in row and row["check_vs_eager"]["triton"] == {"max": 0.0, "mean": 0.0}
     assert row["triton_ms"] > 0 and row["eager_ms"] > 0
+
+
+def test_every_carried_wheel_is_pinned_by_the_lock() -> None:
+    """What a GPU run carries (benchmarks/gpu_wheels.py) is downloaded at the lock's pins: a name the lock does not
+    pin would fail on the day a device is lent, not here."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu_wheels
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    pins = gpu_wheels.pinned(gpu_wheels.IMAGE + gpu_wheels.CARRY)
+    assert len(pins) == len(set(pins)) == len(gpu_wheels.IMAGE) + len(gpu_wheels.CARRY)
+    assert "torchao==0.18.0" in pins and not set(gpu_wheels.IMAGE) & set(gpu_wheels.CARRY)
