@@ -33,7 +33,8 @@ parameter count, and of the data loader against what training consumes, measured
     shape at TP=1 without recompute), model TFLOP/s and MFU against the device's data-sheet peak
     (``training/observe/metrics.py``). ``--profile`` profiles two steps each of ``ours`` and ``plain_compiled``
     with torch.profiler and groups the self time (CUDA kernels on a GPU, CPU ops on a CPU) into attention,
-    matmul, norm, rope, activation, loss, optimizer, compiled (inductor-fused) and other.
+    matmul, norm, rope, activation, loss, optimizer, compiled (inductor-fused), fp8_cast (FP8's scaling and casts),
+    copy (layout changes and copies) and other, with the launches per step (with ``--fp8``, ``ours_fp8`` too).
 (e) the step loop's stall per checkpoint: ``benchmarks/bench_checkpoint.py`` (a 60 M-parameter model, its
     weights and AdamW moments saved to SeaweedFS S3), asynchronous against synchronous, the same state, rotated;
     its ``async_stall_vs_sync_save`` (goal ≤ 0.15) joins "ratios" and "spread". ``--no-checkpoint`` skips it.
@@ -436,6 +437,8 @@ GROUPS: list[tuple[str, re.Pattern[str]]] = [
     ("rope", re.compile(r"rope|rotary")),
     ("norm", re.compile(r"rms|norm")),
     ("activation", re.compile(r"silu|swiglu|glu")),
+    ("fp8_cast", re.compile(r"tofloat8|to_float8|float8_|amax")),  # FP8's scaling and casts (its GEMMs are matmul)
+    ("copy", re.compile(r"copy|memcpy|memset|contiguous|clone")),  # layout changes, e.g. megatron's [s, b, h, d]
     ("matmul", re.compile(r"(^|[^a-z])(add|badd)?b?mm([^a-z]|$)|matmul|gemm|linear|nvjet|xmma|cutlass|cublas|sm90_")),
 ]
 
@@ -464,7 +467,9 @@ def profile_step(step: Step, device: torch.device, steps: int = 2) -> dict:
         kernels = [e for e in events if e.device_type == DeviceType.CUDA] or list(events)
         timed = [(e.key, e.self_device_time_total / 1000 / steps) for e in kernels]
     else:
+        kernels = list(events)
         timed = [(e.key, e.self_cpu_time_total / 1000 / steps) for e in events]
+    launches = sum(e.count for e in kernels) / steps  # GPU: kernels launched per step (CPU: ops run)
     timed = [(k, ms) for k, ms in timed if ms > 0]
     groups: dict[str, float] = {}
     for key, ms in timed:
@@ -474,6 +479,7 @@ def profile_step(step: Step, device: torch.device, steps: int = 2) -> dict:
     return {
         "step_ms": round(wall_ms, 2),
         "busy_ms": round(busy, 2),  # GPU: kernel time; the rest of step_ms the GPU waited (launches, syncs)
+        "launches_per_step": round(launches),
         "groups_ms": {g: round(ms, 2) for g, ms in sorted(groups.items(), key=lambda kv: -kv[1])},
         "top_ms": [[key[:90], round(ms, 2)] for key, ms in top],
     }
@@ -589,7 +595,10 @@ def report(result: dict) -> None:
     if "memory" in result:
         print(f"  step peak memory ratios {json.dumps(result['memory'])}")
     for name, prof in result.get("profile", {}).items():
-        print(f"  profile {name}: step {prof['step_ms']} ms, busy {prof['busy_ms']} ms, {json.dumps(prof['groups_ms'])}")
+        print(
+            f"  profile {name}: step {prof['step_ms']} ms, busy {prof['busy_ms']} ms, {prof['launches_per_step']} launches, "
+            f"{json.dumps(prof['groups_ms'])}"
+        )
         for key, ms in prof["top_ms"][:8]:
             print(f"      {ms:>9.2f} ms  {key}")
     print(f"  loader {json.dumps(result['loader'])}")

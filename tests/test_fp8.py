@@ -16,9 +16,10 @@ from cli.main import main
 from common.contracts import DatasetRef
 from common.errors import ConfigError
 from pipeline.config import parse_config
-from tests.helpers import tiny_model
+from tests.helpers import fp8_linears_against_torchao, tiny_model
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.distributed import init_distributed, shutdown_distributed
+from training.launch import launch
 from training.model.fp8 import fp8_linears
 from training.model.gpt import build_gpt, mean_loss
 
@@ -89,6 +90,13 @@ def test_an_fp8_model_is_the_plain_model_with_its_linears_rounded_to_fp8(world_o
         assert error < 0.15 and cosine > 0.99, (name, error, cosine)
         if any(f"{linear}.weight" in name for linear in LINEARS):
             assert error > 0.01, (name, error)  # their weight gradients came from FP8 GEMMs
+
+
+@pytest.mark.slow
+def test_at_tp2_with_sequence_parallelism_each_rank_computes_what_torchao_computes_on_its_shard():
+    # Megatron's regions around the FP8 matmul: the sequence gathered before fc1, its gradient reduce-scattered; fc2's
+    # output reduce-scattered. Each rank compares with torchao on its own weight shard (tensorwise scales are per shard).
+    assert launch(fp8_linears_against_torchao, 2, MODEL, "tensorwise", VOCAB, SEQ, 4) == {"rank": 0, "checked": 6}
 
 
 def _parse(tmp_path: Path, monkeypatch, profile: str | None, precision: str = "fp8", **train) -> None:

@@ -90,7 +90,11 @@ def test_gpu_checks_dry_run(tmp_path: Path) -> None:
         assert last[name]["device"] == "cpu" and last[name]["size"] == "tiny", last[name]
         # FP8 beside bf16, as on the GPU (on a CPU: the same casts and scaled GEMMs, figures that mean nothing)
         assert last[name]["ours_fp8"]["precision"] == "fp8 tensorwise" and "fp8_vs_bf16" in last[name]["ratios"], name
-    assert set(last["bench_train_1b"]["profile"]) == {"ours", "plain_compiled", "ours_fp8"}
+    profile = last["bench_train_1b"]["profile"]
+    assert set(profile) == {"ours", "plain_compiled", "ours_fp8"}
+    assert all(p["launches_per_step"] > 0 for p in profile.values()), profile
+    # FP8's casts ran in the FP8 step, and only there
+    assert "fp8_cast" in profile["ours_fp8"]["groups_ms"] and "fp8_cast" not in profile["ours"]["groups_ms"], profile
     assert last["bench_train_1b"]["loader"] == {"skipped": "--no-loader"}
     assert last["train_smoke"]["device"].startswith("cpu (dry run")
     # FP8 where no GPU has FP8 GEMMs: the launch refused it in one line naming the rank, before it started
