@@ -73,6 +73,11 @@ def hf_loss(hf_dir: Path, rows: torch.Tensor, device: str) -> float:
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].to(device).flatten()).item()
 
 
+def step_records(store, ckpt) -> list[dict]:
+    """The run's per-step metrics records (``<run>/metrics.jsonl``)."""
+    return [json.loads(line) for line in store.get_bytes(f"{ckpt.run}/metrics.jsonl").decode().splitlines()]
+
+
 def fp8_run(dataset, model: ModelConfig, steps: TrainConfig, bf16_metrics: list[dict], store) -> dict:
     """The same run in FP8 (its own run id: precision is part of it); refused with one line without FP8 GEMMs."""
     fp8 = replace(steps, precision="fp8", fp8_recipe="tensorwise")
@@ -88,7 +93,7 @@ def fp8_run(dataset, model: ModelConfig, steps: TrainConfig, bf16_metrics: list[
         return {"refused": line}
     if expected_refusal:
         raise RuntimeError(f"train.precision: fp8 ran where it must be refused ({expected_refusal})")
-    metrics = [json.loads(line) for line in store.get_bytes(f"{ckpt.run}/metrics.jsonl").decode().splitlines()]
+    metrics = step_records(store, ckpt)
     return {
         "recipe": "tensorwise",
         "first_loss": metrics[0]["loss"],
@@ -128,8 +133,7 @@ def main() -> None:
         started = time.perf_counter()
         ckpt = launch(train, 1, dataset, model, ParallelConfig(tensor_parallel=1), steps)
         trained = time.perf_counter() - started
-        lines = store.get_bytes(f"{ckpt.run}/metrics.jsonl").decode().splitlines()
-        metrics = [json.loads(line) for line in lines]
+        metrics = step_records(store, ckpt)
         report = evaluate(ckpt, model, EvalConfig(**size["eval"]))
         from data_prep.manifest import load_manifest, shard_urls
         from data_prep.shards import read_rows
