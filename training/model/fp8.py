@@ -54,14 +54,14 @@ def refuse_without_hardware(where: str) -> None:
 
 @functools.cache
 def _torchao_config(recipe: str):
+    """torchao's config of ``recipe`` and the GEMM settings its ``Float8Linear`` derives from it (taken from one,
+    so that they stay what torchao builds)."""
     from torchao.float8 import Float8LinearConfig
-    from torchao.float8.float8_linear import LinearMMConfig, ScaledMMConfig
+    from torchao.float8.float8_linear import Float8Linear
 
     config = Float8LinearConfig.from_recipe_name(Fp8Recipe(recipe).value)
-    # As Float8Linear builds it for the output, the input's gradient and the weight's gradient.
-    gemms = (config.gemm_config_output, config.gemm_config_grad_input, config.gemm_config_grad_weight)
-    mm = LinearMMConfig(*(ScaledMMConfig(config.emulate, g.use_fast_accum, False, config.pad_inner_dim) for g in gemms))
-    return config, mm
+    probe = Float8Linear.from_float(torch.nn.Linear(16, 16, bias=False, device="meta"), config=config)
+    return config, probe.linear_mm_config
 
 
 def fp8_matmul(input: torch.Tensor, weight: torch.Tensor, recipe: str) -> torch.Tensor:
