@@ -46,7 +46,6 @@ from training.config import ModelConfig, ParallelConfig, Precision, TrainConfig
 from training.cooldown import pinned_checkpoint, plan_steps
 from training.data import Reading, StreamingLoader
 from training.distributed import init_distributed, shutdown_distributed
-from training.model.compiling import compile_seconds
 from training.model.fp8 import refuse_without_hardware
 from training.model.step import StepResult, build_step, micro_batches
 from training.observe.diagnostics import write_diagnostics
@@ -56,7 +55,7 @@ from training.observe.metrics import StepMetrics, non_embedding_params
 from training.observe.profiling import WindowProfiler
 from training.observe.step_lines import StepLines, startup_line
 from training.observe.stragglers import StragglerMonitor
-from training.observe.timing import StepTimer, phase_key
+from training.observe.timing import StepTimer, compile_seconds, phase_key
 from training.observe.watchdog import Progress, Watchdog, explain
 from training.runlog import RunLog
 from training.schedule import lr_at

@@ -66,16 +66,6 @@ def compile_model(model: torch.nn.Module) -> None:
     setattr(model.config, COMPILE_ATTR, True)
 
 
-def compile_seconds() -> float:
-    """Seconds this process spent compiling so far (Dynamo's tracing and Inductor's code generation for the
-    forward graphs, and the backward graphs compiled at the first backward), from torch's own timers."""
-    from torch._dynamo.utils import compile_times
-
-    names, seconds = compile_times(repr="csv", aggregate=True)
-    spent = dict(zip(names, seconds, strict=True))
-    return round(sum(float(spent.get(key, 0.0)) for key in ("_compile.compile_inner", "backward._backward_impl")), 3)
-
-
 @functools.cache
 def _megatron_without_graph_breaks() -> None:
     """megatron-core 0.16's RowParallelLinear passes ``tp_group=None`` to its linear, whose

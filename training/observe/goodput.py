@@ -18,8 +18,7 @@ from runs.lease import RunLease
 from runs.ledger import AttemptLedger
 from storage import Store
 from training.callbacks import Record, StepCallback
-from training.model.compiling import compile_seconds
-from training.observe.timing import phase_key
+from training.observe.timing import compile_seconds, phase_key
 
 EVALUATION_KEY = "val_time_s"
 """The record's seconds of the validation loss (``training.validator``), outside the step time."""

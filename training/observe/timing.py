@@ -97,3 +97,13 @@ class StepTimer:
         record = {phase_key(p): s for p, s in self.seconds.items()}
         record[phase_key("other")] = max(0.0, total - sum(self.seconds.values()))
         return record
+
+
+def compile_seconds() -> float:
+    """Seconds this process spent compiling so far (Dynamo's tracing and Inductor's code generation for the
+    forward graphs, and the backward graphs compiled at the first backward), from torch's own timers."""
+    from torch._dynamo.utils import compile_times
+
+    names, seconds = compile_times(repr="csv", aggregate=True)
+    spent = dict(zip(names, seconds, strict=True))
+    return round(sum(float(spent.get(key, 0.0)) for key in ("_compile.compile_inner", "backward._backward_impl")), 3)
