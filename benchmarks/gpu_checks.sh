@@ -20,7 +20,7 @@
 # the same steps, in the same order, with the same flags, plus the ones that run each on CPU at
 # tiny shapes, so that a lent GPU's minutes go to measuring, not to fixing this script. No
 # nvidia-smi, no wheels, CUDA hidden; the results file is marked as a dry run and written to
-# OUT_DIR only. Its figures mean nothing; it takes 75-130 s on 2 cores (docs/performance.md).
+# OUT_DIR only. Its figures mean nothing; it takes 93-160 s on 2 cores (docs/performance.md).
 set -u
 dry_run=0
 if [ "${1:-}" = "--dry-run" ]; then

@@ -49,7 +49,7 @@ def last_line(text: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.long("all six GPU-check steps on CPU (two bench_train runs, three trainings): 75-130 s on 2 cores")
+@pytest.mark.long("all six GPU-check steps on CPU (two bench_train runs with FP8, three trainings): 93-160 s on 2 cores")
 def test_gpu_checks_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     results_before = listing(RESULTS)
