@@ -110,6 +110,7 @@ SIZES: dict[str, dict[str, int]] = {
 # Documents of the corpus (Python's standard library) prepared for the loader measurement.
 LOADER_DOCUMENTS = {"tiny": 60, "small": 300, "350m": 300, "1b": 300}
 VARIANTS = ("ours", "ours_eager", "ours_masked", "plain_compiled", "plain_eager")
+ALL_VARIANTS = (*VARIANTS, "ours_fp8")  # with --fp8 also ours in FP8
 EOD = 0  # the batch's end-of-text id: its rows are packed documents (``packed_documents``)
 # The optimizer settings of both sides: the trainer's betas and eps (training/model/step.py), one lr, its clip.
 LR, WEIGHT_DECAY, CLIP = 1e-4, 0.1, 1.0
@@ -572,18 +573,20 @@ def parse_args() -> argparse.Namespace:
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     if cuda and args.fp8:
-        from training.config import FP8_NEEDS
-        from training.model.fp8 import hardware_problem
+        from common.errors import ConfigError
+        from training.model.fp8 import refuse_without_hardware
 
-        if problem := hardware_problem():
-            parser.error(f"--fp8: {problem}; {FP8_NEEDS}")
+        try:
+            refuse_without_hardware("this GPU")
+        except ConfigError as refused:
+            parser.error(f"--fp8: {refused}")
     return args
 
 
 def report(result: dict) -> None:
     print(f"{result['device']}, {result['size']} {result['shape']}, {result['dtype']}", end=", ")
     print(f"{result['repeats']} repeats × {result['steps']} steps after {result['warmup']} warm-up")
-    for name in [v for v in (*VARIANTS, "ours_fp8") if v in result]:
+    for name in [v for v in ALL_VARIANTS if v in result]:
         r = result[name]
         print(
             f"  {name:<19} {r['tokens_per_s']:>10.1f} tokens/s [{r['tokens_per_s_min']}, {r['tokens_per_s_max']}]"
@@ -639,7 +642,7 @@ def main() -> None:
         "kernels": "triton",
         "plain_attention": args.plain_attention,
         "compile_backend": args.compile_backend,
-        **{name: models[name] for name in (*VARIANTS, "ours_fp8") if name in models},
+        **{name: models[name] for name in ALL_VARIANTS if name in models},
         "plain": plain,
         "compile_s": models["compile_s"],
         "peak": models["peak"],

@@ -2046,6 +2046,17 @@ def document_logits(model_cfg: ModelConfig, tp: int, pp: int, rows: list[list[in
         shutdown_distributed()
 
 
+def torchao_float8_linear(weight, recipe: str):
+    """torchao's ``Float8Linear`` (``convert_to_float8_training`` under ``recipe``) holding a copy of ``weight``: the
+    peer an FP8 linear of ours must equal bit for bit."""
+    import torch
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    linear = torch.nn.Sequential(torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False))
+    linear[0].weight.data.copy_(weight.data)
+    return convert_to_float8_training(linear, config=Float8LinearConfig.from_recipe_name(recipe))[0]
+
+
 def fp8_linears_against_torchao(model_cfg: ModelConfig, recipe: str, vocab: int, seq: int, batch: int) -> dict:
     """On each rank of a TP=2 launch with sequence parallelism: the first layer's MLP linears in FP8 (column-parallel
     fc1, row-parallel fc2) against torchao's ``Float8Linear`` holding the same weight shard, on the whole sequence
@@ -2054,7 +2065,6 @@ def fp8_linears_against_torchao(model_cfg: ModelConfig, recipe: str, vocab: int,
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     from training.config import ParallelConfig
     from training.distributed import init_distributed, shutdown_distributed
@@ -2066,11 +2076,6 @@ def fp8_linears_against_torchao(model_cfg: ModelConfig, recipe: str, vocab: int,
         model = build_gpt(model_cfg, vocab, seq, 2, sequence_parallel=True, init_seed=7, fp8_recipe=recipe)
         mlp = model.decoder.layers[0].mlp
 
-        def peer(weight: torch.Tensor) -> torch.nn.Module:
-            linear = torch.nn.Sequential(torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False))
-            linear[0].weight.data.copy_(weight.data)
-            return convert_to_float8_training(linear, config=Float8LinearConfig.from_recipe_name(recipe))
-
         def check(name: str, got: torch.Tensor, expected: torch.Tensor) -> None:
             if not torch.equal(got, expected):
                 raise AssertionError(f"rank {rank}: {name} differs by {(got - expected).abs().max().item():.3g}")
@@ -2080,21 +2085,21 @@ def fp8_linears_against_torchao(model_cfg: ModelConfig, recipe: str, vocab: int,
         # fc1 (column-parallel): this rank's sequence slice in, the whole sequence through its weight shard out.
         x_ours = x.chunk(2)[rank].clone().requires_grad_()
         x_peer = x.clone().requires_grad_()
-        fc1_peer = peer(mlp.linear_fc1.weight)
+        fc1_peer = torchao_float8_linear(mlp.linear_fc1.weight, recipe)
         out, _ = mlp.linear_fc1(x_ours)
         expected = fc1_peer(x_peer)
         check("fc1 output", out, expected)
         grad = torch.randn(2, *out.shape, generator=generator)[rank]  # each rank's own output gradient
         out.backward(grad)
         expected.backward(grad)
-        check("fc1 weight gradient", mlp.linear_fc1.weight.grad, fc1_peer[0].weight.grad)
+        check("fc1 weight gradient", mlp.linear_fc1.weight.grad, fc1_peer.weight.grad)
         summed = x_peer.grad.clone()
         dist.all_reduce(summed, group=group)  # what the sequence-parallel backward reduce-scatters
         check("fc1 input gradient", x_ours.grad, summed.chunk(2)[rank])
         # fc2 (row-parallel): this rank's share of the hidden features in, reduce-scattered over the sequence out.
         h = torch.randn(2, seq, batch, mlp.linear_fc2.weight.shape[1], generator=generator)[rank]
         h_ours, h_peer = h.clone().requires_grad_(), h.clone().requires_grad_()
-        fc2_peer = peer(mlp.linear_fc2.weight)
+        fc2_peer = torchao_float8_linear(mlp.linear_fc2.weight, recipe)
         out, _ = mlp.linear_fc2(h_ours)
         partial = fc2_peer(h_peer)
         reduced = torch.empty_like(out)
@@ -2103,7 +2108,7 @@ def fp8_linears_against_torchao(model_cfg: ModelConfig, recipe: str, vocab: int,
         grad = torch.randn(seq, batch, out.shape[-1], generator=generator)  # the whole sequence's gradient
         out.backward(grad.chunk(2)[rank])
         partial.backward(grad)  # a reduce-scatter's backward gathers the gradient
-        check("fc2 weight gradient", mlp.linear_fc2.weight.grad, fc2_peer[0].weight.grad)
+        check("fc2 weight gradient", mlp.linear_fc2.weight.grad, fc2_peer.weight.grad)
         check("fc2 input gradient", h_ours.grad, h_peer.grad)
         return {"rank": rank, "checked": 6}
     finally:

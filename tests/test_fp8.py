@@ -16,7 +16,7 @@ from cli.main import main
 from common.contracts import DatasetRef
 from common.errors import ConfigError
 from pipeline.config import parse_config
-from tests.helpers import fp8_linears_against_torchao, tiny_model
+from tests.helpers import fp8_linears_against_torchao, tiny_model, torchao_float8_linear
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.distributed import init_distributed, shutdown_distributed
 from training.launch import launch
@@ -46,17 +46,13 @@ def _tokens() -> torch.Tensor:
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_each_linear_computes_what_torchaos_float8linear_computes_output_and_gradients(world_of_one, recipe):
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
     model = _model(recipe)
     column, row = fp8_linears()
     layer = model.decoder.layers[0]
     for name in LINEARS:
         ours = layer.get_submodule(name)
         assert isinstance(ours, column if name.endswith(("qkv", "fc1")) else row), name
-        peer = torch.nn.Sequential(torch.nn.Linear(ours.weight.shape[1], ours.weight.shape[0], bias=False))
-        peer[0].weight.data.copy_(ours.weight.data)
-        convert_to_float8_training(peer, config=Float8LinearConfig.from_recipe_name(recipe))
+        peer = torchao_float8_linear(ours.weight, recipe)
         x = torch.randn(SEQ, 4, ours.weight.shape[1], generator=torch.Generator().manual_seed(2))
         x_ours, x_peer = x.clone().requires_grad_(), x.clone().requires_grad_()
         out, _ = ours(x_ours)
@@ -66,7 +62,7 @@ def test_each_linear_computes_what_torchaos_float8linear_computes_output_and_gra
         expected.backward(grad)
         assert torch.equal(out, expected), name
         assert torch.equal(x_ours.grad, x_peer.grad), name
-        assert torch.equal(ours.weight.grad, peer[0].weight.grad), name
+        assert torch.equal(ours.weight.grad, peer.weight.grad), name
         assert not torch.equal(out, x @ ours.weight.t()), name  # FP8's rounding, not a full-precision matmul
 
 
