@@ -37,6 +37,7 @@ from pathlib import Path
 
 from cli.parsing import CommandParser, HelpFormatter, command, command_group, commands_of
 from cli.settings import add_settings_command
+from common.collector import collect_less_often
 from common.contracts import HF_EXPORT
 from common.errors import TRACEBACK_LABEL, peel_flyte, traceback_note, user_error_in, write_traceback
 from common.terminal import escaped_output
@@ -564,6 +565,7 @@ prints what it read from the store, through ``common.terminal.escaped``."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    collect_less_often()  # before `run` loads torch, flytekit, MLflow: common.collector
     args = parser().parse_args(argv)
     if args.command in RAW_OUTPUT:
         return _dispatch(args)

@@ -5,9 +5,19 @@ the parse of each module of the closure and the installed distributions' metadat
 
 Only what does not depend on the environment a caller sets later: no module of ours that reads
 settings at import. The parse cache is keyed by each file's bytes, so an edited file is parsed again.
+
+The collector runs less often from here on, here and in the ranks (``common.collector``), and what this loaded
+is frozen at the end (``gc.freeze()``, the ``gc`` documentation's practice for a process that forks without
+exec): a rank's collections never traverse those millions of objects, nor copy the pages they sit on.
 """
 
-from training import cpu_compat  # the package's import filters megatron's known warnings (training.known_warnings)
+import gc
+
+from common.collector import collect_less_often
+
+collect_less_often()
+
+from training import cpu_compat  # noqa: E402  # the package's import filters megatron's known warnings (training.known_warnings)
 
 with cpu_compat.fusions_uncompiled():
     import megatron.core  # noqa: F401
@@ -23,3 +33,4 @@ import torch._dynamo  # noqa: F401, E402  (torch.optim's constructors import it:
 from common.codeversion import code_version  # noqa: E402
 
 code_version("training.train")
+gc.freeze()
