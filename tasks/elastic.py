@@ -63,6 +63,11 @@ class FirstFailureElastic(Elastic):
     fork server; the environment it sets there is the ranks'): the train task's live MLflow feed."""
 
 
+PRELOAD = ("flytekitplugins.kfpytorch.task",)
+"""What the fork server loads beyond ``training.rank_preload`` for this task's ranks: the plugin's ``spawn_helper``
+(flytekit with it), which each rank imported on its own, about a CPU-second apiece (eight a node on a cluster)."""
+
+
 class FirstFailureElasticTask(PytorchElasticFunctionTask):
     """The plugin's task; only how ranks start and its error differ."""
 
@@ -111,7 +116,7 @@ class FirstFailureElasticTask(PytorchElasticFunctionTask):
         print(f"{self.name.rsplit('.', 1)[-1]}: starting {config.nproc_per_node} ranks{nodes} (torch elastic)", flush=True)
         try:
             with around(kwargs) if around is not None else nullcontext():
-                out = elastic_launch(config, from_fork_server)(*fork_server_args(spawn_helper, *helper_args))
+                out = elastic_launch(config, from_fork_server)(*fork_server_args(spawn_helper, *helper_args, preload=PRELOAD))
         except SignalException as e:
             logger.exception(f"Elastic launch agent process terminating: {e}")
             raise IgnoreOutputs() from None

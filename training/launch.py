@@ -90,13 +90,14 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
         raise failed from failed.__cause__
 
 
-def fork_server_args(fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
+def fork_server_args(fn: Callable[..., Any], *args: Any, preload: tuple[str, ...] = ()) -> tuple[Any, ...]:
     """The arguments with which ``from_fork_server``, started by torch's elastic agent with
     ``start_method="forkserver"``, runs ``fn(*args)`` in each rank as a spawned rank would run it.
 
-    The first call in a process names what the fork server loads (``training.rank_preload``); it
-    starts with the first launch and serves every later one."""
-    multiprocessing.set_forkserver_preload(["training.rank_preload"])
+    The first call in a process names what the fork server loads (``training.rank_preload``, then the
+    modules in ``preload``: third-party ones that read no setting a caller changes later); it starts with
+    the first launch and serves every later one."""
+    multiprocessing.set_forkserver_preload(["training.rank_preload", *preload])
     return (_Inherited(1), _Inherited(2)), dict(os.environ), os.getcwd(), pickle.dumps((fn, args))
 
 
