@@ -8,9 +8,13 @@ settings at import. The parse cache is keyed by each file's bytes, so an edited 
 
 The collector runs less often from here on, here and in the ranks (``common.collector``), and what this loaded
 is frozen at the end (``gc.freeze()``, the ``gc`` documentation's practice for a process that forks without
-exec): a rank's collections never traverse those millions of objects, nor copy the pages they sit on.
+exec): a rank's collections never traverse those millions of objects, nor copy the pages they sit on. The server
+unfreezes them as it exits, so that its interpreter's last collection finalizes them as before (a frozen object
+stays alive through it: triton's bindings then report their objects as leaked, on the launcher's standard error).
+A rank, forked, ends with ``os._exit`` and runs no such handler.
 """
 
+import atexit
 import gc
 
 from common.collector import collect_less_often
@@ -34,3 +38,4 @@ from common.codeversion import code_version  # noqa: E402
 
 code_version("training.train")
 gc.freeze()
+atexit.register(gc.unfreeze)
