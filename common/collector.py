@@ -2,8 +2,8 @@
 megatron-core, flytekit, Great Expectations and MLflow does not pay for it a second time.
 
 CPython collects its youngest generation each time 700 more container objects exist than were freed, the
-middle one every 10th time, and the oldest (every object the process holds) every 10th time after that,
-unless the objects that would be traversed are mostly old. Imports create millions of objects and no
+middle one every 10th time, and the oldest (every object the process holds) every 10th time after that, once a
+quarter of the objects are new since its last pass. Imports create hundreds of thousands of objects and little
 garbage: under those defaults the collector was 17 % of the CPU of loading what ``pretrain run`` loads
 (``import torch, flytekit, great_expectations, mlflow, pandas, workflows.pretrain, megatron.core``: 12.6 and
 12.0 CPU-s, 10.5 and 10.1 with these thresholds, alternated, on the 2-core VM on 2026-12-07).

@@ -65,7 +65,7 @@ class FirstFailureElastic(Elastic):
 
 PRELOAD = ("flytekitplugins.kfpytorch.task",)
 """What the fork server loads beyond ``training.rank_preload`` for this task's ranks: the plugin's ``spawn_helper``
-(flytekit with it), which each rank imported on its own, about a CPU-second apiece (eight a node on a cluster)."""
+(flytekit with it), which each rank imported on its own: about a CPU-second a rank, eight ranks a node on a cluster."""
 
 
 class FirstFailureElasticTask(PytorchElasticFunctionTask):

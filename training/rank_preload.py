@@ -8,7 +8,7 @@ settings at import. The parse cache is keyed by each file's bytes, so an edited 
 
 The collector runs less often from here on, here and in the ranks (``common.collector``), and what this loaded
 is frozen at the end (``gc.freeze()``, the ``gc`` documentation's practice for a process that forks without
-exec): a rank's collections never traverse those millions of objects, nor copy the pages they sit on. The server
+exec): a rank's collections never traverse those 340,000 objects, nor copy the pages they sit on. The server
 unfreezes them as it exits, so that its interpreter's last collection finalizes them as before (a frozen object
 stays alive through it: triton's bindings then report their objects as leaked, on the launcher's standard error).
 A rank, forked, ends with ``os._exit`` and runs no such handler.
