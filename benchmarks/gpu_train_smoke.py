@@ -29,11 +29,13 @@ from typing import Any
 
 import torch
 
+from common.contracts import metrics_key
 from common.errors import UserError
 from data_prep.config import DataConfig, TokenizerConfig
 from data_prep.prepare import prepare_dataset
 from evaluation.config import EvalConfig
 from evaluation.evaluate import evaluate
+from runs.records import read_jsonl
 from storage import open_store
 from training.config import ModelConfig, ParallelConfig, TrainConfig
 from training.launch import launch
@@ -73,11 +75,6 @@ def hf_loss(hf_dir: Path, rows: torch.Tensor, device: str) -> float:
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].to(device).flatten()).item()
 
 
-def step_records(store, ckpt) -> list[dict]:
-    """The run's per-step metrics records (``<run>/metrics.jsonl``)."""
-    return [json.loads(line) for line in store.get_bytes(f"{ckpt.run}/metrics.jsonl").decode().splitlines()]
-
-
 def fp8_run(dataset, model: ModelConfig, steps: TrainConfig, bf16_metrics: list[dict], store) -> dict:
     """The same run in FP8 (its own run id: precision is part of it); refused with one line without FP8 GEMMs."""
     fp8 = replace(steps, precision="fp8", fp8_recipe="tensorwise")
@@ -93,7 +90,7 @@ def fp8_run(dataset, model: ModelConfig, steps: TrainConfig, bf16_metrics: list[
         return {"refused": line}
     if expected_refusal:
         raise RuntimeError(f"train.precision: fp8 ran where it must be refused ({expected_refusal})")
-    metrics = step_records(store, ckpt)
+    metrics = read_jsonl(store, metrics_key(ckpt.run))
     return {
         "recipe": "tensorwise",
         "first_loss": metrics[0]["loss"],
@@ -133,7 +130,7 @@ def main() -> None:
         started = time.perf_counter()
         ckpt = launch(train, 1, dataset, model, ParallelConfig(tensor_parallel=1), steps)
         trained = time.perf_counter() - started
-        metrics = step_records(store, ckpt)
+        metrics = read_jsonl(store, metrics_key(ckpt.run))
         report = evaluate(ckpt, model, EvalConfig(**size["eval"]))
         from data_prep.manifest import load_manifest, shard_urls
         from data_prep.shards import read_rows
